@@ -1,0 +1,74 @@
+# muse: build, test and run. `make deps` installs what the build and tests need (Debian 12).
+CC       ?= gcc
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Iengine
+LDLIBS   += -lcjson -lpcre2-8 -lm -pthread
+BUILD    := build
+NVCC     ?= nvcc
+
+DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
+                libcjson-dev libevent-dev libpcre2-dev nginx nginx-dev \
+                python3 python3-numpy perl nodejs npm
+
+# Programs: one main file each. Everything else under engine/ is the library.
+MAIN_SRCS := engine/muse_engine.c engine/muse_pack.c engine/muse_quant.c engine/muse_bench.c
+MAINS     := $(patsubst engine/muse_%.c,$(BUILD)/muse-%,$(wildcard $(MAIN_SRCS)))
+LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard engine/*.c))
+LIB_OBJS  := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
+LIB       := $(BUILD)/libmuse.a
+
+# C unit tests: t/unit/test_NAME.c -> build/t/test_NAME (TAP on stdout, run by prove).
+UNIT_SRCS := $(wildcard t/unit/test_*.c)
+UNITS     := $(patsubst t/unit/%.c,$(BUILD)/t/%,$(UNIT_SRCS))
+
+# Fuzz harnesses: t/fuzz/fuzz_NAME.c -> build/fuzz/fuzz_NAME (libFuzzer + ASan, clang).
+FUZZ_SRCS := $(wildcard t/fuzz/fuzz_*.c)
+FUZZERS   := $(patsubst t/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
+
+.DEFAULT_GOAL := all
+-include mk/*.mk
+
+.PHONY: all deps test lint format clean fuzz run stop
+all: $(MAINS) $(UNITS) $(EXTRA_ALL)
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$(echo $$missing | sed 's/^/ /')"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "make deps: all Debian packages present"; fi
+
+$(BUILD)/obj/%.o: engine/%.c $(wildcard engine/*.h) | $(BUILD)/obj
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/muse-%: engine/muse_%.c $(LIB) | $(BUILD)
+	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
+
+$(BUILD)/t/%: t/unit/%.c t/unit/tap.h $(LIB) | $(BUILD)/t
+	$(CC) $(CFLAGS) -It/unit $< $(LIB) $(LDLIBS) -o $@
+
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -fsanitize=fuzzer,address,undefined
+$(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(wildcard engine/*.h) | $(BUILD)/fuzz
+	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) $(LDLIBS) -o $@
+fuzz: $(FUZZERS)
+
+$(BUILD) $(BUILD)/obj $(BUILD)/t $(BUILD)/fuzz:
+	mkdir -p $@
+
+# The README's test command: every test through prove, then one "N passed, N failed" line.
+test: all fuzz
+	@t/run-tests
+
+lint:
+	clang-format --dry-run --Werror engine/*.c engine/*.h t/unit/*.c t/fuzz/*.c
+	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability \
+	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz
+
+format:
+	clang-format -i engine/*.c engine/*.h t/unit/*.c t/fuzz/*.c
+
+clean:
+	rm -rf $(BUILD)

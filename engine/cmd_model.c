@@ -1,0 +1,299 @@
+/* muse-engine subcommands that run the model: logits, generate, inspect. */
+#include "cmd_model.h"
+
+#include <getopt.h>
+#include <math.h>
+
+#include "cli.h"
+#include "forward.h"
+#include "sampler.h"
+
+typedef struct {
+    const char *model, *tokens, *out;
+    long long max_tokens, chunk, threads, seed, top_k;
+    double temperature, top_p, min_p;
+} run_flags;
+
+static int bad(const char *cmd, const char *msg)
+{
+    fprintf(stderr, "muse-engine %s: %s (see muse-engine %s --help)\n", cmd, msg, cmd);
+    return 2;
+}
+
+/* Parses the flags shared by logits and generate; returns -1 on success, else an exit code. */
+static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f, const char *help)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"tokens", 1, 0, 't'}, {"out", 1, 0, 'o'},
+        {"max-tokens", 1, 0, 'n'}, {"chunk", 1, 0, 'c'}, {"threads", 1, 0, 'j'},
+        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'}, {"top-p", 1, 0, 'p'},
+        {"min-p", 1, 0, 'P'}, {"seed", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    *f = (run_flags){.max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0};
+    muse_err e = {{0}};
+    int ch;
+    optind = 1;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (ch) {
+        case 'm': f->model = optarg; break;
+        case 't': f->tokens = optarg; break;
+        case 'o': f->out = optarg; break;
+        case 'n': rc = muse_parse_long("--max-tokens", optarg, 0, 1 << 24, &f->max_tokens, &e); break;
+        case 'c': rc = muse_parse_long("--chunk", optarg, 1, 1 << 20, &f->chunk, &e); break;
+        case 'j': rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e); break;
+        case 'T': rc = muse_parse_double("--temperature", optarg, 0, 2, &f->temperature, &e); break;
+        case 'k': rc = muse_parse_long("--top-k", optarg, 0, 1 << 30, &f->top_k, &e); break;
+        case 'p': rc = muse_parse_double("--top-p", optarg, 1e-9, 1, &f->top_p, &e); break;
+        case 'P': rc = muse_parse_double("--min-p", optarg, 0, 1, &f->min_p, &e); break;
+        case 's': rc = muse_parse_long("--seed", optarg, 0, INT64_MAX, &f->seed, &e); break;
+        case 'h': fputs(help, stdout); return 0;
+        default: return bad(cmd, "unknown option or missing value");
+        }
+        if (rc) return bad(cmd, e.msg);
+    }
+    if (optind < argc) return bad(cmd, "unexpected argument");
+    if (!f->model) return bad(cmd, "--model DIR is required");
+    return -1;
+}
+
+typedef struct {
+    muse_model model;
+    muse_backend *be;
+    muse_forward *fwd;
+    int32_t *ids;
+    size_t n;
+} session;
+
+static void session_close(session *s)
+{
+    muse_forward_destroy(s->fwd);
+    muse_cpu_backend_destroy(s->be);
+    if (s->model.st) muse_model_free(&s->model);
+    free(s->ids);
+}
+
+/* Loads the pack, checks the prompt against it and sizes a one-sequence backend. */
+static int session_open(const char *cmd, const run_flags *f, long long extra, session *s)
+{
+    muse_err e = {{0}};
+    memset(s, 0, sizeof *s);
+    if (!f->tokens) return bad(cmd, "--tokens 1,2,3 is required");
+    if (muse_parse_ids("--tokens", f->tokens, &s->ids, &s->n, &e)) return bad(cmd, e.msg);
+    if (muse_model_load(f->model, &s->model, &e)) {
+        fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
+        return 2;
+    }
+    const muse_config *c = &s->model.cfg;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->ids[i] >= c->vocab_size) {
+            fprintf(stderr, "muse-engine %s: --tokens: entry %zu (%d) is outside the vocabulary 0 .. %lld\n", cmd, i + 1, s->ids[i], (long long)c->vocab_size - 1);
+            return 2;
+        }
+    long long context = (long long)s->n + extra;
+    if (context > c->max_position_embeddings) {
+        fprintf(stderr, "muse-engine %s: %lld positions exceed max_position_embeddings %lld; shorten --tokens or --max-tokens\n", cmd, context, (long long)c->max_position_embeddings);
+        return 2;
+    }
+    long chunk = f->chunk > 0 ? (long)f->chunk : (long)s->n;
+    if (chunk > 4096) chunk = 4096; /* rows a forward; longer prompts go in several */
+    muse_backend_opts o = {.max_rows = chunk > 0 ? chunk : 1, .max_seqs = 1, .context = context > 0 ? context : 1, .threads = (int)f->threads};
+    s->be = muse_cpu_backend_create(&s->model, &o, &e);
+    if (!s->be) {
+        fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
+        return 2;
+    }
+    s->fwd = muse_forward_create(s->be);
+    return -1;
+}
+
+/* Feeds ids[0..n) at positions start.. in chunks of max_rows; calls back each chunk's logits. */
+typedef int (*chunk_fn)(void *ctx, const float *logits, long rows);
+static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all_logits,
+                chunk_fn fn, void *ctx, muse_err *e)
+{
+    long R = s->be->opts.max_rows;
+    int64_t pos[4096];
+    int32_t seq[4096] = {0};
+    uint8_t want[4096];
+    for (size_t at = 0; at < n;) {
+        long rows = (long)(n - at) < R ? (long)(n - at) : R;
+        if (rows > 4096) rows = 4096;
+        for (long r = 0; r < rows; r++) {
+            pos[r] = start + (int64_t)(at + (size_t)r);
+            want[r] = all_logits || at + (size_t)r == n - 1;
+            seq[r] = 0;
+        }
+        muse_batch b = {rows, ids + at, pos, seq, want};
+        const float *lg = muse_forward_run(s->fwd, &b, e);
+        if (!lg) return -1;
+        if (fn && fn(ctx, lg, all_logits ? rows : (at + (size_t)rows == n ? 1 : 0))) return -1;
+        at += (size_t)rows;
+    }
+    return 0;
+}
+
+static int write_rows(void *ctx, const float *logits, long rows)
+{
+    void **c = ctx;
+    FILE *f = c[0];
+    size_t V = *(size_t *)c[1];
+    return fwrite(logits, sizeof(float), (size_t)rows * V, f) == (size_t)rows * V ? 0 : -1;
+}
+
+static const char logits_help[] =
+    "usage: muse-engine logits --model DIR --tokens 1,2,3 --out FILE [--chunk N] [--threads N]\n"
+    "Runs the prompt and writes fp32 little-endian logits: T rows of vocab_size, one per position.\n"
+    "--chunk N feeds the prompt N rows a forward (the result is bit-identical for every N).\n";
+
+int muse_cmd_logits(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("logits", argc, argv, &f, logits_help);
+    if (rc >= 0) return rc;
+    if (!f.out) return bad("logits", "--out FILE is required");
+    session s;
+    rc = session_open("logits", &f, 0, &s);
+    if (rc >= 0) {
+        session_close(&s);
+        return rc;
+    }
+    FILE *out = fopen(f.out, "wb");
+    muse_err e = {{0}};
+    size_t V = (size_t)s.model.cfg.vocab_size;
+    void *ctx[2] = {out, &V};
+    if (!out) {
+        rc = bad("logits", "--out: cannot create the file");
+    } else if (feed(&s, s.ids, s.n, 0, 1, write_rows, ctx, &e)) {
+        fprintf(stderr, "muse-engine logits: %s\n", e.msg[0] ? e.msg : "write failed");
+        rc = 1;
+    } else {
+        rc = 0;
+    }
+    if (out && fclose(out) != 0 && rc == 0) rc = bad("logits", "--out: write failed");
+    session_close(&s);
+    return rc;
+}
+
+typedef struct {
+    muse_sampler *sampler;
+    muse_sampling params;
+    int64_t position; /* absolute position of the token being sampled */
+    int32_t next;
+} gen_state;
+
+static int sample_last(void *ctx, const float *logits, long rows)
+{
+    gen_state *g = ctx;
+    if (rows) g->next = (int32_t)muse_sample(g->sampler, logits, &g->params, g->position);
+    return 0;
+}
+
+static bool is_stop(const muse_config *c, int32_t id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id) return true;
+    return false;
+}
+
+static const char generate_help[] =
+    "usage: muse-engine generate --model DIR --tokens 1,2,3 --max-tokens N [--temperature T]\n"
+    "                            [--top-k K] [--top-p P] [--min-p P] [--seed S] [--chunk N] [--threads N]\n"
+    "Prints the generated token ids, comma-separated; stops at an eos id or after N tokens.\n"
+    "Temperature 0 (the default) is greedy. The same seed gives the same tokens.\n";
+
+int muse_cmd_generate(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("generate", argc, argv, &f, generate_help);
+    if (rc >= 0) return rc;
+    session s;
+    rc = session_open("generate", &f, f.max_tokens, &s);
+    if (rc >= 0) {
+        session_close(&s);
+        return rc;
+    }
+    muse_err e = {{0}};
+    gen_state g = {.sampler = muse_sampler_create(s.model.cfg.vocab_size),
+                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p, (uint64_t)f.seed},
+                   .position = (int64_t)s.n};
+    rc = 0;
+    if (f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e)) rc = 1;
+    for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
+        printf("%s%d", i ? "," : "", g.next);
+        fflush(stdout);
+        if (is_stop(&s.model.cfg, g.next) || i + 1 == f.max_tokens) break;
+        int32_t tok = g.next;
+        g.position++;
+        if (feed(&s, &tok, 1, g.position - 1, 0, sample_last, &g, &e)) rc = 1;
+    }
+    printf("\n");
+    if (rc) fprintf(stderr, "muse-engine generate: %s\n", e.msg);
+    muse_sampler_destroy(g.sampler);
+    session_close(&s);
+    return rc;
+}
+
+static const char inspect_help[] =
+    "usage: muse-engine inspect --model DIR\n"
+    "Prints the config, parameters (total and active per token), bytes by dtype, KV bytes per\n"
+    "token and each layer's kind.\n";
+
+static void print_config(const muse_config *c)
+{
+    printf("model_type          muse_spark\n");
+    printf("vocab_size          %lld\n", (long long)c->vocab_size);
+    printf("hidden_size         %lld\n", (long long)c->hidden_size);
+    printf("layers              %lld\n", (long long)c->num_layers);
+    printf("heads q/kv/dim      %lld / %lld / %lld\n", (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim);
+    printf("sliding_window      %lld\n", (long long)c->sliding_window);
+    printf("experts             %lld, %lld a token, width %lld, shared %lld\n", (long long)c->num_experts, (long long)c->num_experts_per_tok, (long long)c->moe_intermediate_size, (long long)c->num_shared_experts);
+    printf("dense width         %lld\n", (long long)c->intermediate_size);
+    printf("routing             scale %g, norm_topk_prob %s, expert_output_norm %s\n", c->routed_scaling_factor, c->norm_topk_prob ? "true" : "false", c->expert_output_norm ? "true" : "false");
+    printf("eps                 rms %g, post %g\n", c->rms_norm_eps, c->post_norm_eps);
+    printf("qk_scale_factor     %g\n", c->qk_scale_factor);
+    printf("head                softcap %g, multiplier %g, tied %s\n", c->final_logit_softcapping, c->output_multiplier, c->tie_word_embeddings ? "true" : "false");
+    printf("context             %lld\n", (long long)c->max_position_embeddings);
+    printf("eos                ");
+    for (int i = 0; i < c->n_eos; i++) printf(" %lld", (long long)c->eos_ids[i]);
+    printf("\n");
+    if (c->quantized) printf("quantization        exl3, %g bits, head %g bits, codebook %s\n", c->quant_bits, c->quant_head_bits, c->quant_codebook);
+}
+
+int muse_cmd_inspect(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("inspect", argc, argv, &f, inspect_help);
+    if (rc >= 0) return rc;
+    muse_err e = {{0}};
+    muse_model m;
+    if (muse_model_load(f.model, &m, &e)) {
+        fprintf(stderr, "muse-engine inspect: %s\n", e.msg);
+        return 2;
+    }
+    const muse_config *c = &m.cfg;
+    print_config(c);
+    printf("parameters          %llu total, %llu active a token\n", (unsigned long long)m.params_total, (unsigned long long)m.params_active);
+    uint64_t by[MUSE_DT_COUNT] = {0};
+    for (size_t i = 0; i < muse_st_count(m.st); i++) by[muse_st_at(m.st, i)->dtype] += muse_st_at(m.st, i)->nbytes;
+    printf("bytes by dtype     ");
+    for (int d = 0; d < MUSE_DT_COUNT; d++)
+        if (by[d]) printf(" %s %llu", muse_dtype_name((muse_dtype)d), (unsigned long long)by[d]);
+    printf("\n");
+    printf("kv bytes a token    %llu (fp16 K and V, all layers)\n", (unsigned long long)muse_kv_bytes_per_token(c));
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const muse_layer *ly = &m.layers[i];
+        printf("layer %-4lld         %s%s, %s, %s", (long long)i,
+               c->attn_kind[i] == MUSE_ATTN_FULL ? "full" : "sliding",
+               c->rope_theta_layer[i] == 0 ? " NoPE" : " RoPE",
+               c->mlp_kind[i] == MUSE_MLP_DENSE ? "dense" : "moe",
+               ly->q.kind == MUSE_LIN_EXL3 ? "exl3" : "fp");
+        if (ly->q.kind == MUSE_LIN_EXL3) printf(" %d bits", ly->q.exl3.bits);
+        printf("\n");
+    }
+    printf("lm_head             %s", m.head.kind == MUSE_LIN_EXL3 ? "exl3" : (m.head.w == m.embed ? "tied" : "fp"));
+    if (m.head.kind == MUSE_LIN_EXL3) printf(" %d bits, %lld rows", m.head.exl3.bits, (long long)m.head.n);
+    printf("\n");
+    muse_model_free(&m);
+    return 0;
+}
