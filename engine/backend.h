@@ -10,9 +10,9 @@
 /* One forward's rows. Rows of one sequence are consecutive positions, ascending. */
 typedef struct {
     long rows;
-    const int32_t *tokens;     /* [R] */
-    const int64_t *positions;  /* [R] absolute position of each row */
-    const int32_t *seqs;       /* [R] KV slot of each row, 0 .. max_seqs-1 */
+    const int32_t *tokens;      /* [R] */
+    const int64_t *positions;   /* [R] absolute position of each row */
+    const int32_t *seqs;        /* [R] KV slot of each row, 0 .. max_seqs-1 */
     const uint8_t *want_logits; /* [R] 1 where logits are wanted, or NULL for every row */
 } muse_batch;
 
@@ -22,10 +22,10 @@ typedef struct muse_backend muse_backend;
 
 /* Sizes fixed at start: every workspace and the KV cache come from these. */
 typedef struct {
-    long max_rows;  /* rows a forward may carry */
-    int max_seqs;   /* KV slots */
+    long max_rows;   /* rows a forward may carry */
+    int max_seqs;    /* KV slots */
     int64_t context; /* positions per sequence */
-    int threads;    /* CPU threads (<= 0: all cores) */
+    int threads;     /* CPU threads (<= 0: all cores) */
 } muse_backend_opts;
 
 typedef struct {
@@ -41,11 +41,11 @@ typedef struct {
     void (*add_norm)(muse_backend *be, float *h, const float *y, long rows, long width,
                      const float *w, float eps);
     /* y[R,n] = x[R,k] W, fp32 sums; rounded to fp16 when round16 */
-    void (*linear)(muse_backend *be, const muse_linear *l, const float *x, long rows,
-                   int round16, float *y);
+    void (*linear)(muse_backend *be, const muse_linear *l, const float *x, long rows, int round16,
+                   float *y);
     /* Per head: unweighted rms (eps), RoPE NEOX at each row's position (theta 0: none), fp16 */
-    void (*qk_norm_rope)(muse_backend *be, float *x, const muse_batch *b, long heads,
-                         long head_dim, double theta, float eps);
+    void (*qk_norm_rope)(muse_backend *be, float *x, const muse_batch *b, long heads, long head_dim,
+                         double theta, float eps);
     /* Writes k, v [R,KV] of layer to the cache, then o[R,Q] = softmax(q k^T * scale) v,
      * causal, sliding when window > 0, then o = fp16(o * sigmoid(g)). */
     void (*attention)(muse_backend *be, int layer, const muse_batch *b, const float *q,
@@ -65,8 +65,7 @@ struct muse_backend {
 };
 
 /* The CPU reference backend. */
-muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o,
-                                      muse_err *e);
+muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e);
 void muse_cpu_backend_destroy(muse_backend *be);
 /* Bytes of KV cache per token of one sequence (all layers, fp16 K and V). */
 uint64_t muse_kv_bytes_per_token(const muse_config *c);

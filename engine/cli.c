@@ -6,7 +6,8 @@
 int muse_parse_ids(const char *flag, const char *text, int32_t **ids, size_t *n, muse_err *e)
 {
     if (!text || !*text)
-        return muse_fail(e, "%s is empty: give token ids as a comma-separated list, e.g. %s 1,2,3", flag, flag);
+        return muse_fail(e, "%s is empty: give token ids as a comma-separated list, e.g. %s 1,2,3",
+                         flag, flag);
     size_t cap = 1;
     for (const char *p = text; *p; p++) cap += *p == ',';
     int32_t *v = MUSE_MALLOC(cap * sizeof *v);
@@ -18,7 +19,9 @@ int muse_parse_ids(const char *flag, const char *text, int32_t **ids, size_t *n,
         long long x = (*p >= '0' && *p <= '9') ? strtoll(p, &end, 10) : -1;
         if (x < 0 || errno || x > INT32_MAX || (*end != ',' && *end != 0)) {
             free(v);
-            return muse_fail(e, "%s: entry %zu is not a token id (a non-negative integer); fix the list", flag, count + 1);
+            return muse_fail(
+                e, "%s: entry %zu is not a token id (a non-negative integer); fix the list", flag,
+                count + 1);
         }
         v[count++] = (int32_t)x;
         if (*end == 0) break;

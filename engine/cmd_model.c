@@ -23,11 +23,19 @@ static int bad(const char *cmd, const char *msg)
 /* Parses the flags shared by logits and generate; returns -1 on success, else an exit code. */
 static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f, const char *help)
 {
-    static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"tokens", 1, 0, 't'}, {"out", 1, 0, 'o'},
-        {"max-tokens", 1, 0, 'n'}, {"chunk", 1, 0, 'c'}, {"threads", 1, 0, 'j'},
-        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'}, {"top-p", 1, 0, 'p'},
-        {"min-p", 1, 0, 'P'}, {"seed", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", 1, 0, 'm'},
+                                         {"tokens", 1, 0, 't'},
+                                         {"out", 1, 0, 'o'},
+                                         {"max-tokens", 1, 0, 'n'},
+                                         {"chunk", 1, 0, 'c'},
+                                         {"threads", 1, 0, 'j'},
+                                         {"temperature", 1, 0, 'T'},
+                                         {"top-k", 1, 0, 'k'},
+                                         {"top-p", 1, 0, 'p'},
+                                         {"min-p", 1, 0, 'P'},
+                                         {"seed", 1, 0, 's'},
+                                         {"help", 0, 0, 'h'},
+                                         {0, 0, 0, 0}};
     *f = (run_flags){.max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0};
     muse_err e = {{0}};
     int ch;
@@ -36,19 +44,44 @@ static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f,
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int rc = 0;
         switch (ch) {
-        case 'm': f->model = optarg; break;
-        case 't': f->tokens = optarg; break;
-        case 'o': f->out = optarg; break;
-        case 'n': rc = muse_parse_long("--max-tokens", optarg, 0, 1 << 24, &f->max_tokens, &e); break;
-        case 'c': rc = muse_parse_long("--chunk", optarg, 1, 1 << 20, &f->chunk, &e); break;
-        case 'j': rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e); break;
-        case 'T': rc = muse_parse_double("--temperature", optarg, 0, 2, &f->temperature, &e); break;
-        case 'k': rc = muse_parse_long("--top-k", optarg, 0, 1 << 30, &f->top_k, &e); break;
-        case 'p': rc = muse_parse_double("--top-p", optarg, 1e-9, 1, &f->top_p, &e); break;
-        case 'P': rc = muse_parse_double("--min-p", optarg, 0, 1, &f->min_p, &e); break;
-        case 's': rc = muse_parse_long("--seed", optarg, 0, INT64_MAX, &f->seed, &e); break;
-        case 'h': fputs(help, stdout); return 0;
-        default: return bad(cmd, "unknown option or missing value");
+        case 'm':
+            f->model = optarg;
+            break;
+        case 't':
+            f->tokens = optarg;
+            break;
+        case 'o':
+            f->out = optarg;
+            break;
+        case 'n':
+            rc = muse_parse_long("--max-tokens", optarg, 0, 1 << 24, &f->max_tokens, &e);
+            break;
+        case 'c':
+            rc = muse_parse_long("--chunk", optarg, 1, 1 << 20, &f->chunk, &e);
+            break;
+        case 'j':
+            rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
+            break;
+        case 'T':
+            rc = muse_parse_double("--temperature", optarg, 0, 2, &f->temperature, &e);
+            break;
+        case 'k':
+            rc = muse_parse_long("--top-k", optarg, 0, 1 << 30, &f->top_k, &e);
+            break;
+        case 'p':
+            rc = muse_parse_double("--top-p", optarg, 1e-9, 1, &f->top_p, &e);
+            break;
+        case 'P':
+            rc = muse_parse_double("--min-p", optarg, 0, 1, &f->min_p, &e);
+            break;
+        case 's':
+            rc = muse_parse_long("--seed", optarg, 0, INT64_MAX, &f->seed, &e);
+            break;
+        case 'h':
+            fputs(help, stdout);
+            return 0;
+        default:
+            return bad(cmd, "unknown option or missing value");
         }
         if (rc) return bad(cmd, e.msg);
     }
@@ -87,17 +120,26 @@ static int session_open(const char *cmd, const run_flags *f, long long extra, se
     const muse_config *c = &s->model.cfg;
     for (size_t i = 0; i < s->n; i++)
         if (s->ids[i] >= c->vocab_size) {
-            fprintf(stderr, "muse-engine %s: --tokens: entry %zu (%d) is outside the vocabulary 0 .. %lld\n", cmd, i + 1, s->ids[i], (long long)c->vocab_size - 1);
+            fprintf(
+                stderr,
+                "muse-engine %s: --tokens: entry %zu (%d) is outside the vocabulary 0 .. %lld\n",
+                cmd, i + 1, s->ids[i], (long long)c->vocab_size - 1);
             return 2;
         }
     long long context = (long long)s->n + extra;
     if (context > c->max_position_embeddings) {
-        fprintf(stderr, "muse-engine %s: %lld positions exceed max_position_embeddings %lld; shorten --tokens or --max-tokens\n", cmd, context, (long long)c->max_position_embeddings);
+        fprintf(stderr,
+                "muse-engine %s: %lld positions exceed max_position_embeddings %lld; shorten "
+                "--tokens or --max-tokens\n",
+                cmd, context, (long long)c->max_position_embeddings);
         return 2;
     }
     long chunk = f->chunk > 0 ? (long)f->chunk : (long)s->n;
     if (chunk > 4096) chunk = 4096; /* rows a forward; longer prompts go in several */
-    muse_backend_opts o = {.max_rows = chunk > 0 ? chunk : 1, .max_seqs = 1, .context = context > 0 ? context : 1, .threads = (int)f->threads};
+    muse_backend_opts o = {.max_rows = chunk > 0 ? chunk : 1,
+                           .max_seqs = 1,
+                           .context = context > 0 ? context : 1,
+                           .threads = (int)f->threads};
     s->be = muse_cpu_backend_create(&s->model, &o, &e);
     if (!s->be) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
@@ -143,7 +185,8 @@ static int write_rows(void *ctx, const float *logits, long rows)
 
 static const char logits_help[] =
     "usage: muse-engine logits --model DIR --tokens 1,2,3 --out FILE [--chunk N] [--threads N]\n"
-    "Runs the prompt and writes fp32 little-endian logits: T rows of vocab_size, one per position.\n"
+    "Runs the prompt and writes fp32 little-endian logits: T rows of vocab_size, one per "
+    "position.\n"
     "--chunk N feeds the prompt N rows a forward (the result is bit-identical for every N).\n";
 
 int muse_cmd_logits(int argc, char **argv)
@@ -198,7 +241,8 @@ static bool is_stop(const muse_config *c, int32_t id)
 
 static const char generate_help[] =
     "usage: muse-engine generate --model DIR --tokens 1,2,3 --max-tokens N [--temperature T]\n"
-    "                            [--top-k K] [--top-p P] [--min-p P] [--seed S] [--chunk N] [--threads N]\n"
+    "                            [--top-k K] [--top-p P] [--min-p P] [--seed S] [--chunk N] "
+    "[--threads N]\n"
     "Prints the generated token ids, comma-separated; stops at an eos id or after N tokens.\n"
     "Temperature 0 (the default) is greedy. The same seed gives the same tokens.\n";
 
@@ -215,7 +259,8 @@ int muse_cmd_generate(int argc, char **argv)
     }
     muse_err e = {{0}};
     gen_state g = {.sampler = muse_sampler_create(s.model.cfg.vocab_size),
-                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p, (uint64_t)f.seed},
+                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
+                              (uint64_t)f.seed},
                    .position = (int64_t)s.n};
     rc = 0;
     if (f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e)) rc = 1;
@@ -245,19 +290,27 @@ static void print_config(const muse_config *c)
     printf("vocab_size          %lld\n", (long long)c->vocab_size);
     printf("hidden_size         %lld\n", (long long)c->hidden_size);
     printf("layers              %lld\n", (long long)c->num_layers);
-    printf("heads q/kv/dim      %lld / %lld / %lld\n", (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->head_dim);
+    printf("heads q/kv/dim      %lld / %lld / %lld\n", (long long)c->n_heads,
+           (long long)c->n_kv_heads, (long long)c->head_dim);
     printf("sliding_window      %lld\n", (long long)c->sliding_window);
-    printf("experts             %lld, %lld a token, width %lld, shared %lld\n", (long long)c->num_experts, (long long)c->num_experts_per_tok, (long long)c->moe_intermediate_size, (long long)c->num_shared_experts);
+    printf("experts             %lld, %lld a token, width %lld, shared %lld\n",
+           (long long)c->num_experts, (long long)c->num_experts_per_tok,
+           (long long)c->moe_intermediate_size, (long long)c->num_shared_experts);
     printf("dense width         %lld\n", (long long)c->intermediate_size);
-    printf("routing             scale %g, norm_topk_prob %s, expert_output_norm %s\n", c->routed_scaling_factor, c->norm_topk_prob ? "true" : "false", c->expert_output_norm ? "true" : "false");
+    printf("routing             scale %g, norm_topk_prob %s, expert_output_norm %s\n",
+           c->routed_scaling_factor, c->norm_topk_prob ? "true" : "false",
+           c->expert_output_norm ? "true" : "false");
     printf("eps                 rms %g, post %g\n", c->rms_norm_eps, c->post_norm_eps);
     printf("qk_scale_factor     %g\n", c->qk_scale_factor);
-    printf("head                softcap %g, multiplier %g, tied %s\n", c->final_logit_softcapping, c->output_multiplier, c->tie_word_embeddings ? "true" : "false");
+    printf("head                softcap %g, multiplier %g, tied %s\n", c->final_logit_softcapping,
+           c->output_multiplier, c->tie_word_embeddings ? "true" : "false");
     printf("context             %lld\n", (long long)c->max_position_embeddings);
     printf("eos                ");
     for (int i = 0; i < c->n_eos; i++) printf(" %lld", (long long)c->eos_ids[i]);
     printf("\n");
-    if (c->quantized) printf("quantization        exl3, %g bits, head %g bits, codebook %s\n", c->quant_bits, c->quant_head_bits, c->quant_codebook);
+    if (c->quantized)
+        printf("quantization        exl3, %g bits, head %g bits, codebook %s\n", c->quant_bits,
+               c->quant_head_bits, c->quant_codebook);
 }
 
 int muse_cmd_inspect(int argc, char **argv)
@@ -273,14 +326,17 @@ int muse_cmd_inspect(int argc, char **argv)
     }
     const muse_config *c = &m.cfg;
     print_config(c);
-    printf("parameters          %llu total, %llu active a token\n", (unsigned long long)m.params_total, (unsigned long long)m.params_active);
+    printf("parameters          %llu total, %llu active a token\n",
+           (unsigned long long)m.params_total, (unsigned long long)m.params_active);
     uint64_t by[MUSE_DT_COUNT] = {0};
-    for (size_t i = 0; i < muse_st_count(m.st); i++) by[muse_st_at(m.st, i)->dtype] += muse_st_at(m.st, i)->nbytes;
+    for (size_t i = 0; i < muse_st_count(m.st); i++)
+        by[muse_st_at(m.st, i)->dtype] += muse_st_at(m.st, i)->nbytes;
     printf("bytes by dtype     ");
     for (int d = 0; d < MUSE_DT_COUNT; d++)
         if (by[d]) printf(" %s %llu", muse_dtype_name((muse_dtype)d), (unsigned long long)by[d]);
     printf("\n");
-    printf("kv bytes a token    %llu (fp16 K and V, all layers)\n", (unsigned long long)muse_kv_bytes_per_token(c));
+    printf("kv bytes a token    %llu (fp16 K and V, all layers)\n",
+           (unsigned long long)muse_kv_bytes_per_token(c));
     for (int64_t i = 0; i < c->num_layers; i++) {
         const muse_layer *ly = &m.layers[i];
         printf("layer %-4lld         %s%s, %s, %s", (long long)i,
@@ -291,8 +347,10 @@ int muse_cmd_inspect(int argc, char **argv)
         if (ly->q.kind == MUSE_LIN_EXL3) printf(" %d bits", ly->q.exl3.bits);
         printf("\n");
     }
-    printf("lm_head             %s", m.head.kind == MUSE_LIN_EXL3 ? "exl3" : (m.head.w == m.embed ? "tied" : "fp"));
-    if (m.head.kind == MUSE_LIN_EXL3) printf(" %d bits, %lld rows", m.head.exl3.bits, (long long)m.head.n);
+    printf("lm_head             %s",
+           m.head.kind == MUSE_LIN_EXL3 ? "exl3" : (m.head.w == m.embed ? "tied" : "fp"));
+    if (m.head.kind == MUSE_LIN_EXL3)
+        printf(" %d bits, %lld rows", m.head.exl3.bits, (long long)m.head.n);
     printf("\n");
     muse_model_free(&m);
     return 0;

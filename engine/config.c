@@ -7,23 +7,65 @@
 #include <unistd.h>
 
 /* Fields that never change the math: accepted silently. */
-static const char *const ignored_fields[] = {
-    "architectures", "torch_dtype", "dtype", "transformers_version", "initializer_range",
-    "use_cache", "attention_dropout", "pad_token_id", "text_config", "model_type",
-    "auto_map", "_name_or_path", "hidden_dropout", "output_attentions", "output_hidden_states",
-    "return_dict", "name_or_path", "tokenizer_class", NULL};
+static const char *const ignored_fields[] = {"architectures",
+                                             "torch_dtype",
+                                             "dtype",
+                                             "transformers_version",
+                                             "initializer_range",
+                                             "use_cache",
+                                             "attention_dropout",
+                                             "pad_token_id",
+                                             "text_config",
+                                             "model_type",
+                                             "auto_map",
+                                             "_name_or_path",
+                                             "hidden_dropout",
+                                             "output_attentions",
+                                             "output_hidden_states",
+                                             "return_dict",
+                                             "name_or_path",
+                                             "tokenizer_class",
+                                             NULL};
 
 /* Fields this engine reads; anything else (not ignored) is listed in one warning. */
-static const char *const known_fields[] = {
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "layer_types", "sliding_window", "rope_theta",
-    "layer_rope_theta", "rms_norm_eps", "post_norm_eps", "qk_scale_factor", "mlp_layer_types",
-    "intermediate_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "num_shared_experts", "routed_scaling_factor", "norm_topk_prob", "expert_output_norm",
-    "final_logit_softcapping", "output_multiplier", "tie_word_embeddings", "bos_token_id",
-    "eos_token_id", "max_position_embeddings", "quantization_config", "rope_scaling", "n_group",
-    "topk_group", "hidden_act", "attention_bias", "mlp_bias", "use_sinks", "attention_sinks",
-    NULL};
+static const char *const known_fields[] = {"vocab_size",
+                                           "hidden_size",
+                                           "num_hidden_layers",
+                                           "num_attention_heads",
+                                           "num_key_value_heads",
+                                           "head_dim",
+                                           "layer_types",
+                                           "sliding_window",
+                                           "rope_theta",
+                                           "layer_rope_theta",
+                                           "rms_norm_eps",
+                                           "post_norm_eps",
+                                           "qk_scale_factor",
+                                           "mlp_layer_types",
+                                           "intermediate_size",
+                                           "num_experts",
+                                           "num_experts_per_tok",
+                                           "moe_intermediate_size",
+                                           "num_shared_experts",
+                                           "routed_scaling_factor",
+                                           "norm_topk_prob",
+                                           "expert_output_norm",
+                                           "final_logit_softcapping",
+                                           "output_multiplier",
+                                           "tie_word_embeddings",
+                                           "bos_token_id",
+                                           "eos_token_id",
+                                           "max_position_embeddings",
+                                           "quantization_config",
+                                           "rope_scaling",
+                                           "n_group",
+                                           "topk_group",
+                                           "hidden_act",
+                                           "attention_bias",
+                                           "mlp_bias",
+                                           "use_sinks",
+                                           "attention_sinks",
+                                           NULL};
 
 static bool in_list(const char *name, const char *const *list)
 {
@@ -49,13 +91,16 @@ static int get_int(const cfg_src *s, const char *name, bool required, int64_t de
     const cJSON *v = field(s, name);
     if (!v || cJSON_IsNull(v)) {
         if (required)
-            return muse_fail(e, "config.json: required field '%s' is missing; add it to the pack's config.json", name);
+            return muse_fail(
+                e, "config.json: required field '%s' is missing; add it to the pack's config.json",
+                name);
         *out = def;
         return 0;
     }
     double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
     if (!(d == floor(d)) || d < (double)min || d > 9.0e15)
-        return muse_fail(e, "config.json: field '%s' must be an integer >= %lld; fix config.json", name, (long long)min);
+        return muse_fail(e, "config.json: field '%s' must be an integer >= %lld; fix config.json",
+                         name, (long long)min);
     *out = (int64_t)d;
     return 0;
 }
@@ -69,7 +114,8 @@ static int get_num(const cfg_src *s, const char *name, double def, double min, d
         return 0;
     }
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < min)
-        return muse_fail(e, "config.json: field '%s' must be a number >= %g; fix config.json", name, min);
+        return muse_fail(e, "config.json: field '%s' must be a number >= %g; fix config.json", name,
+                         min);
     *out = v->valuedouble;
     return 0;
 }
@@ -95,10 +141,14 @@ static int get_layer_list(const cfg_src *s, const char *name, int64_t L, const c
     *present = v && !cJSON_IsNull(v);
     if (!*present) return 0;
     if (!cJSON_IsArray(v))
-        return muse_fail(e, "config.json: '%s' must be an array of %lld strings; fix config.json", name, (long long)L);
+        return muse_fail(e, "config.json: '%s' must be an array of %lld strings; fix config.json",
+                         name, (long long)L);
     int n = cJSON_GetArraySize(v);
     if (n != L)
-        return muse_fail(e, "config.json: '%s' has %d entries but num_hidden_layers is %lld; give one entry per layer", name, n, (long long)L);
+        return muse_fail(e,
+                         "config.json: '%s' has %d entries but num_hidden_layers is %lld; give one "
+                         "entry per layer",
+                         name, n, (long long)L);
     int i = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, v)
@@ -109,7 +159,8 @@ static int get_layer_list(const cfg_src *s, const char *name, int64_t L, const c
         else if (str && strcmp(str, b) == 0)
             out[i] = 1;
         else
-            return muse_fail(e, "config.json: '%s'[%d] is not \"%s\" or \"%s\"; fix that entry", name, i, a, b);
+            return muse_fail(e, "config.json: '%s'[%d] is not \"%s\" or \"%s\"; fix that entry",
+                             name, i, a, b);
         i++;
     }
     return 0;
@@ -119,18 +170,26 @@ static int refuse_unsupported(const cfg_src *s, muse_err *e)
 {
     const cJSON *v = field(s, "rope_scaling");
     if (v && !cJSON_IsNull(v))
-        return muse_fail(e, "config.json: 'rope_scaling' is not supported by muse_spark (MUSE_SPARK.md defines plain RoPE); remove it or use a supported pack");
+        return muse_fail(e,
+                         "config.json: 'rope_scaling' is not supported by muse_spark "
+                         "(MUSE_SPARK.md defines plain RoPE); remove it or use a supported pack");
     v = field(s, "n_group");
     if (v && cJSON_IsNumber(v) && v->valuedouble > 1)
-        return muse_fail(e, "config.json: grouped routing 'n_group' > 1 is not supported; set n_group to 1 or remove it");
+        return muse_fail(e, "config.json: grouped routing 'n_group' > 1 is not supported; set "
+                            "n_group to 1 or remove it");
     v = field(s, "hidden_act");
     if (v && !cJSON_IsNull(v) && !(cJSON_GetStringValue(v) && strcmp(v->valuestring, "silu") == 0))
-        return muse_fail(e, "config.json: 'hidden_act' must be \"silu\"; other activations are not supported");
-    static const char *const flags[] = {"attention_bias", "mlp_bias", "use_sinks", "attention_sinks", NULL};
+        return muse_fail(
+            e, "config.json: 'hidden_act' must be \"silu\"; other activations are not supported");
+    static const char *const flags[] = {"attention_bias", "mlp_bias", "use_sinks",
+                                        "attention_sinks", NULL};
     for (int i = 0; flags[i]; i++) {
         v = field(s, flags[i]);
         if (v && cJSON_IsTrue(v))
-            return muse_fail(e, "config.json: '%s' is true but muse_spark has no such feature; set it to false or remove it", flags[i]);
+            return muse_fail(e,
+                             "config.json: '%s' is true but muse_spark has no such feature; set it "
+                             "to false or remove it",
+                             flags[i]);
     }
     return 0;
 }
@@ -163,7 +222,8 @@ static int parse_eos(const cJSON *v, muse_config *c, const char *where, muse_err
         cJSON_ArrayForEach(it, v)
         {
             if (!cJSON_IsNumber(it) || it->valuedouble < 0 || c->n_eos >= MUSE_MAX_EOS)
-                return muse_fail(e, "%s: 'eos_token_id' must be an id or a list of at most %d ids", where, MUSE_MAX_EOS);
+                return muse_fail(e, "%s: 'eos_token_id' must be an id or a list of at most %d ids",
+                                 where, MUSE_MAX_EOS);
             c->eos_ids[c->n_eos++] = (int64_t)it->valuedouble;
         }
     } else {
@@ -171,7 +231,8 @@ static int parse_eos(const cJSON *v, muse_config *c, const char *where, muse_err
     }
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_ids[i] < 0 || c->eos_ids[i] >= c->vocab_size)
-            return muse_fail(e, "%s: eos_token_id %lld is outside the vocabulary (vocab_size %lld)", where, (long long)c->eos_ids[i], (long long)c->vocab_size);
+            return muse_fail(e, "%s: eos_token_id %lld is outside the vocabulary (vocab_size %lld)",
+                             where, (long long)c->eos_ids[i], (long long)c->vocab_size);
     return 0;
 }
 
@@ -182,7 +243,11 @@ static int parse_quant(const cfg_src *s, muse_config *c, muse_err *e)
     if (!q || cJSON_IsNull(q)) return 0;
     const char *method = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(q, "quant_method"));
     if (!method || strcmp(method, "exl3") != 0)
-        return muse_fail(e, "config.json: quantization_config.quant_method is '%s' but only \"exl3\" is supported; use an EXL3 pack or an fp16/bf16 pack without quantization_config", method ? method : "(missing)");
+        return muse_fail(
+            e,
+            "config.json: quantization_config.quant_method is '%s' but only \"exl3\" is supported; "
+            "use an EXL3 pack or an fp16/bf16 pack without quantization_config",
+            method ? method : "(missing)");
     c->quantized = true;
     /* lenient: the tensors are the truth, these are only reported */
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(q, "bits");
@@ -199,9 +264,12 @@ static int parse_layers(const cfg_src *s, muse_config *c, muse_err *e)
     int64_t L = c->num_layers;
     int kinds[MUSE_MAX_LAYERS];
     bool present;
-    if (get_layer_list(s, "layer_types", L, "sliding_attention", "full_attention", kinds, &present, e)) return -1;
+    if (get_layer_list(s, "layer_types", L, "sliding_attention", "full_attention", kinds, &present,
+                       e))
+        return -1;
     if (!present)
-        return muse_fail(e, "config.json: required field 'layer_types' is missing; give one of \"sliding_attention\"/\"full_attention\" per layer");
+        return muse_fail(e, "config.json: required field 'layer_types' is missing; give one of "
+                            "\"sliding_attention\"/\"full_attention\" per layer");
     bool any_sliding = false;
     for (int64_t i = 0; i < L; i++) {
         c->attn_kind[i] = kinds[i] ? MUSE_ATTN_FULL : MUSE_ATTN_SLIDING;
@@ -216,13 +284,19 @@ static int parse_layers(const cfg_src *s, muse_config *c, muse_err *e)
     const cJSON *lt = field(s, "layer_rope_theta");
     if (lt && !cJSON_IsNull(lt)) {
         if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != L)
-            return muse_fail(e, "config.json: 'layer_rope_theta' must be an array of num_hidden_layers (%lld) numbers; fix its length", (long long)L);
+            return muse_fail(e,
+                             "config.json: 'layer_rope_theta' must be an array of "
+                             "num_hidden_layers (%lld) numbers; fix its length",
+                             (long long)L);
         int i = 0;
         const cJSON *it;
         cJSON_ArrayForEach(it, lt)
         {
             if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < 0)
-                return muse_fail(e, "config.json: 'layer_rope_theta'[%d] must be a number >= 0 (0 = NoPE); fix that entry", i);
+                return muse_fail(e,
+                                 "config.json: 'layer_rope_theta'[%d] must be a number >= 0 (0 = "
+                                 "NoPE); fix that entry",
+                                 i);
             c->rope_theta_layer[i++] = it->valuedouble;
         }
     } else {
@@ -230,7 +304,9 @@ static int parse_layers(const cfg_src *s, muse_config *c, muse_err *e)
     }
     if (get_int(s, "sliding_window", any_sliding, 0, 1, &c->sliding_window, e)) {
         if (any_sliding)
-            return muse_fail(e, "config.json: a layer is \"sliding_attention\" but 'sliding_window' is missing or invalid; set sliding_window to the window W (>= 1)");
+            return muse_fail(e,
+                             "config.json: a layer is \"sliding_attention\" but 'sliding_window' "
+                             "is missing or invalid; set sliding_window to the window W (>= 1)");
         return -1;
     }
     if (get_int(s, "intermediate_size", any_dense, 0, 1, &c->intermediate_size, e)) return -1;
@@ -251,7 +327,10 @@ int muse_config_parse(const char *json, size_t len, muse_config *c, muse_err *e)
     const cJSON *mt = field(&s, "model_type");
     const char *mts = cJSON_GetStringValue(mt);
     if (!mts || strcmp(mts, "muse_spark") != 0) {
-        muse_fail(e, "config.json: model_type is '%s' but this engine serves \"muse_spark\"; use a muse_spark pack", mts ? mts : "(missing)");
+        muse_fail(e,
+                  "config.json: model_type is '%s' but this engine serves \"muse_spark\"; use a "
+                  "muse_spark pack",
+                  mts ? mts : "(missing)");
         goto out;
     }
     if (refuse_unsupported(&s, e)) goto out;
@@ -263,20 +342,28 @@ int muse_config_parse(const char *json, size_t len, muse_config *c, muse_err *e)
         get_int(&s, "max_position_embeddings", true, 0, 1, &c->max_position_embeddings, e))
         goto out;
     if (c->num_layers > MUSE_MAX_LAYERS) {
-        muse_fail(e, "config.json: num_hidden_layers %lld exceeds this build's limit of %d", (long long)c->num_layers, MUSE_MAX_LAYERS);
+        muse_fail(e, "config.json: num_hidden_layers %lld exceeds this build's limit of %d",
+                  (long long)c->num_layers, MUSE_MAX_LAYERS);
         goto out;
     }
     if (c->hidden_size % c->n_heads != 0 && !field(&s, "head_dim")) {
-        muse_fail(e, "config.json: hidden_size %lld is not divisible by num_attention_heads %lld; set head_dim", (long long)c->hidden_size, (long long)c->n_heads);
+        muse_fail(e,
+                  "config.json: hidden_size %lld is not divisible by num_attention_heads %lld; set "
+                  "head_dim",
+                  (long long)c->hidden_size, (long long)c->n_heads);
         goto out;
     }
     if (get_int(&s, "head_dim", false, c->hidden_size / c->n_heads, 1, &c->head_dim, e)) goto out;
     if (c->n_heads % c->n_kv_heads != 0) {
-        muse_fail(e, "config.json: num_attention_heads %lld is not a multiple of num_key_value_heads %lld; heads must divide", (long long)c->n_heads, (long long)c->n_kv_heads);
+        muse_fail(e,
+                  "config.json: num_attention_heads %lld is not a multiple of num_key_value_heads "
+                  "%lld; heads must divide",
+                  (long long)c->n_heads, (long long)c->n_kv_heads);
         goto out;
     }
     if (c->head_dim % 2 != 0) {
-        muse_fail(e, "config.json: head_dim %lld must be even for rotary embeddings", (long long)c->head_dim);
+        muse_fail(e, "config.json: head_dim %lld must be even for rotary embeddings",
+                  (long long)c->head_dim);
         goto out;
     }
     if (get_num(&s, "rope_theta", 500000.0, 0, &c->rope_theta, e) ||
@@ -291,7 +378,8 @@ int muse_config_parse(const char *json, size_t len, muse_config *c, muse_err *e)
         get_int(&s, "num_shared_experts", false, 0, 0, &c->num_shared_experts, e))
         goto out;
     if (c->num_experts_per_tok > c->num_experts) {
-        muse_fail(e, "config.json: num_experts_per_tok %lld exceeds num_experts %lld", (long long)c->num_experts_per_tok, (long long)c->num_experts);
+        muse_fail(e, "config.json: num_experts_per_tok %lld exceeds num_experts %lld",
+                  (long long)c->num_experts_per_tok, (long long)c->num_experts);
         goto out;
     }
     if (get_num(&s, "routed_scaling_factor", 1.0, 0, &c->routed_scaling_factor, e) ||
@@ -325,7 +413,8 @@ int muse_read_file(const char *path, size_t max_bytes, char **out, size_t *len, 
     }
     if ((uint64_t)st.st_size > max_bytes) {
         fclose(f);
-        return muse_fail(e, "%s: %lld bytes is larger than the %zu allowed for this file", path, (long long)st.st_size, max_bytes);
+        return muse_fail(e, "%s: %lld bytes is larger than the %zu allowed for this file", path,
+                         (long long)st.st_size, max_bytes);
     }
     size_t n = (size_t)st.st_size;
     char *buf = MUSE_MALLOC(n + 1);
@@ -359,11 +448,14 @@ static int load_generation_config(const char *dir, muse_config *c, muse_err *e)
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
     if (eos && !cJSON_IsNull(eos)) rc = parse_eos(eos, c, "generation_config.json", e);
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "temperature");
-    if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 2) c->gen_temperature = v->valuedouble;
+    if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 2)
+        c->gen_temperature = v->valuedouble;
     v = cJSON_GetObjectItemCaseSensitive(root, "top_p");
-    if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble <= 1) c->gen_top_p = v->valuedouble;
+    if (cJSON_IsNumber(v) && v->valuedouble > 0 && v->valuedouble <= 1)
+        c->gen_top_p = v->valuedouble;
     v = cJSON_GetObjectItemCaseSensitive(root, "top_k");
-    if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 1e9) c->gen_top_k = (int64_t)v->valuedouble;
+    if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 1e9)
+        c->gen_top_k = (int64_t)v->valuedouble;
     cJSON_Delete(root);
     return rc;
 }
@@ -376,7 +468,10 @@ int muse_config_load(const char *dir, muse_config *c, muse_err *e)
         return muse_fail(e, "%s is not a model pack: not a directory", dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (access(path, F_OK) != 0)
-        return muse_fail(e, "%s is not a model pack: no config.json; pass --model a pack directory (make one with muse-pack)", dir);
+        return muse_fail(e,
+                         "%s is not a model pack: no config.json; pass --model a pack directory "
+                         "(make one with muse-pack)",
+                         dir);
     char *buf;
     size_t len;
     if (muse_read_file(path, 16 << 20, &buf, &len, e)) return -1;

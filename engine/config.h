@@ -8,7 +8,7 @@
 #include "muse_common.h"
 
 #define MUSE_MAX_LAYERS 512
-#define MUSE_MAX_EOS 16
+#define MUSE_MAX_EOS    16
 
 typedef enum { MUSE_ATTN_SLIDING, MUSE_ATTN_FULL } muse_attn_kind;
 typedef enum { MUSE_MLP_DENSE, MUSE_MLP_MOE } muse_mlp_kind;

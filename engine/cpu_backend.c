@@ -9,25 +9,29 @@ typedef struct {
     muse_backend base;
     muse_pool *pool;
     int threads;
-    float **scratch; /* [threads][scratch_floats] */
+    float **scratch;       /* [threads][scratch_floats] */
+    double **attn_scratch; /* [threads][context + head_dim]: scores, then the sum of V */
     size_t scratch_floats;
-    void *exl3_ws;   /* EXL3 linear workspace, sized for the largest linear */
-    float **allocs;  /* every alloc(), freed at destroy */
+    void *exl3_ws;  /* EXL3 linear workspace, sized for the largest linear */
+    float **allocs; /* every alloc(), freed at destroy */
     size_t n_allocs;
     /* KV cache, per layer: [max_seqs][cap][KV] fp16; cap = context (full) or a ring */
     int64_t *kv_cap;
     uint16_t **k_cache, **v_cache;
     /* MoE workspace */
-    float *router_logits;  /* [R, E] */
-    int32_t *sel;          /* [R, k] selected experts */
-    float *sel_w;          /* [R, k] their weights */
-    int32_t *rows_of;      /* [R] rows routed to one expert */
-    float *xg, *zg;        /* [R, H] gathered inputs, expert outputs */
-    float *eg, *eu, *ea;   /* [R, I_moe max] */
-    float *xsel;           /* [R, H] head inputs of the wanted rows */
+    float *router_logits; /* [R, E] */
+    int32_t *sel;         /* [R, k] selected experts */
+    float *sel_w;         /* [R, k] their weights */
+    int32_t *rows_of;     /* [R] rows routed to one expert */
+    float *xg, *zg;       /* [R, H] gathered inputs, expert outputs */
+    float *eg, *eu, *ea;  /* [R, I_moe max] */
+    float *xsel;          /* [R, H] head inputs of the wanted rows */
 } cpu_backend;
 
-static cpu_backend *cpu(muse_backend *be) { return (cpu_backend *)be; }
+static cpu_backend *cpu(muse_backend *be)
+{
+    return (cpu_backend *)be;
+}
 
 /* ---- fixed-order sums ----
  * The reference sums in double and rounds to fp32 where an operation's output is fp32: more
@@ -51,7 +55,10 @@ static inline double rms_scale(const float *x, long n, double eps)
     return 1.0 / sqrt(dot_f64(x, x, n) / (double)n + eps);
 }
 
-static inline float sigmoid_f(float x) { return (float)(1.0 / (1.0 + exp(-(double)x))); }
+static inline float sigmoid_f(float x)
+{
+    return (float)(1.0 / (1.0 + exp(-(double)x)));
+}
 
 /* ---- operations ---- */
 
@@ -185,12 +192,13 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
     int64_t cap = j->c->kv_cap[j->layer];
     bool sliding = cfg->attn_kind[j->layer] == MUSE_ATTN_SLIDING;
     double scale = cfg->qk_scale_factor / sqrt((double)hd);
-    double *scores = (double *)j->c->scratch[thread];
+    double *scores = j->c->attn_scratch[thread];
     double *acc = scores + j->c->base.opts.context;
     for (long t = begin; t < end; t++) {
         long r = t / Hq, h = t % Hq, kh = h / group;
         int64_t p = j->b->positions[r];
-        int64_t first = sliding && p - cfg->sliding_window + 1 > 0 ? p - cfg->sliding_window + 1 : 0;
+        int64_t first =
+            sliding && p - cfg->sliding_window + 1 > 0 ? p - cfg->sliding_window + 1 : 0;
         const uint16_t *kc = j->c->k_cache[j->layer] + (size_t)j->b->seqs[r] * cap * KV;
         const uint16_t *vc = j->c->v_cache[j->layer] + (size_t)j->b->seqs[r] * cap * KV;
         const float *q = j->q + (r * Hq + h) * hd;
@@ -264,7 +272,8 @@ static void router_experts(void *ctx, long begin, long end, int thread)
     muse_linear fake = {.kind = MUSE_LIN_DENSE, .k = j->H, .n = j->E, .w = t};
     for (long x = begin; x < end; x++) {
         muse_dense_row(&fake, x, wrow);
-        for (long r = 0; r < j->rows; r++) j->out[r * j->E + x] = (float)dot_f64(j->b + r * j->H, wrow, j->H);
+        for (long r = 0; r < j->rows; r++)
+            j->out[r * j->E + x] = (float)dot_f64(j->b + r * j->H, wrow, j->H);
     }
 }
 
@@ -274,19 +283,20 @@ static void select_experts(const muse_config *cfg, const muse_layer *ly, const f
 {
     long E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
     float s[4096], key[4096];
+    bool taken[4096];
     MUSE_CHECK(E <= 4096);
     for (long x = 0; x < E; x++) {
         s[x] = sigmoid_f(logits[x]);
         key[x] = ly->router_bias ? s[x] + ly->router_bias[x] : s[x];
+        taken[x] = false;
     }
     float sum = 0;
     for (long i = 0; i < K; i++) {
-        long best = -1;
-        for (long x = 0; x < E; x++) {
-            bool taken = false;
-            for (long q = 0; q < i; q++) taken |= sel[q] == x;
-            if (!taken && (best < 0 || key[x] > key[best])) best = x;
-        }
+        long best = 0;
+        while (taken[best]) best++;
+        for (long x = best + 1; x < E; x++)
+            if (!taken[x] && key[x] > key[best]) best = x; /* strict: the lower index keeps a tie */
+        taken[best] = true;
         sel[i] = (int32_t)best;
         w[i] = s[best];
         sum += s[best];
@@ -324,10 +334,12 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, const float *b, long
             for (long i = 0; i < K; i++)
                 if (c->sel[r * K + i] == x) c->rows_of[n++] = (int32_t)r;
         if (!n) continue;
-        for (long i = 0; i < n; i++) memcpy(c->xg + i * H, b + (long)c->rows_of[i] * H, (size_t)H * sizeof(float));
+        for (long i = 0; i < n; i++)
+            memcpy(c->xg + i * H, b + (long)c->rows_of[i] * H, (size_t)H * sizeof(float));
         run_mlp(be, &ly->experts[x], c->xg, n, I, c->eg, c->eu, c->ea, c->zg);
         if (cfg->expert_output_norm)
-            cpu_norm(be, c->zg, n, H, ly->expert_norm[x], MUSE_NORM_PLUS1, (float)cfg->rms_norm_eps, 0, c->zg);
+            cpu_norm(be, c->zg, n, H, ly->expert_norm[x], MUSE_NORM_PLUS1, (float)cfg->rms_norm_eps,
+                     0, c->zg);
         for (long i = 0; i < n; i++) {
             long r = c->rows_of[i];
             float w = 0;
@@ -337,7 +349,8 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, const float *b, long
         }
     }
     if (cfg->num_shared_experts > 0) {
-        run_mlp(be, &ly->shared, b, rows, I * (long)cfg->num_shared_experts, c->eg, c->eu, c->ea, c->zg);
+        run_mlp(be, &ly->shared, b, rows, I * (long)cfg->num_shared_experts, c->eg, c->eu, c->ea,
+                c->zg);
         for (long i = 0; i < rows * H; i++) y[i] += c->zg[i];
     }
 }
@@ -349,7 +362,8 @@ static void cpu_head(muse_backend *be, const float *x, const muse_batch *b, floa
     const muse_config *cfg = &m->cfg;
     long H = (long)cfg->hidden_size, V = (long)cfg->vocab_size, N = (long)m->head.n, n = 0;
     for (long r = 0; r < b->rows; r++)
-        if (!b->want_logits || b->want_logits[r]) memcpy(c->xsel + (n++) * H, x + r * H, (size_t)H * sizeof(float));
+        if (!b->want_logits || b->want_logits[r])
+            memcpy(c->xsel + (n++) * H, x + r * H, (size_t)H * sizeof(float));
     if (!n) return;
     cpu_linear(be, &m->head, c->xsel, n, 0, logits);
     double mult = cfg->output_multiplier, cap = cfg->final_logit_softcapping;
@@ -409,7 +423,9 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     if (o->max_rows <= 0 || o->max_seqs <= 0 || o->context <= 0)
         return muse_fail(e, "backend: max rows, sequences and context must be positive"), NULL;
     if (cfg->head_dim > 512)
-        return muse_fail(e, "config.json: head_dim %lld exceeds the CPU backend's limit of 512", (long long)cfg->head_dim), NULL;
+        return muse_fail(e, "config.json: head_dim %lld exceeds the CPU backend's limit of 512",
+                         (long long)cfg->head_dim),
+               NULL;
     cpu_backend *c = MUSE_CALLOC(1, sizeof *c);
     c->base.ops = &cpu_ops;
     c->base.model = m;
@@ -418,15 +434,20 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     c->threads = muse_pool_threads(c->pool);
     long H = (long)cfg->hidden_size, R = o->max_rows, E = (long)cfg->num_experts;
     long K = (long)cfg->num_experts_per_tok;
-    long Imoe = (long)(cfg->moe_intermediate_size * (cfg->num_shared_experts > 1 ? cfg->num_shared_experts : 1));
+    long Imoe = (long)(cfg->moe_intermediate_size *
+                       (cfg->num_shared_experts > 1 ? cfg->num_shared_experts : 1));
     long widest = H;
     if ((long)cfg->intermediate_size > widest) widest = (long)cfg->intermediate_size;
     if (Imoe > widest) widest = Imoe;
-    if ((long)(cfg->n_heads * cfg->head_dim) > widest) widest = (long)(cfg->n_heads * cfg->head_dim);
-    /* attention keeps double scores and sums here: two floats each */
-    c->scratch_floats = (size_t)(widest + 2 * (o->context + cfg->head_dim));
+    if ((long)(cfg->n_heads * cfg->head_dim) > widest)
+        widest = (long)(cfg->n_heads * cfg->head_dim);
+    c->scratch_floats = (size_t)widest;
     c->scratch = MUSE_CALLOC((size_t)c->threads, sizeof *c->scratch);
-    for (int t = 0; t < c->threads; t++) c->scratch[t] = MUSE_MALLOC(c->scratch_floats * sizeof(float));
+    c->attn_scratch = MUSE_CALLOC((size_t)c->threads, sizeof *c->attn_scratch);
+    for (int t = 0; t < c->threads; t++) {
+        c->scratch[t] = MUSE_MALLOC(c->scratch_floats * sizeof(float));
+        c->attn_scratch[t] = MUSE_MALLOC((size_t)(o->context + cfg->head_dim) * sizeof(double));
+    }
     size_t ws = exl3_ws_max(m, R);
     c->exl3_ws = ws ? MUSE_MALLOC(ws) : NULL;
     long L = (long)cfg->num_layers, KV = (long)(cfg->n_kv_heads * cfg->head_dim);
@@ -460,8 +481,12 @@ void muse_cpu_backend_destroy(muse_backend *be)
     if (!be) return;
     cpu_backend *c = cpu(be);
     muse_pool_destroy(c->pool);
-    for (int t = 0; t < c->threads; t++) free(c->scratch[t]);
+    for (int t = 0; t < c->threads; t++) {
+        free(c->scratch[t]);
+        free(c->attn_scratch[t]);
+    }
     free(c->scratch);
+    free(c->attn_scratch);
     free(c->exl3_ws);
     for (size_t i = 0; i < c->n_allocs; i++) free(c->allocs[i]);
     free(c->allocs);

@@ -3,13 +3,13 @@
 struct muse_forward {
     muse_backend *be;
     const muse_model *m;
-    float *h;               /* [R, H] residual stream, fp32 */
-    float *a;               /* [R, H] normed input of a block part, fp16 values */
-    float *q, *g, *o;       /* [R, Q] */
-    float *k, *v;           /* [R, KV] */
-    float *y;               /* [R, H] output of attention or feed-forward, fp32 */
+    float *h;                           /* [R, H] residual stream, fp32 */
+    float *a;                           /* [R, H] normed input of a block part, fp16 values */
+    float *q, *g, *o;                   /* [R, Q] */
+    float *k, *v;                       /* [R, KV] */
+    float *y;                           /* [R, H] output of attention or feed-forward, fp32 */
     float *mlp_gate, *mlp_up, *mlp_act; /* [R, I] dense layers */
-    float *logits;          /* [R, V (padded)] */
+    float *logits;                      /* [R, V (padded)] */
 };
 
 muse_forward *muse_forward_create(muse_backend *be)
@@ -38,26 +38,35 @@ muse_forward *muse_forward_create(muse_backend *be)
     return f;
 }
 
-void muse_forward_destroy(muse_forward *f) { free(f); } /* buffers belong to the backend */
+void muse_forward_destroy(muse_forward *f)
+{
+    free(f);
+} /* buffers belong to the backend */
 
 static int check_batch(const muse_forward *f, const muse_batch *b, muse_err *e)
 {
     const muse_config *c = &f->m->cfg;
     const muse_backend_opts *o = &f->be->opts;
     if (b->rows <= 0 || b->rows > o->max_rows)
-        return muse_fail(e, "batch of %ld rows: must be 1 .. %ld (max rows a round)", b->rows, o->max_rows);
+        return muse_fail(e, "batch of %ld rows: must be 1 .. %ld (max rows a round)", b->rows,
+                         o->max_rows);
     for (long r = 0; r < b->rows; r++) {
         if (b->tokens[r] < 0 || b->tokens[r] >= c->vocab_size)
-            return muse_fail(e, "token id %d at row %ld is outside the vocabulary 0 .. %lld", b->tokens[r], r, (long long)c->vocab_size - 1);
+            return muse_fail(e, "token id %d at row %ld is outside the vocabulary 0 .. %lld",
+                             b->tokens[r], r, (long long)c->vocab_size - 1);
         if (b->positions[r] < 0 || b->positions[r] >= o->context)
-            return muse_fail(e, "position %lld at row %ld is outside the context 0 .. %lld", (long long)b->positions[r], r, (long long)o->context - 1);
+            return muse_fail(e, "position %lld at row %ld is outside the context 0 .. %lld",
+                             (long long)b->positions[r], r, (long long)o->context - 1);
         if (b->seqs[r] < 0 || b->seqs[r] >= o->max_seqs)
-            return muse_fail(e, "sequence slot %d at row %ld is outside 0 .. %d", b->seqs[r], r, o->max_seqs - 1);
+            return muse_fail(e, "sequence slot %d at row %ld is outside 0 .. %d", b->seqs[r], r,
+                             o->max_seqs - 1);
         /* a later row of the same sequence must be the next position (the KV rings rely on it) */
         for (long p = r - 1; p >= 0; p--)
             if (b->seqs[p] == b->seqs[r]) {
                 if (b->positions[r] != b->positions[p] + 1)
-                    return muse_fail(e, "rows %ld and %ld of sequence %d are not consecutive positions", p, r, b->seqs[r]);
+                    return muse_fail(
+                        e, "rows %ld and %ld of sequence %d are not consecutive positions", p, r,
+                        b->seqs[r]);
                 break;
             }
     }
@@ -76,8 +85,10 @@ static void attention_block(muse_forward *f, int i, const muse_batch *b)
     ops->linear(be, &ly->k, f->a, R, 1, f->k);
     ops->linear(be, &ly->v, f->a, R, 1, f->v);
     ops->linear(be, &ly->gate, f->a, R, 1, f->g);
-    ops->qk_norm_rope(be, f->q, b, (long)c->n_heads, (long)c->head_dim, c->rope_theta_layer[i], (float)c->rms_norm_eps);
-    ops->qk_norm_rope(be, f->k, b, (long)c->n_kv_heads, (long)c->head_dim, c->rope_theta_layer[i], (float)c->rms_norm_eps);
+    ops->qk_norm_rope(be, f->q, b, (long)c->n_heads, (long)c->head_dim, c->rope_theta_layer[i],
+                      (float)c->rms_norm_eps);
+    ops->qk_norm_rope(be, f->k, b, (long)c->n_kv_heads, (long)c->head_dim, c->rope_theta_layer[i],
+                      (float)c->rms_norm_eps);
     ops->attention(be, i, b, f->q, f->k, f->v, f->g, f->o);
     ops->linear(be, &ly->o, f->o, R, 0, f->y);
     ops->add_norm(be, f->h, f->y, R, H, ly->post_attn_norm, (float)c->post_norm_eps);
@@ -112,7 +123,8 @@ const float *muse_forward_run(muse_forward *f, const muse_batch *b, muse_err *e)
         attention_block(f, i, b);
         feed_forward_block(f, i, b);
     }
-    be->ops->norm(be, f->h, b->rows, (long)c->hidden_size, f->m->final_norm, MUSE_NORM_PLAIN, (float)c->rms_norm_eps, 1, f->a);
+    be->ops->norm(be, f->h, b->rows, (long)c->hidden_size, f->m->final_norm, MUSE_NORM_PLAIN,
+                  (float)c->rms_norm_eps, 1, f->a);
     be->ops->head(be, f->a, b, f->logits);
     return f->logits;
 }

@@ -27,33 +27,47 @@ static const muse_tensor *find_prefixed(const muse_model *m, const char *name, c
 static int expect_shape(const muse_model *m, const muse_tensor *t, const char *key, int ndim,
                         const int64_t *shape, bool float_only, muse_err *e)
 {
-    if (!t) return muse_fail(e, "%s: tensor '%s' is missing from the pack; re-make or re-download the pack", m->dir, key);
+    if (!t)
+        return muse_fail(
+            e, "%s: tensor '%s' is missing from the pack; re-make or re-download the pack", m->dir,
+            key);
     bool ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
         char want[96] = "", got[96] = "";
         for (int i = 0; i < ndim; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[i]);
         for (int i = 0; i < t->ndim; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-        return muse_fail(e, "%s: tensor '%s' has shape [%s] but the config needs [%s]; the pack does not match its config.json", t->file, key, got, want);
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)t->shape[i]);
+        return muse_fail(e,
+                         "%s: tensor '%s' has shape [%s] but the config needs [%s]; the pack does "
+                         "not match its config.json",
+                         t->file, key, got, want);
     }
-    if (float_only && t->dtype != MUSE_DT_F16 && t->dtype != MUSE_DT_BF16 && t->dtype != MUSE_DT_F32)
-        return muse_fail(e, "%s: tensor '%s' has dtype %s; expected F16, BF16 or F32", t->file, key, muse_dtype_name(t->dtype));
+    if (float_only && t->dtype != MUSE_DT_F16 && t->dtype != MUSE_DT_BF16 &&
+        t->dtype != MUSE_DT_F32)
+        return muse_fail(e, "%s: tensor '%s' has dtype %s; expected F16, BF16 or F32", t->file, key,
+                         muse_dtype_name(t->dtype));
     return 0;
 }
 
 static float tensor_f32(const muse_tensor *t, int64_t i)
 {
     switch (t->dtype) {
-    case MUSE_DT_F16: return muse_f16_to_f32(((const uint16_t *)t->data)[i]);
-    case MUSE_DT_BF16: return muse_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    case MUSE_DT_F16:
+        return muse_f16_to_f32(((const uint16_t *)t->data)[i]);
+    case MUSE_DT_BF16:
+        return muse_bf16_to_f32(((const uint16_t *)t->data)[i]);
     case MUSE_DT_F32: {
         float f;
         memcpy(&f, (const char *)t->data + 4 * i, 4);
         return f;
     }
-    default: MUSE_CHECK(!"tensor_f32 on an integer tensor"); return 0;
+    default:
+        MUSE_CHECK(!"tensor_f32 on an integer tensor");
+        return 0;
     }
 }
 
@@ -68,7 +82,10 @@ static int load_vector(muse_model *m, const char *name, int64_t len, float **out
         v[i] = tensor_f32(t, i);
         if (!isfinite(v[i])) {
             free(v);
-            return muse_fail(e, "%s: tensor '%s' holds a non-finite value (NaN or inf) at index %lld; the pack is corrupt", t->file, key, (long long)i);
+            return muse_fail(e,
+                             "%s: tensor '%s' holds a non-finite value (NaN or inf) at index %lld; "
+                             "the pack is corrupt",
+                             t->file, key, (long long)i);
         }
     }
     *out = v;
@@ -106,11 +123,16 @@ static int load_linear(muse_model *m, const char *name, int64_t k, int64_t n, bo
             snprintf(tkey, sizeof tkey, "%s.%s", key, sfx[i]);
             p[i] = muse_st_find(m->st, tkey);
         }
-        if (muse_exl3_from_tensors(key, trellis, p[0], p[1], p[2], p[3], p[4], p[5], p[6], &l->exl3, e))
+        if (muse_exl3_from_tensors(key, trellis, p[0], p[1], p[2], p[3], p[4], p[5], p[6], &l->exl3,
+                                   e))
             return -1;
         int64_t want_n = pad_n ? (n + 127) / 128 * 128 : n;
         if (l->exl3.k != k || l->exl3.n != want_n)
-            return muse_fail(e, "%s: EXL3 tensor '%s.trellis' encodes a %lld x %lld weight but the config needs %lld x %lld; the pack does not match its config.json", trellis->file, key, (long long)l->exl3.k, (long long)l->exl3.n, (long long)k, (long long)want_n);
+            return muse_fail(e,
+                             "%s: EXL3 tensor '%s.trellis' encodes a %lld x %lld weight but the "
+                             "config needs %lld x %lld; the pack does not match its config.json",
+                             trellis->file, key, (long long)l->exl3.k, (long long)l->exl3.n,
+                             (long long)k, (long long)want_n);
         l->kind = MUSE_LIN_EXL3;
         l->n = want_n;
         return 0;
@@ -141,21 +163,29 @@ static int load_layer(muse_model *m, int64_t i, muse_err *e)
     muse_layer *ly = &m->layers[i];
     int64_t H = c->hidden_size, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
     char name[200], key[256];
-    const char *norms[4] = {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"};
+    const char *norms[4] = {"input_layernorm", "post_attention_layernorm",
+                            "pre_feedforward_layernorm", "post_feedforward_layernorm"};
     float **dst[4] = {&ly->input_norm, &ly->post_attn_norm, &ly->pre_ff_norm, &ly->post_ff_norm};
     for (int j = 0; j < 4; j++) {
         snprintf(name, sizeof name, "layers.%lld.%s.weight", (long long)i, norms[j]);
         if (load_vector(m, name, H, dst[j], e)) return -1;
     }
-    struct { const char *p; int64_t k, n; muse_linear *l; } att[5] = {
-        {"q_proj", H, qd, &ly->q}, {"k_proj", H, kvd, &ly->k}, {"v_proj", H, kvd, &ly->v},
-        {"gate_proj", H, qd, &ly->gate}, {"o_proj", qd, H, &ly->o}};
+    struct {
+        const char *p;
+        int64_t k, n;
+        muse_linear *l;
+    } att[5] = {{"q_proj", H, qd, &ly->q},
+                {"k_proj", H, kvd, &ly->k},
+                {"v_proj", H, kvd, &ly->v},
+                {"gate_proj", H, qd, &ly->gate},
+                {"o_proj", qd, H, &ly->o}};
     for (int j = 0; j < 5; j++) {
         snprintf(name, sizeof name, "layers.%lld.self_attn.%s", (long long)i, att[j].p);
         if (load_linear(m, name, att[j].k, att[j].n, false, false, att[j].l, e)) return -1;
     }
     snprintf(name, sizeof name, "layers.%lld.mlp", (long long)i);
-    if (c->mlp_kind[i] == MUSE_MLP_DENSE) return load_mlp(m, name, H, c->intermediate_size, &ly->dense, e);
+    if (c->mlp_kind[i] == MUSE_MLP_DENSE)
+        return load_mlp(m, name, H, c->intermediate_size, &ly->dense, e);
 
     int64_t E = c->num_experts;
     snprintf(name, sizeof name, "layers.%lld.mlp.router.weight", (long long)i);
@@ -163,25 +193,31 @@ static int load_layer(muse_model *m, int64_t i, muse_err *e)
     int64_t rshape[2] = {E, H};
     if (expect_shape(m, ly->router, key, 2, rshape, true, e)) return -1;
     snprintf(name, sizeof name, "layers.%lld.mlp.router.e_score_correction_bias", (long long)i);
-    if (find_prefixed(m, name, key, sizeof key) && load_vector(m, name, E, &ly->router_bias, e)) return -1;
+    if (find_prefixed(m, name, key, sizeof key) && load_vector(m, name, E, &ly->router_bias, e))
+        return -1;
     ly->experts = MUSE_CALLOC((size_t)E, sizeof *ly->experts);
     if (c->expert_output_norm) ly->expert_norm = MUSE_CALLOC((size_t)E, sizeof *ly->expert_norm);
     for (int64_t x = 0; x < E; x++) {
         snprintf(name, sizeof name, "layers.%lld.mlp.experts.%lld", (long long)i, (long long)x);
         if (load_mlp(m, name, H, c->moe_intermediate_size, &ly->experts[x], e)) return -1;
         if (c->expert_output_norm) {
-            snprintf(name, sizeof name, "layers.%lld.mlp.experts.%lld.output_norm.weight", (long long)i, (long long)x);
+            snprintf(name, sizeof name, "layers.%lld.mlp.experts.%lld.output_norm.weight",
+                     (long long)i, (long long)x);
             if (load_vector(m, name, H, &ly->expert_norm[x], e)) return -1;
         }
     }
     if (c->num_shared_experts > 0) {
         snprintf(name, sizeof name, "layers.%lld.mlp.shared_experts", (long long)i);
-        if (load_mlp(m, name, H, c->num_shared_experts * c->moe_intermediate_size, &ly->shared, e)) return -1;
+        if (load_mlp(m, name, H, c->num_shared_experts * c->moe_intermediate_size, &ly->shared, e))
+            return -1;
     }
     return 0;
 }
 
-static uint64_t linear_params(const muse_linear *l) { return (uint64_t)l->k * (uint64_t)l->n; }
+static uint64_t linear_params(const muse_linear *l)
+{
+    return (uint64_t)l->k * (uint64_t)l->n;
+}
 static uint64_t mlp_params(const muse_mlp *p)
 {
     return linear_params(&p->gate) + linear_params(&p->up) + linear_params(&p->down);
@@ -249,8 +285,10 @@ int muse_model_load(const char *dir, muse_model *m, muse_err *e)
     m->layers = MUSE_CALLOC((size_t)c->num_layers, sizeof *m->layers);
     for (int64_t i = 0; i < c->num_layers; i++)
         if (load_layer(m, i, e)) goto fail;
-    bool has_head = muse_st_find(m->st, "lm_head.weight") || muse_st_find(m->st, "lm_head.trellis") ||
-                    find_prefixed(m, "lm_head.weight", key, sizeof key) || find_prefixed(m, "lm_head.trellis", key, sizeof key);
+    bool has_head = muse_st_find(m->st, "lm_head.weight") ||
+                    muse_st_find(m->st, "lm_head.trellis") ||
+                    find_prefixed(m, "lm_head.weight", key, sizeof key) ||
+                    find_prefixed(m, "lm_head.trellis", key, sizeof key);
     if (!has_head && c->tie_word_embeddings) {
         m->head.kind = MUSE_LIN_DENSE;
         snprintf(m->head.key, sizeof m->head.key, "%s", m->embed->name);

@@ -26,12 +26,12 @@ typedef struct {
     /* norm weights as fp32 copies (checked finite at load) */
     float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
     muse_linear q, k, v, gate, o;
-    muse_mlp dense;               /* dense layers */
-    const muse_tensor *router;    /* [E, H], MoE layers */
-    float *router_bias;           /* [E] fp32 or NULL */
-    muse_mlp *experts;            /* [E] */
-    float **expert_norm;          /* [E] x [H] when expert_output_norm */
-    muse_mlp shared;              /* when num_shared_experts > 0: intermediate = n_shared * moe_I */
+    muse_mlp dense;            /* dense layers */
+    const muse_tensor *router; /* [E, H], MoE layers */
+    float *router_bias;        /* [E] fp32 or NULL */
+    muse_mlp *experts;         /* [E] */
+    float **expert_norm;       /* [E] x [H] when expert_output_norm */
+    muse_mlp shared;           /* when num_shared_experts > 0: intermediate = n_shared * moe_I */
 } muse_layer;
 
 typedef struct {

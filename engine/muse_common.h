@@ -35,12 +35,12 @@ static inline MUSE_PRINTF(2, 3) int muse_fail(muse_err *e, const char *fmt, ...)
 }
 
 /* Aborts with file:line on a broken invariant (a bug, never bad input). */
-#define MUSE_CHECK(cond)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "muse: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                       \
-        }                                                                                  \
+#define MUSE_CHECK(cond)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "muse: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);         \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 static inline void *muse_xmalloc(size_t n, const char *file, int line)
@@ -62,7 +62,7 @@ static inline void *muse_xcalloc(size_t n, size_t sz, const char *file, int line
     }
     return p;
 }
-#define MUSE_MALLOC(n) muse_xmalloc((n), __FILE__, __LINE__)
+#define MUSE_MALLOC(n)     muse_xmalloc((n), __FILE__, __LINE__)
 #define MUSE_CALLOC(n, sz) muse_xcalloc((n), (sz), __FILE__, __LINE__)
 
 /* ---- fp16 / bf16: exact IEEE conversions, round to nearest even ---- */
@@ -120,9 +120,15 @@ static inline uint16_t muse_f32_to_f16(float f)
 }
 
 /* The value an fp16 store would keep. */
-static inline float muse_round_f16(float f) { return muse_f16_to_f32(muse_f32_to_f16(f)); }
+static inline float muse_round_f16(float f)
+{
+    return muse_f16_to_f32(muse_f32_to_f16(f));
+}
 
-static inline float muse_bf16_to_f32(uint16_t b) { return muse_bits_to_f32((uint32_t)b << 16); }
+static inline float muse_bf16_to_f32(uint16_t b)
+{
+    return muse_bits_to_f32((uint32_t)b << 16);
+}
 static inline uint16_t muse_f32_to_bf16(float f)
 {
     uint32_t x = muse_f32_to_bits(f);

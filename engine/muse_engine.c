@@ -1,5 +1,6 @@
 /* muse-engine: the engine process and its tools, one subcommand each. */
 #include "cmd_model.h"
+#include "cmd_tokenize.h"
 #include "muse_common.h"
 
 typedef struct {
@@ -12,11 +13,16 @@ static const subcommand subcommands[] = {
     {"logits", muse_cmd_logits, "fp32 logits of every position of a prompt"},
     {"generate", muse_cmd_generate, "generate token ids from a prompt"},
     {"inspect", muse_cmd_inspect, "config, parameters, bytes and layers of a pack"},
+    {"tokenize", muse_cmd_tokenize, "text to token ids with a pack's tokenizer.json"},
+    {"detokenize", muse_cmd_detokenize, "token ids to text"},
 };
 
 static void usage(FILE *f)
 {
-    fprintf(f, "muse-engine %s: serves and inspects muse_spark packs\n\nusage: muse-engine COMMAND [--help | flags]\n\ncommands:\n", MUSE_VERSION);
+    fprintf(f,
+            "muse-engine %s: serves and inspects muse_spark packs\n\nusage: muse-engine COMMAND "
+            "[--help | flags]\n\ncommands:\n",
+            MUSE_VERSION);
     for (size_t i = 0; i < sizeof subcommands / sizeof *subcommands; i++)
         fprintf(f, "  %-11s %s\n", subcommands[i].name, subcommands[i].what);
     fprintf(f, "\nEvery command documents its flags with --help. Bad input exits with code 2.\n");
@@ -33,7 +39,8 @@ int main(int argc, char **argv)
         return 0;
     }
     for (size_t i = 0; i < sizeof subcommands / sizeof *subcommands; i++)
-        if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].run(argc - 1, argv + 1);
+        if (strcmp(argv[1], subcommands[i].name) == 0)
+            return subcommands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "muse-engine: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

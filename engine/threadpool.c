@@ -81,7 +81,10 @@ muse_pool *muse_pool_create(int threads)
     return pool;
 }
 
-int muse_pool_threads(const muse_pool *pool) { return pool ? pool->threads : 1; }
+int muse_pool_threads(const muse_pool *pool)
+{
+    return pool ? pool->threads : 1;
+}
 
 static void run_job(muse_pool *pool, muse_pool_fn fn, muse_pool_fn_t fn_t, void *ctx, long total)
 {

@@ -17,8 +17,8 @@ int64_t muse_tokenizer_vocab_size(const muse_tokenizer *t);
 
 /* Encodes user text as ordinary text: special-token parsing is OFF, so "<|start|>" in the
  * text becomes plain text tokens. Appends to *ids (realloc'd, *cap its capacity). */
-int muse_tokenize(const muse_tokenizer *t, const char *text, size_t len, int32_t **ids,
-                  size_t *n, size_t *cap, muse_err *e);
+int muse_tokenize(const muse_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
+                  size_t *cap, muse_err *e);
 
 /* Id of an added/special token by its exact content (e.g. "<|eot|>"), or -1. */
 int32_t muse_tokenizer_special_id(const muse_tokenizer *t, const char *content);
