@@ -8,7 +8,7 @@ NVCC     ?= nvcc
 
 DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
                 libcjson-dev libevent-dev libpcre2-dev nginx nginx-dev \
-                python3 python3-numpy perl nodejs npm
+                python3 python3-numpy perl nodejs npm curl
 
 # Programs: one main file each. Everything else under engine/ is the library.
 MAIN_SRCS := engine/muse_engine.c engine/muse_pack.c engine/muse_quant.c engine/muse_bench.c
@@ -50,7 +50,7 @@ $(BUILD)/muse-%: engine/muse_%.c $(LIB) | $(BUILD)
 $(BUILD)/t/%: t/unit/%.c t/unit/tap.h $(LIB) | $(BUILD)/t
 	$(CC) $(CFLAGS) -It/unit $< $(LIB) $(LDLIBS) -o $@
 
-FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -fsanitize=fuzzer,address,undefined
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(wildcard engine/*.h) | $(BUILD)/fuzz
 	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) $(LDLIBS) -o $@
 fuzz: $(FUZZERS)

@@ -62,6 +62,8 @@ struct muse_backend {
     const muse_backend_ops *ops;
     const muse_model *model;
     muse_backend_opts opts;
+    uint64_t kv_bytes;        /* KV cache held for all sequence slots */
+    uint64_t workspace_bytes; /* activations and scratch sized at start */
 };
 
 /* The CPU reference backend. */

@@ -69,6 +69,7 @@ static float *cpu_alloc(muse_backend *be, size_t floats)
     MUSE_CHECK(c->allocs);
     float *p = MUSE_CALLOC(floats, sizeof(float));
     c->allocs[c->n_allocs++] = p;
+    be->workspace_bytes += floats * sizeof(float);
     return p;
 }
 
@@ -460,6 +461,7 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
             cap = cfg->sliding_window + R - 1; /* a ring: a chunk never overwrites keys it reads */
         c->kv_cap[i] = cap;
         size_t n = (size_t)o->max_seqs * (size_t)cap * (size_t)KV;
+        c->base.kv_bytes += 2 * n * sizeof(uint16_t);
         c->k_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
         c->v_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
     }

@@ -1,5 +1,6 @@
 /* muse-engine: the engine process and its tools, one subcommand each. */
 #include "cmd_model.h"
+#include "cmd_serve.h"
 #include "cmd_tokenize.h"
 #include "muse_common.h"
 
@@ -10,6 +11,7 @@ typedef struct {
 } subcommand;
 
 static const subcommand subcommands[] = {
+    {"serve", muse_cmd_serve, "serve a pack to ngx_muse_module (shared memory + socket)"},
     {"logits", muse_cmd_logits, "fp32 logits of every position of a prompt"},
     {"generate", muse_cmd_generate, "generate token ids from a prompt"},
     {"inspect", muse_cmd_inspect, "config, parameters, bytes and layers of a pack"},

@@ -15,6 +15,9 @@ void muse_tokenizer_free(muse_tokenizer *t);
 /* Highest id + 1 over the model vocabulary and the added tokens. */
 int64_t muse_tokenizer_vocab_size(const muse_tokenizer *t);
 
+/* A loaded tokenizer is read-only: every function below may run on several threads at once
+ * (a muse_detok belongs to one stream). */
+
 /* Encodes user text as ordinary text: special-token parsing is OFF, so "<|start|>" in the
  * text becomes plain text tokens. Appends to *ids (realloc'd, *cap its capacity). */
 int muse_tokenize(const muse_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n,
@@ -42,7 +45,8 @@ typedef struct {
 long muse_detok_push(const muse_tokenizer *t, muse_detok *d, int32_t id, char *out, size_t cap);
 long muse_detok_finish(muse_detok *d, char *out, size_t cap);
 /* Output capacity muse_detok_push needs for id in the worst case (0 for an unknown id);
- * 3 * (muse_tokenizer_max_token_bytes + 3) covers every id. finish needs 3 bytes. */
+ * 3 * (muse_tokenizer_max_token_bytes + 3) covers every id; finish needs 3 bytes. A smaller
+ * cap that the output outgrows is a caller bug and aborts (MUSE_CHECK). */
 size_t muse_detok_bound(const muse_tokenizer *t, int32_t id);
 
 #endif

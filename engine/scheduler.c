@@ -1,0 +1,580 @@
+#include "scheduler.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "openai.h"
+#include "reply.h"
+#include "request.h"
+#include "sha256.h"
+
+typedef enum { LANE_FREE, LANE_PREFILL, LANE_DECODE, LANE_FINISHING } lane_state;
+
+typedef struct {
+    uint32_t type;
+    int status;
+    char *data;
+    size_t len;
+} record;
+
+/* Growable bytes (non-streaming content and reasoning). */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} text;
+
+typedef struct muse_sched muse_sched;
+
+typedef struct {
+    muse_sched *sched;
+    lane_state state;
+    uint32_t slot;
+    muse_gen_request req;
+    muse_oa_ctx oa;
+    int64_t fed;       /* prompt tokens in the KV cache */
+    int32_t next;      /* the token the next decode row feeds */
+    int64_t generated; /* tokens sampled */
+    uint64_t served;   /* round this lane last ran in (LRU order) */
+    muse_sha256 sha;
+    muse_reply *reply;           /* chat */
+    muse_detok detok;            /* completions */
+    text pending;                /* completions: text held back for stop strings */
+    text content, reasoning;     /* non-streaming */
+    cJSON *tool_calls;           /* non-streaming */
+    const char *finish_reason;
+    record *out;                 /* records not yet in the ring */
+    size_t n_out, cap_out;
+    double t_admit, t_first, t_last;
+} lane;
+
+struct muse_sched {
+    muse_sched_opts o;
+    muse_forward *fwd;
+    const muse_config *cfg;
+    const muse_tokenizer *tok;
+    muse_server *srv;
+    muse_chat_ids ids;
+    muse_sampler *sampler;
+    lane *lanes;
+    uint64_t round;
+    uint64_t seed_counter;
+    /* batch buffers, sized once */
+    int32_t *b_tokens, *b_seqs;
+    int64_t *b_pos;
+    uint8_t *b_want;
+    int *b_lane_of_logits; /* lane of each logits row */
+    pthread_mutex_t stats_mu;
+    muse_sched_stats stats;
+};
+
+static uint64_t mix_seed(uint64_t a, uint64_t b)
+{
+    uint64_t x = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void text_add(text *t, const char *s, size_t n)
+{
+    if (t->len + n + 1 > t->cap) {
+        t->cap = (t->len + n + 1) * 2;
+        t->p = realloc(t->p, t->cap);
+        MUSE_CHECK(t->p);
+    }
+    memcpy(t->p + t->len, s, n);
+    t->len += n;
+    t->p[t->len] = 0;
+}
+
+static void stat_add(muse_sched *s, uint64_t *field, uint64_t n)
+{
+    pthread_mutex_lock(&s->stats_mu);
+    *field += n;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+/* Queues a record (takes ownership of data). */
+static void push_record(lane *l, uint32_t type, int status, char *data)
+{
+    if (l->n_out == l->cap_out) {
+        l->cap_out = l->cap_out ? 2 * l->cap_out : 8;
+        l->out = realloc(l->out, l->cap_out * sizeof *l->out);
+        MUSE_CHECK(l->out);
+    }
+    l->out[l->n_out++] = (record){type, status, data, data ? strlen(data) : 0};
+}
+
+/* Moves queued records into the ring; 1 when everything went (else back-pressure). */
+static int flush_lane(muse_sched *s, lane *l)
+{
+    size_t i = 0;
+    for (; i < l->n_out; i++) {
+        record *r = &l->out[i];
+        int rc = muse_server_emit(s->srv, l->slot, r->type, r->status, r->data, r->len);
+        if (rc == 1) break;
+        free(r->data); /* sent, or the slot is gone: either way it is done */
+    }
+    memmove(l->out, l->out + i, (l->n_out - i) * sizeof *l->out);
+    l->n_out -= i;
+    return l->n_out == 0;
+}
+
+/* ---- reply events -> records ---- */
+
+static void on_text(lane *l, const char *field, const char *p, size_t n)
+{
+    if (!n) return;
+    if (l->req.stream) push_record(l, MUSE_EV_DATA, 0, muse_oa_delta_chunk(&l->oa, field, p, n));
+    else text_add(strcmp(field, "content") == 0 ? &l->content : &l->reasoning, p, n);
+}
+
+static void on_reply_event(void *ctx, const muse_reply_ev *ev)
+{
+    lane *l = ctx;
+    switch (ev->kind) {
+    case MUSE_EV_REASONING: on_text(l, "reasoning_content", ev->text, ev->len); break;
+    case MUSE_EV_CONTENT:
+        if (ev->unsplit && !l->req.stream) l->reasoning.len = 0; /* the whole turn is content */
+        on_text(l, "content", ev->text, ev->len);
+        break;
+    case MUSE_EV_TOOL_CALL:
+        if (l->req.stream) {
+            push_record(l, MUSE_EV_DATA, 0, muse_oa_tool_chunk(&l->oa, ev->call_index, ev->call_id, ev->name, ev->arguments));
+        } else {
+            if (!l->tool_calls) l->tool_calls = cJSON_CreateArray();
+            cJSON_AddItemToArray(l->tool_calls, muse_oa_tool_call(ev->call_id, ev->name, ev->arguments));
+        }
+        break;
+    case MUSE_EV_FINISH: l->finish_reason = ev->finish_reason; break;
+    }
+}
+
+static const uint8_t *token_bytes(void *ctx, int32_t id, size_t *len)
+{
+    const muse_tokenizer *t = ctx;
+    if (muse_tokenizer_is_special(t, id)) { /* control tokens the parser does not know: no text */
+        *len = 0;
+        return NULL;
+    }
+    return muse_tokenizer_token_bytes(t, id, len);
+}
+
+/* ---- completions text: stop strings over the detokenized stream ---- */
+
+static size_t utf8_boundary(const char *p, size_t n)
+{
+    while (n > 0 && ((unsigned char)p[n] & 0xC0) == 0x80) n--;
+    return n;
+}
+
+/* Emits pending text that can no longer start a stop string; 1 when a stop string matched. */
+static int completion_text(lane *l, const char *p, size_t n, bool final)
+{
+    text_add(&l->pending, p, n);
+    size_t cut = l->pending.len, longest = 0;
+    int stopped = 0;
+    for (size_t i = 0; i < l->req.n_stops; i++) {
+        size_t sl = strlen(l->req.stops[i]);
+        if (sl > longest) longest = sl;
+        const char *hit = l->pending.p ? memmem(l->pending.p, l->pending.len, l->req.stops[i], sl) : NULL;
+        if (hit && (size_t)(hit - l->pending.p) < cut) {
+            cut = (size_t)(hit - l->pending.p);
+            stopped = 1;
+        }
+    }
+    if (!stopped && !final && longest > 0)
+        cut = l->pending.len > longest - 1 ? utf8_boundary(l->pending.p, l->pending.len - (longest - 1)) : 0;
+    on_text(l, "content", l->pending.p, cut);
+    if (stopped || final) l->pending.len = 0;
+    else {
+        memmove(l->pending.p, l->pending.p + cut, l->pending.len - cut);
+        l->pending.len -= cut;
+    }
+    return stopped;
+}
+
+static bool is_stop_id(const muse_sched *s, int32_t id)
+{
+    if (id == s->ids.end_of_text || id == s->ids.eot) return true;
+    for (int i = 0; s->cfg && i < s->cfg->n_eos; i++)
+        if (s->cfg->eos_ids[i] == id) return true;
+    return false;
+}
+
+/* ---- lane life ---- */
+
+static void lane_release(muse_sched *s, lane *l)
+{
+    muse_server_finish(s->srv, l->slot);
+    for (size_t i = 0; i < l->n_out; i++) free(l->out[i].data);
+    free(l->out);
+    muse_request_free(&l->req);
+    muse_reply_destroy(l->reply);
+    free(l->pending.p);
+    free(l->content.p);
+    free(l->reasoning.p);
+    cJSON_Delete(l->tool_calls);
+    memset(l, 0, sizeof *l);
+    l->sched = s;
+    l->state = LANE_FREE;
+}
+
+static void error_record(lane *l, int status, const muse_api_error *err)
+{
+    push_record(l, MUSE_EV_ERROR, status, muse_oa_error(err));
+}
+
+/* The end of a response: finish chunk + usage, or the whole body, then END. */
+static void lane_finish(muse_sched *s, lane *l, const char *reason)
+{
+    if (l->req.kind == MUSE_KIND_CHAT) muse_reply_finish(l->reply, reason);
+    else {
+        char tail[16];
+        long n = muse_detok_finish(&l->detok, tail, sizeof tail);
+        completion_text(l, tail, n > 0 ? (size_t)n : 0, true);
+    }
+    const char *finish = l->finish_reason ? l->finish_reason : reason;
+    muse_oa_usage u = {(int64_t)l->req.n_prompt, l->generated, 0,
+                       l->reply ? (int64_t)muse_reply_reasoning_tokens(l->reply) : 0};
+    muse_oa_muse m = {.seed = l->req.sampling.seed};
+    uint8_t digest[32];
+    muse_sha256_final(&l->sha, digest);
+    muse_sha256_hex(digest, m.token_sha);
+    m.ttft_ms = l->t_first > 0 ? l->t_first - l->t_admit : 0;
+    m.decode_tokens_per_s = l->generated > 1 && l->t_last > l->t_first ? (double)(l->generated - 1) * 1e3 / (l->t_last - l->t_first) : 0;
+    if (l->req.stream) {
+        push_record(l, MUSE_EV_DATA, 0, muse_oa_finish_chunk(&l->oa, finish, &m));
+        if (l->req.include_usage) push_record(l, MUSE_EV_DATA, 0, muse_oa_usage_chunk(&l->oa, &u));
+    } else {
+        char *body = muse_oa_response(&l->oa, l->content.p ? l->content.p : "", l->content.len,
+                                      l->reasoning.p, l->reasoning.len, l->tool_calls, finish, &u, &m);
+        size_t max = muse_server_max_payload(s->srv), len = strlen(body);
+        for (size_t at = 0; at < len; at += max) { /* a body larger than one record goes in parts */
+            size_t n = len - at < max ? len - at : max;
+            char *part = MUSE_MALLOC(n + 1);
+            memcpy(part, body + at, n);
+            part[n] = 0;
+            push_record(l, MUSE_EV_BODY, 0, part);
+        }
+        free(body);
+    }
+    stat_add(s, &s->stats.tokens_out, (uint64_t)l->generated);
+    l->state = LANE_FINISHING;
+}
+
+static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
+{
+    muse_request_env env = {s->cfg, s->tok, &s->ids, s->o.context,
+                            mix_seed(++s->seed_counter, (uint64_t)time(NULL))};
+    muse_api_error err;
+    l->slot = rq->slot;
+    l->t_admit = now_ms();
+    stat_add(s, &s->stats.requests, 1);
+    if (muse_request_parse(&env, (int)rq->kind, rq->flags, rq->body, rq->body_len, &l->req, &err)) {
+        stat_add(s, &s->stats.errors, 1);
+        error_record(l, err.status, &err);
+        l->state = LANE_FINISHING;
+        return;
+    }
+    static const char hex[] = "0123456789abcdef";
+    snprintf(l->oa.id, sizeof l->oa.id, "%s", rq->kind == MUSE_KIND_CHAT ? "chatcmpl-" : "cmpl-");
+    size_t at = strlen(l->oa.id);
+    uint64_t r = mix_seed(env.default_seed, rq->slot);
+    for (int i = 0; i < 24; i++, r = mix_seed(r, (uint64_t)i)) l->oa.id[at++] = hex[r & 15];
+    l->oa.id[at] = 0;
+    l->oa.model = s->o.model_id;
+    l->oa.created = (int64_t)time(NULL);
+    l->oa.kind = (int)rq->kind;
+    muse_sha256_init(&l->sha);
+    stat_add(s, &s->stats.tokens_in, l->req.n_prompt);
+    if (rq->kind == MUSE_KIND_CHAT) {
+        muse_reply_config rc = {.ids = s->ids,
+                                .stop_ids = NULL,
+                                .function_names = (const char *const *)l->req.fn_names,
+                                .nfunction_names = l->req.n_fn,
+                                .stop_strings = (const char *const *)l->req.stops,
+                                .nstop_strings = l->req.n_stops,
+                                .parallel_tool_calls = l->req.parallel_tool_calls,
+                                .call_id_seed = env.default_seed,
+                                .token_bytes = token_bytes,
+                                .token_ctx = (void *)s->tok,
+                                .emit = on_reply_event,
+                                .emit_ctx = l};
+        int32_t eos[MUSE_MAX_EOS];
+        size_t neos = 0;
+        for (int i = 0; s->cfg && i < s->cfg->n_eos; i++) eos[neos++] = (int32_t)s->cfg->eos_ids[i];
+        rc.stop_ids = eos;
+        rc.nstop_ids = neos;
+        muse_err e = {{0}};
+        if (muse_reply_create(&rc, &l->reply, &e)) {
+            err = (muse_api_error){.status = 400, .type = "invalid_request_error", .code = "invalid_value"};
+            snprintf(err.param, sizeof err.param, "stop");
+            snprintf(err.message, sizeof err.message, "%.400s", e.msg);
+            stat_add(s, &s->stats.errors, 1);
+            error_record(l, 400, &err);
+            l->state = LANE_FINISHING;
+            return;
+        }
+    }
+    if (l->req.stream) push_record(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
+    l->state = LANE_PREFILL;
+    l->served = 0; /* new lanes go first */
+}
+
+/* One sampled token: into the hash, the parser, the stop rules. */
+static void lane_token(muse_sched *s, lane *l, int32_t tok)
+{
+    double t = now_ms();
+    if (!l->generated) l->t_first = t;
+    l->t_last = t;
+    l->generated++;
+    uint8_t le[4] = {(uint8_t)tok, (uint8_t)(tok >> 8), (uint8_t)(tok >> 16), (uint8_t)(tok >> 24)};
+    muse_sha256_update(&l->sha, le, 4);
+    int stop;
+    if (l->req.kind == MUSE_KIND_CHAT) {
+        stop = muse_reply_push(l->reply, tok);
+    } else if (is_stop_id(s, tok)) {
+        stop = 1;
+    } else {
+        char buf[1024];
+        long n = muse_detok_push(s->tok, &l->detok, tok, buf, sizeof buf);
+        stop = completion_text(l, buf, n > 0 ? (size_t)n : 0, false);
+    }
+    if (stop) {
+        lane_finish(s, l, "stop");
+    } else if (l->generated >= l->req.max_tokens || (int64_t)l->req.n_prompt + l->generated >= s->o.context) {
+        lane_finish(s, l, "length");
+    } else if (s->o.fault_after_tokens > 0 && l->generated >= s->o.fault_after_tokens) {
+        muse_api_error err = {.status = 500, .type = "server_error", .code = "engine_fault"};
+        snprintf(err.message, sizeof err.message, "the engine failed while generating (injected fault)");
+        stat_add(s, &s->stats.errors, 1);
+        error_record(l, 500, &err);
+        l->state = LANE_FINISHING;
+    } else {
+        l->next = tok;
+        l->state = LANE_DECODE;
+    }
+}
+
+/* ---- rounds ---- */
+
+static void admit(muse_sched *s, bool draining)
+{
+    muse_request rq;
+    for (int i = 0; i < s->o.streams; i++) {
+        lane *l = &s->lanes[i];
+        if (l->state != LANE_FREE) continue;
+        if (!muse_server_next_request(s->srv, &rq)) return;
+        if (draining) {
+            muse_api_error err = {.status = 503, .type = "server_error", .code = "engine_unavailable"};
+            snprintf(err.message, sizeof err.message, "the engine is shutting down; retry shortly");
+            l->slot = rq.slot;
+            error_record(l, 503, &err);
+            l->state = LANE_FINISHING;
+            continue;
+        }
+        lane_admit(s, l, &rq);
+    }
+}
+
+static void cancel_gone(muse_sched *s)
+{
+    for (int i = 0; i < s->o.streams; i++) {
+        lane *l = &s->lanes[i];
+        if (l->state == LANE_FREE || !muse_server_is_cancelled(s->srv, l->slot)) continue;
+        if (l->state != LANE_FINISHING) stat_add(s, &s->stats.cancelled, 1);
+        lane_release(s, l);
+    }
+}
+
+/* Lanes in least-recently-served order (a stable insertion sort over few lanes). */
+static int order_lanes(muse_sched *s, int *order)
+{
+    int n = 0;
+    for (int i = 0; i < s->o.streams; i++) {
+        lane *l = &s->lanes[i];
+        if (l->state != LANE_PREFILL && l->state != LANE_DECODE) continue;
+        if (l->n_out) continue; /* its ring is full: paused until the client reads */
+        int j = n++;
+        while (j > 0 && s->lanes[order[j - 1]].served > l->served) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    return n;
+}
+
+/* Builds and runs one forward; returns the rows run (0: nothing to do). */
+static long model_round(muse_sched *s)
+{
+    int order[4096];
+    int n = order_lanes(s, order);
+    long rows = 0, nlogits = 0;
+    for (int k = 0; k < n && rows < s->o.max_rows; k++) {
+        lane *l = &s->lanes[order[k]];
+        long take = 1;
+        if (l->state == LANE_PREFILL) {
+            take = (long)l->req.n_prompt - (long)l->fed;
+            if (take > s->o.max_rows - rows) take = s->o.max_rows - rows;
+        }
+        for (long r = 0; r < take; r++) {
+            int64_t pos = l->state == LANE_PREFILL ? l->fed + r : (int64_t)l->req.n_prompt + l->generated - 1;
+            s->b_tokens[rows] = l->state == LANE_PREFILL ? l->req.prompt[l->fed + r] : l->next;
+            s->b_pos[rows] = pos;
+            s->b_seqs[rows] = order[k];
+            s->b_want[rows] = l->state == LANE_DECODE || l->fed + r + 1 == (int64_t)l->req.n_prompt;
+            if (s->b_want[rows]) s->b_lane_of_logits[nlogits++] = order[k];
+            rows++;
+        }
+        if (l->state == LANE_PREFILL) l->fed += take;
+        l->served = s->round;
+    }
+    if (!rows) return 0;
+    muse_batch b = {rows, s->b_tokens, s->b_pos, s->b_seqs, s->b_want};
+    muse_err e = {{0}};
+    const float *logits = muse_forward_run(s->fwd, &b, &e);
+    MUSE_CHECK(logits); /* the batch is built here from checked requests */
+    int64_t V = s->cfg->vocab_size;
+    for (long i = 0; i < nlogits; i++) {
+        lane *l = &s->lanes[s->b_lane_of_logits[i]];
+        int64_t position = (int64_t)l->req.n_prompt + l->generated; /* of the token drawn */
+        int32_t tok = (int32_t)muse_sample(s->sampler, logits + i * V, &l->req.sampling, position);
+        lane_token(s, l, tok);
+    }
+    return rows;
+}
+
+/* The script backend: each running lane takes its next scripted token. */
+static long script_round(muse_sched *s)
+{
+    int order[4096];
+    int n = order_lanes(s, order);
+    for (int k = 0; k < n; k++) {
+        lane *l = &s->lanes[order[k]];
+        l->fed = (int64_t)l->req.n_prompt;
+        size_t which = (size_t)(l->req.sampling.seed % s->o.n_script);
+        if ((size_t)l->generated < s->o.script_len[which]) lane_token(s, l, s->o.script[which][l->generated]);
+        else lane_finish(s, l, "length");
+        l->served = s->round;
+    }
+    if (n && s->o.script_delay_ms > 0) {
+        struct timespec ts = {s->o.script_delay_ms / 1000, (s->o.script_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return n;
+}
+
+static bool flush_all(muse_sched *s)
+{
+    bool pending = false;
+    for (int i = 0; i < s->o.streams; i++) {
+        lane *l = &s->lanes[i];
+        if (l->state == LANE_FREE) continue;
+        int done = flush_lane(s, l);
+        if (done && l->state == LANE_FINISHING) lane_release(s, l);
+        else if (!done) pending = true;
+    }
+    return pending;
+}
+
+static int running(const muse_sched *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->o.streams; i++) n += s->lanes[i].state != LANE_FREE;
+    return n;
+}
+
+void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms)
+{
+    double drain_deadline = 0;
+    for (;;) {
+        bool draining = *stopping != 0;
+        if (draining && drain_deadline == 0) drain_deadline = now_ms() + drain_ms;
+        cancel_gone(s);
+        admit(s, draining);
+        s->round++;
+        long rows = s->fwd ? model_round(s) : script_round(s);
+        bool pending = flush_all(s);
+        int run = running(s);
+        pthread_mutex_lock(&s->stats_mu);
+        s->stats.running = run;
+        pthread_mutex_unlock(&s->stats_mu);
+        if (draining && (run == 0 || now_ms() > drain_deadline)) break;
+        if (!rows) muse_server_wait(s->srv, pending ? 2 : 100); /* idle, or waiting on readers */
+    }
+    for (int i = 0; i < s->o.streams; i++) { /* drain deadline passed: tell the clients */
+        lane *l = &s->lanes[i];
+        if (l->state == LANE_FREE) continue;
+        if (l->state != LANE_FINISHING) {
+            muse_api_error err = {.status = 503, .type = "server_error", .code = "engine_unavailable"};
+            snprintf(err.message, sizeof err.message, "the engine shut down before the reply finished");
+            error_record(l, 503, &err);
+        }
+        flush_lane(s, l);
+        lane_release(s, l);
+    }
+}
+
+void muse_sched_stats_get(muse_sched *s, muse_sched_stats *out)
+{
+    pthread_mutex_lock(&s->stats_mu);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->stats_mu);
+}
+
+muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const muse_config *cfg,
+                              const muse_tokenizer *tok, muse_server *srv, muse_err *e)
+{
+    if (o->streams < 1 || o->streams > 4096)
+        return muse_fail(e, "--streams must be 1 .. 4096"), NULL;
+    if (!fwd && o->n_script == 0)
+        return muse_fail(e, "the script backend needs --script FILE with at least one token list"), NULL;
+    muse_sched *s = MUSE_CALLOC(1, sizeof *s);
+    s->o = *o;
+    s->fwd = fwd;
+    s->cfg = cfg;
+    s->tok = tok;
+    s->srv = srv;
+    if (muse_chat_ids_from_tokenizer(tok, &s->ids, e)) {
+        free(s);
+        return NULL;
+    }
+    s->sampler = muse_sampler_create(muse_tokenizer_vocab_size(tok) > (cfg ? cfg->vocab_size : 0) ? muse_tokenizer_vocab_size(tok) : cfg->vocab_size);
+    s->lanes = MUSE_CALLOC((size_t)o->streams, sizeof *s->lanes);
+    for (int i = 0; i < o->streams; i++) s->lanes[i].sched = s;
+    size_t R = (size_t)(o->max_rows > 0 ? o->max_rows : 1);
+    s->b_tokens = MUSE_MALLOC(R * sizeof *s->b_tokens);
+    s->b_seqs = MUSE_MALLOC(R * sizeof *s->b_seqs);
+    s->b_pos = MUSE_MALLOC(R * sizeof *s->b_pos);
+    s->b_want = MUSE_MALLOC(R * sizeof *s->b_want);
+    s->b_lane_of_logits = MUSE_MALLOC(R * sizeof *s->b_lane_of_logits);
+    pthread_mutex_init(&s->stats_mu, NULL);
+    s->stats.max = o->streams;
+    return s;
+}
+
+void muse_sched_destroy(muse_sched *s)
+{
+    if (!s) return;
+    muse_sampler_destroy(s->sampler);
+    free(s->lanes);
+    free(s->b_tokens);
+    free(s->b_seqs);
+    free(s->b_pos);
+    free(s->b_want);
+    free(s->b_lane_of_logits);
+    pthread_mutex_destroy(&s->stats_mu);
+    free(s);
+}

@@ -1,0 +1,319 @@
+package MuseNginx;
+# Test harness (core Perl only): runs nginx with ngx_muse_module from a temp prefix on
+# 127.0.0.1 and a free port, the scripted test engine beside it, raw-socket HTTP with
+# time-stamped SSE events, and error.log checks for [alert]/[crit].
+use strict;
+use warnings;
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
+use File::Temp qw(tempdir);
+use IO::Socket::INET;
+use JSON::PP;
+use POSIX qw(:sys_wait_h);
+use Time::HiRes qw(time sleep);
+
+my $ROOT = abs_path(dirname(__FILE__) . '/../..');
+my $BUILD = $ENV{MUSE_BUILD} // 'build';
+$BUILD = "$ROOT/$BUILD" unless $BUILD =~ m{^/};
+
+sub module_path { "$BUILD/nginx/ngx_muse_module.so" }
+sub engine_path { "$BUILD/t/muse-test-engine" }
+sub root { $ROOT }
+
+# Why the tests cannot run here, or undef.
+sub missing {
+    return "nginx not installed" unless -x '/usr/sbin/nginx';
+    return "module not built: " . module_path() unless -f module_path();
+    return "test engine not built: " . engine_path() unless -x engine_path();
+    return undef;
+}
+
+my $SEQ = 0;
+
+sub new {
+    my ($class, %o) = @_;
+    my $dir = tempdir('muse-nginx-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    mkdir "$dir/$_" for qw(logs tmp conf);
+    chmod 0755, $dir;
+    $SEQ++;
+    my $self = bless {
+        dir    => $dir,
+        shm    => "/muse-t-$$-$SEQ",
+        socket => "$dir/engine.sock",
+        %o,
+    }, $class;
+    return $self;
+}
+
+sub dir { $_[0]{dir} }
+sub port { $_[0]{port} }
+
+sub free_port {
+    my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Proto => 'tcp',
+                                  Listen => 1, ReuseAddr => 1) or die "no free port: $!";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
+}
+
+# Starts the scripted engine; waits for its "ready" line.
+sub start_engine {
+    my ($self, @args) = @_;
+    $self->stop_engine;
+    my $pid = open(my $out, '-|', engine_path(), '--shm', $self->{shm}, '--socket',
+                   $self->{socket}, @args) // die "cannot start the test engine: $!";
+    my $line;
+    eval {
+        local $SIG{ALRM} = sub { die "timeout\n" };
+        alarm 5;
+        $line = <$out>;
+        alarm 0;
+    };
+    die "test engine did not become ready" unless defined $line && $line =~ /ready/;
+    $self->{engine_pid} = $pid;
+    $self->{engine_fh} = $out;
+    return $pid;
+}
+
+sub stop_engine {
+    my ($self, $sig) = @_;
+    my $pid = delete $self->{engine_pid} or return;
+    kill($sig // 'TERM', $pid);
+    my $t0 = time;
+    while (waitpid($pid, WNOHANG) == 0) {
+        if (time - $t0 > 5) { kill 'KILL', $pid; waitpid($pid, 0); last }
+        sleep 0.02;
+    }
+    close delete $self->{engine_fh};
+    system('rm', '-f', "/dev/shm$self->{shm}") if $sig && $sig eq 'KILL';
+}
+
+# Writes the conf: $o{locations} (server-level text), $o{http} (http-level text).
+sub start_nginx {
+    my ($self, %o) = @_;
+    my $dir = $self->{dir};
+    $self->{port} = free_port();
+    my $user = $> == 0 ? "user root;\n" : '';
+    my $mod = module_path();
+    my $locations = $o{locations} // $self->default_locations;
+    my $http = $o{http} // '';
+    open my $fh, '>', "$dir/conf/nginx.conf" or die $!;
+    print $fh <<"EOF";
+load_module $mod;
+${user}worker_processes 1;
+daemon off;
+error_log $dir/logs/error.log info;
+pid $dir/logs/nginx.pid;
+events { worker_connections 256; }
+http {
+    access_log $dir/logs/access.log;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    muse_engine $self->{socket} $self->{shm};
+$http
+    server {
+        listen 127.0.0.1:$self->{port};
+$locations
+    }
+}
+EOF
+    close $fh;
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        open STDERR, '>>', "$dir/logs/stderr.log";
+        open STDOUT, '>>', "$dir/logs/stderr.log";
+        exec '/usr/sbin/nginx', '-p', $dir, '-c', "$dir/conf/nginx.conf";
+        exit 127;
+    }
+    $self->{nginx_pid} = $pid;
+    for (1 .. 250) {
+        my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$self->{port}", Timeout => 1);
+        if ($s) { close $s; return 1 }
+        die "nginx exited: " . $self->slurp("$dir/logs/stderr.log") . $self->error_log
+            if waitpid($pid, WNOHANG) == $pid;
+        sleep 0.02;
+    }
+    die "nginx did not start";
+}
+
+# The hardened-style locations most tests use.
+sub default_locations {
+    my ($self) = @_;
+    return <<'EOF';
+        client_max_body_size 64k;
+        client_body_buffer_size 16k;
+        large_client_header_buffers 4 8k;
+        muse_model_id muse-spark;
+        muse_queue_timeout 3s;
+        muse_idle_timeout 3s;
+        error_page 400 /_muse_error_400;
+        error_page 413 /_muse_error_413;
+        error_page 414 /_muse_error_414;
+        error_page 494 /_muse_error_494;
+        error_page 500 502 504 /_muse_error_5xx;
+        location = /_muse_error_400 { internal; default_type application/json;
+            return 400 '{"error":{"message":"bad request","type":"invalid_request_error","param":null,"code":null}}'; }
+        location = /_muse_error_413 { internal; default_type application/json;
+            return 413 '{"error":{"message":"request body too large","type":"invalid_request_error","param":null,"code":"request_too_large"}}'; }
+        location = /_muse_error_414 { internal; default_type application/json;
+            return 414 '{"error":{"message":"request URI too long","type":"invalid_request_error","param":null,"code":null}}'; }
+        location = /_muse_error_494 { internal; default_type application/json;
+            return 400 '{"error":{"message":"request headers too large","type":"invalid_request_error","param":null,"code":null}}'; }
+        location = /_muse_error_5xx { internal; default_type application/json;
+            return 500 '{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}'; }
+        location = /v1/chat/completions { muse_serve chat; muse_cache_scope $http_x_tenant; }
+        location = /v1/completions { muse_serve completions; }
+        location = /v1/models { muse_serve models; }
+        location = /health { muse_serve health; }
+        location = /metrics { muse_serve metrics; }
+EOF
+}
+
+sub stop_nginx {
+    my ($self) = @_;
+    my $pid = delete $self->{nginx_pid} or return;
+    kill 'QUIT', $pid;
+    my $t0 = time;
+    while (waitpid($pid, WNOHANG) == 0) {
+        if (time - $t0 > 5) { kill 'TERM', $pid; }
+        if (time - $t0 > 8) { kill 'KILL', $pid; waitpid($pid, 0); last }
+        sleep 0.02;
+    }
+}
+
+sub slurp {
+    my ($self, $f) = @_;
+    open my $fh, '<', $f or return '';
+    local $/;
+    return scalar <$fh>;
+}
+
+sub error_log { $_[0]->slurp("$_[0]{dir}/logs/error.log") }
+
+# Lines of error.log with [alert] or [crit] (a test fails on any).
+sub bad_log_lines {
+    my ($self) = @_;
+    return grep { /\[(alert|crit|emerg)\]/ } split /\n/, $self->error_log;
+}
+
+sub DESTROY {
+    my ($self) = @_;
+    local ($?, $!, $@);    # waitpid here must not become the test's exit status
+    $self->stop_nginx;
+    $self->stop_engine;
+}
+
+# ---- HTTP over raw sockets ----
+
+sub connect_raw {
+    my ($self) = @_;
+    return IO::Socket::INET->new(PeerAddr => "127.0.0.1:$self->{port}", Timeout => 5)
+        // die "connect: $!";
+}
+
+# Sends bytes exactly as given; reads to EOF with a timestamp per read.
+sub raw {
+    my ($self, $bytes, %o) = @_;
+    my $s = $self->connect_raw;
+    $s->autoflush(1);
+    my $t0 = time;
+    print $s $bytes;
+    my (@reads, $buf);
+    my $deadline = time + ($o{timeout} // 10);
+    my $rin = '';
+    vec($rin, fileno($s), 1) = 1;
+    while (time < $deadline) {
+        my $n = select(my $rout = $rin, undef, undef, 0.2);
+        next unless $n;
+        my $got = sysread($s, $buf, 65536);
+        last unless $got;
+        push @reads, [time - $t0, $buf];
+    }
+    close $s;
+    return parse_response(\@reads);
+}
+
+sub parse_response {
+    my ($reads) = @_;
+    my ($raw, @at) = ('');
+    for my $r (@$reads) {
+        push @at, [length($raw), $r->[0]];
+        $raw .= $r->[1];
+    }
+    my %res = (raw => $raw, status => 0, headers => {}, body => '', events => []);
+    my $he = index($raw, "\r\n\r\n");
+    return \%res if $he < 0;
+    my @hl = split /\r\n/, substr($raw, 0, $he);
+    my $sl = shift @hl;
+    ($res{status}) = $sl =~ m{^HTTP/1\.[01] (\d+)};
+    for (@hl) { my ($k, $v) = /^([^:]+):\s*(.*)$/ or next; $res{headers}{lc $k} = $v }
+    my $pos = $he + 4;
+    my $time_at = sub {
+        my ($off) = @_;
+        my $t = 0;
+        for (@at) { last if $_->[0] > $off; $t = $_->[1] }
+        return $t;
+    };
+    my ($body, @btime) = ('');
+    if (($res{headers}{'transfer-encoding'} // '') =~ /chunked/i) {
+        while ($pos < length $raw) {
+            my $le = index($raw, "\r\n", $pos);
+            last if $le < 0;
+            my $size = hex substr($raw, $pos, $le - $pos);
+            last if $size == 0;
+            my $start = $le + 2;
+            $body .= substr($raw, $start, $size);
+            push @btime, [$start + $size - 1, length($body) - 1];
+            $pos = $start + $size + 2;
+        }
+    } else {
+        $body = substr($raw, $pos);
+        push @btime, [length($raw) - 1, length($body) - 1];
+    }
+    $res{body} = $body;
+    # SSE events with the arrival time of their last byte
+    my $off = 0;
+    while ((my $e = index($body, "\n\n", $off)) >= 0) {
+        my $text = substr($body, $off, $e - $off);
+        my $rawoff = 0;
+        for (@btime) { if ($_->[1] >= $e + 1) { $rawoff = $_->[0]; last } }
+        push @{ $res{events} }, { text => $text, t => $time_at->($rawoff) };
+        $off = $e + 2;
+    }
+    $res{json} = eval { JSON::PP->new->decode($body) } if $body =~ /^\s*[\{\[]/;
+    return \%res;
+}
+
+sub request {
+    my ($self, $method, $path, $body, %h) = @_;
+    my $req = "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n";
+    $req .= "$_: $h{$_}\r\n" for grep { $_ ne 'timeout' } sort keys %h;
+    if (defined $body) {
+        $req .= "Content-Type: application/json\r\nContent-Length: " . length($body) . "\r\n";
+    }
+    $req .= "\r\n" . ($body // '');
+    return $self->raw($req, timeout => $h{timeout});
+}
+
+sub chat {
+    my ($self, $body, %h) = @_;
+    return $self->request('POST', '/v1/chat/completions', $body, %h);
+}
+
+# Polls until cond->() or timeout seconds; returns the last value.
+sub wait_until {
+    my ($timeout, $cond) = @_;
+    my $t0 = time;
+    my $v;
+    while (time - $t0 < $timeout) {
+        $v = $cond->();
+        return $v if $v;
+        sleep 0.05;
+    }
+    return $v;
+}
+
+1;

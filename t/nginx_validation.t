@@ -1,0 +1,145 @@
+#!/usr/bin/perl
+# ngx_muse_module request validation (TESTPLAN 1-7, 9, 11, 13, 14, 16, 17): JSON errors
+# with param, before the engine is touched.
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/lib";
+use MuseNginx;
+use Test::More;
+
+my $why = MuseNginx::missing();
+plan skip_all => $why if $why;
+
+my $n = MuseNginx->new;
+$n->start_engine;
+$n->start_nginx;
+
+my $MSG = '"messages":[{"role":"user","content":"hi"}]';
+
+sub err_is {
+    my ($body, $status, $param, $name, %h) = @_;
+    my $r = $n->chat($body, %h);
+    is($r->{status}, $status, "$name: status $status");
+    my $e = $r->{json} && ref $r->{json} eq 'HASH' ? $r->{json}{error} : undef;
+    ok($e && defined $e->{message} && defined $e->{type}, "$name: OpenAI error JSON")
+        or diag(substr($r->{body}, 0, 300));
+    is($e ? $e->{param} : 'no json', $param, "$name: param") if @_ >= 4;
+    return $r;
+}
+
+# 1: not JSON objects
+err_is('{"messages":[', 400, undef, 'truncated JSON');
+err_is($_, 400, undef, "body $_") for ('[]', '"x"', 'null', '1');
+err_is('', 400, undef, 'empty body');
+# 2: deep nesting, many keys, huge string under the limit
+err_is(('[' x 20000) . (']' x 20000), 400, undef, '20k-deep nesting');
+err_is('{' . join(',', map { "\"k$_\":1" } 1 .. 5000) . ",$MSG,\"stream\":\"no\"}", 400, 'stream',
+       '5000 keys, still validated');
+my $r = $n->chat("{$MSG,\"user\":\"" . ('a' x 60000) . '"}');
+is($r->{status}, 200, 'huge harmless string under the body limit: served');
+# 3: duplicate keys
+err_is("{$MSG,\"stream\":false,\"stream\":true}", 400, 'stream', 'duplicate key');
+# 4: wrong types
+err_is("{$MSG,\"stream\":\"true\"}", 400, 'stream', 'stream string');
+err_is("{$MSG,\"max_tokens\":\"10\"}", 400, 'max_tokens', 'max_tokens string');
+err_is('{"messages":{}}', 400, 'messages', 'messages object');
+err_is("{$MSG,\"temperature\":null}", 400, 'temperature', 'temperature null');
+err_is('{"model":"muse-spark"}', 400, 'messages', 'messages missing');
+# 5: max_tokens out of range
+err_is("{$MSG,\"max_tokens\":$_}", 400, 'max_tokens', "max_tokens $_")
+    for ('0', '-1', '1.5', '2147483648', '9223372036854775808', '1e308', '1e999');
+# 6: n and top_logprobs
+err_is("{$MSG,\"n\":$_}", 400, 'n', "n $_") for ('0', '2', '1000000000');
+err_is("{$MSG,\"top_logprobs\":$_}", 400, 'top_logprobs', "top_logprobs $_") for ('-1', '21');
+# 7: sampling ranges, stop lists
+err_is("{$MSG,\"temperature\":$_}", 400, 'temperature', "temperature $_") for ('-0.1', '2.5', '1e300');
+err_is("{$MSG,\"top_p\":$_}", 400, 'top_p', "top_p $_") for ('0', '1.01', '-1');
+err_is("{$MSG,\"min_p\":$_}", 400, 'min_p', "min_p $_") for ('-0.5', '2');
+err_is("{$MSG,\"top_k\":$_}", 400, 'top_k', "top_k $_") for ('-1', '0.5');
+err_is("{$MSG,\"temperature\":NaN}", 400, undef, 'NaN literal is not JSON');
+err_is("{$MSG,\"stop\":[" . join(',', map { '"s"' } 1 .. 1000) . ']}', 400, 'stop', '1000 stops');
+err_is("{$MSG,\"stop\":\"" . ('y' x 40000) . '"}', 400, 'stop', 'huge stop string');
+# 9: body too large, plain and chunked
+$r = $n->chat("{$MSG,\"user\":\"" . ('a' x 70000) . '"}');
+is($r->{status}, 413, '413 over client_max_body_size');
+ok($r->{json} && $r->{json}{error}, '413 is JSON') or diag($r->{body});
+my $big = "{$MSG,\"user\":\"" . ('a' x 70000) . '"}';
+my $chunked = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    . "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+$chunked .= sprintf("%x\r\n%s\r\n", length($_), $_) for unpack('(a8000)*', $big);
+$chunked .= "0\r\n\r\n";
+$r = $n->raw($chunked);
+is($r->{status}, 413, '413 chunked');
+ok($r->{json} && $r->{json}{error}, 'chunked 413 is JSON');
+# 11: encodings
+err_is("{\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\xfeb\"}]}", 400, 'messages',
+       'invalid UTF-8');
+err_is("{\"messages\":[{\"role\":\"user\",\"content\":\"\xc0\xaf\"}]}", 400, 'messages',
+       'overlong UTF-8');
+err_is("{\"messages\":[{\"role\":\"user\",\"content\":\"\xed\xa0\x80\"}]}", 400, 'messages',
+       'encoded surrogate');
+err_is('{"messages":[{"role":"user","content":"\ud800x"}]}', 400, undef, 'lone surrogate escape');
+err_is('{"messages":[{"role":"user","content":"a\u0000b"}]}', 400, undef, 'NUL escape');
+$r = $n->chat('{"messages":[{"role":"user","content":"a\\\\u0000b"}]}');
+is($r->{status}, 200, 'escaped backslash before u0000 is plain text');
+# 13: unknown harmless vs unsupported semantic fields
+$r = $n->chat("{$MSG,\"x_harmless\":{\"a\":1},\"metadata\":{}}");
+is($r->{status}, 200, 'unknown harmless field ignored');
+err_is("{$MSG,\"$_\":{}}", 400, $_, "unsupported $_") for qw(logit_bias response_format);
+err_is("{$MSG,\"logprobs\":true}", 400, 'logprobs', 'logprobs true');
+err_is("{$MSG,\"frequency_penalty\":0.5}", 400, 'frequency_penalty', 'frequency_penalty');
+err_is('{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}',
+       400, 'messages[0].content[0]', 'image part refused');
+# 14: tool schemas
+err_is("{$MSG,\"tools\":{}}", 400, 'tools', 'tools not an array');
+err_is("{$MSG,\"tools\":[1]}", 400, 'tools[0]', 'tool not an object');
+my $deep = ('{"type":"object","properties":{"a":' x 70) . '{}' . ('}}' x 70);
+err_is("{$MSG,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":$deep}}]}",
+       400, 'tools[0].function.parameters', 'tool schema 70 deep');
+err_is("{$MSG,\"tool_choice\":\"sometimes\"}", 400, 'tool_choice', 'bad tool_choice');
+$r = $n->chat("{$MSG,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}");
+is($r->{status}, 200, 'valid tools accepted');
+# 16: model and key
+$r = err_is("{$MSG,\"model\":\"gpt-4\"}", 404, 'model', 'unknown model');
+is($r->{json}{error}{code}, 'model_not_found', 'code model_not_found');
+$r = $n->chat("{$MSG,\"model\":\"muse-spark\"}");
+is($r->{status}, 200, 'served model id accepted');
+# 17: framing abuse
+$r = $n->raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+             . "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+is($r->{status}, 400, 'CL + TE: 400');
+$r = $n->raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+is($r->{status}, 400, 'bad chunk size: 400');
+ok($r->{json}, 'bad chunk size: JSON error page');
+$r = $n->raw("GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " . ('a' x 20000) . "\r\n\r\n");
+ok($r->{status} == 400 || $r->{status} == 494, "huge header: $r->{status}");
+# 405, models
+$r = $n->request('GET', '/v1/chat/completions');
+is($r->{status}, 405, 'GET on chat: 405');
+ok($r->{json} && $r->{json}{error}, '405 JSON');
+$r = $n->request('GET', '/v1/models');
+is($r->{status}, 200, '/v1/models');
+is($r->{json}{data}[0]{id}, 'muse-spark', 'model id listed');
+
+is(join("\n", $n->bad_log_lines), '', 'no [alert]/[crit] in error.log');
+$n->stop_nginx;
+
+# 16: API key (constant-time compare) on its own server
+my $k = MuseNginx->new;
+open my $fh, '>', $k->dir . '/keys' or die;
+print $fh "# keys\nsk-test-one\n  sk-test-two  \n";
+close $fh;
+$k->start_engine;
+$k->start_nginx(locations => "        location = /v1/chat/completions { muse_serve chat; "
+                . "muse_api_key_file " . $k->dir . "/keys; }\n");
+$r = $k->chat("{$MSG}");
+is($r->{status}, 401, 'missing key: 401');
+ok($r->{json} && $r->{json}{error}, '401 JSON');
+is($k->chat("{$MSG}", Authorization => 'Bearer sk-test-on')->{status}, 401, 'prefix key: 401');
+is($k->chat("{$MSG}", Authorization => 'Bearer sk-test-onex')->{status}, 401, 'longer key: 401');
+is($k->chat("{$MSG}", Authorization => 'Bearer sk-test-one')->{status}, 200, 'key one: 200');
+is($k->chat("{$MSG}", Authorization => 'Bearer sk-test-two')->{status}, 200, 'key two: 200');
+is(join("\n", $k->bad_log_lines), '', 'no [alert]/[crit] in error.log');
+
+done_testing();

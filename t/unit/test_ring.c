@@ -1,0 +1,416 @@
+/* The shared-memory ABI (muse_ring.h) and the engine's IO side (ring_server.c): records,
+ * corruption both ways, back-pressure, wraparound, and a worker talking to a live server. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ring_server.h"
+#include "tap.h"
+
+/* ---- pure ABI helpers ---- */
+
+static void test_layout(void)
+{
+    muse_ring_header h;
+    const char *why;
+    memset(&h, 0, sizeof h);
+    is_int(muse_ring_layout(&h, 4, 8192, 4096, 4096), 0, "layout for 4 slots");
+    h.magic = MUSE_RING_MAGIC;
+    h.abi_version = MUSE_RING_ABI_VERSION;
+    h.generation = 7;
+    is_int(h.slot_stride, 192 + 8192 + 4096, "slot stride = header + request + ring");
+    is_int(h.slot_table_offset % 64, 0, "slot table 64-aligned");
+    is_int(muse_ring_check_header(&h, h.total_bytes, &why), 0, "valid header accepted (%s)", why);
+    ok(muse_ring_check_header(&h, h.total_bytes - 1, &why) == -1, "short mapping: %s", why);
+    muse_ring_header bad = h;
+    bad.abi_version = 2;
+    ok(muse_ring_check_header(&bad, h.total_bytes, &why) == -1 && strstr(why, "ABI"),
+       "other ABI version refused: %s", why);
+    bad = h;
+    bad.slot_count = 1u << 30;
+    ok(muse_ring_check_header(&bad, h.total_bytes, &why) == -1, "huge slot_count: %s", why);
+    bad = h;
+    bad.slot_table_offset += 64;
+    ok(muse_ring_check_header(&bad, h.total_bytes, &why) == -1, "moved slot table: %s", why);
+    bad = h;
+    bad.ring_bytes = 6000;
+    ok(muse_ring_check_header(&bad, h.total_bytes, &why) == -1, "ring not power of 2: %s", why);
+    ok(muse_ring_layout(&bad, 0, 8192, 4096, 4096) == -1, "0 slots refused");
+    static uint8_t fake[64];
+    ok(muse_ring_slot_at(fake, &h, 4) == NULL, "slot index 4 of 4 out of range");
+}
+
+static void test_request_record(void)
+{
+    uint8_t area[1024];
+    muse_request_view v;
+    const char *why, *body = "{\"messages\":[]}";
+    memset(area, 0xAB, sizeof area);
+    is_int(muse_request_encode(area, sizeof area, 42, MUSE_KIND_CHAT, MUSE_REQ_STREAM, "tenant", 6,
+                               body, strlen(body)),
+           0, "encode");
+    is_int(muse_request_decode(area, sizeof area, 42, &v, &why), 0, "decode (%s)", why);
+    ok(v.kind == MUSE_KIND_CHAT && v.flags == MUSE_REQ_STREAM && v.generation == 42, "fields");
+    ok(v.scope_len == 6 && memcmp(v.scope, "tenant", 6) == 0, "scope round trip");
+    ok(v.body_len == strlen(body) && memcmp(v.body, body, v.body_len) == 0, "body round trip");
+    ok(muse_request_decode(area, sizeof area, 43, &v, &why) == -1 && strstr(why, "stale"),
+       "stale generation rejected: %s", why);
+    ok(muse_request_encode(area, 40, 1, MUSE_KIND_CHAT, 0, NULL, 0, body, strlen(body)) == -1,
+       "encode refuses a record past the area");
+    ok(muse_request_decode(area, 40, 42, &v, &why) == -1, "decode with short area: %s", why);
+    muse_request_record r;
+    memcpy(&r, area, sizeof r);
+    r.body_len = 0xFFFFFFF0u;
+    memcpy(area, &r, sizeof r);
+    ok(muse_request_decode(area, sizeof area, 42, &v, &why) == -1 && strstr(why, "past"),
+       "body_len past the area rejected: %s", why);
+    r.body_len = 3;
+    r.scope_len = 100000;
+    memcpy(area, &r, sizeof r);
+    ok(muse_request_decode(area, sizeof area, 42, &v, &why) == -1, "huge scope: %s", why);
+    r.scope_len = 0;
+    r.kind = 9;
+    memcpy(area, &r, sizeof r);
+    ok(muse_request_decode(area, sizeof area, 42, &v, &why) == -1, "unknown kind: %s", why);
+}
+
+enum { RB = 4096 };
+static uint8_t ring[RB];
+
+/* Reads up to n records at *tail, checking each payload against its sequence number. */
+static int consume(uint64_t head, uint64_t *tail, int n, int *seq)
+{
+    muse_event_header got;
+    uint8_t out[700];
+    const char *why;
+    int bad = 0;
+    for (int c = 0; c < n; c++) {
+        int rc = muse_ring_peek(ring, RB, head, *tail, 5, &got, &why);
+        if (rc == 0) break;
+        if (rc < 0 || got.length > sizeof out) return bad + 1;
+        muse_ring_copy_out(ring, RB, *tail + 16, out, got.length);
+        for (uint32_t k = 0; k < got.length; k++) bad += out[k] != (uint8_t)(*seq * 7 + (int)k);
+        (*seq)++;
+        *tail += muse_event_record_bytes(got.length);
+    }
+    return bad;
+}
+
+/* Pushes records of varying sizes over many laps of a 4 KiB ring; reads them back in order. */
+static void test_ring_wrap_and_full(void)
+{
+    uint8_t payload[700], out[700];
+    uint64_t head = 0, tail = 0, nh;
+    muse_event_header h, got;
+    const char *why;
+    int put_seq = 0, get_seq = 0, bad = 0, fulls = 0;
+    for (int round = 0; round < 2000; round++) {
+        int len = (round * 37) % 690 + 1;
+        for (int k = 0; k < len; k++) payload[k] = (uint8_t)(put_seq * 7 + k);
+        memset(&h, 0, sizeof h);
+        h.length = (uint32_t)len;
+        h.type = MUSE_EV_DATA;
+        h.generation = 5;
+        int rc = muse_ring_put(ring, RB, head, tail, 16, &h, payload, &nh);
+        if (rc == 1) {
+            fulls++;
+            bad += consume(head, &tail, 2, &get_seq);
+            continue;
+        }
+        if (rc != 0) {
+            bad++;
+            continue;
+        }
+        head = nh;
+        put_seq++;
+        if (round % 3 == 0) bad += consume(head, &tail, 1, &get_seq);
+    }
+    bad += consume(head, &tail, 1000, &get_seq);
+    ok(head > 20 * RB, "many laps around the ring (%llu bytes)", (unsigned long long)head);
+    ok(fulls > 10, "ring full reported %d times", fulls);
+    is_int(bad, 0, "every record read back intact, in order, nothing overwritten");
+    ok(put_seq == get_seq && head == tail, "every record put was read (%d)", put_seq);
+
+    /* full means full: the unread record survives a refused put */
+    head = tail = 0;
+    memset(&h, 0, sizeof h);
+    h.type = MUSE_EV_DATA;
+    h.generation = 9;
+    h.length = 2000;
+    memset(payload, 'A', sizeof payload);
+    static uint8_t big[4096];
+    memset(big, 'A', sizeof big);
+    is_int(muse_ring_put(ring, RB, head, tail, 16, &h, big, &head), 0, "2000-byte record fits");
+    is_int(muse_ring_put(ring, RB, head, tail, 16, &h, big, &nh), 0, "second fits");
+    h.length = 100;
+    memset(big, 'B', sizeof big);
+    is_int(muse_ring_put(ring, RB, nh, tail, 16, &h, big, &nh), 1, "third: ring full");
+    is_int(muse_ring_peek(ring, RB, head, tail, 9, &got, &why), 1, "first record still there");
+    muse_ring_copy_out(ring, RB, 16, out, 1);
+    is_int(out[0], 'A', "not overwritten");
+    h.length = 5000;
+    ok(muse_ring_put(ring, RB, 0, 0, 16, &h, big, &nh) == -1, "record larger than ring: -1");
+
+    /* corrupt positions and records, as a worker or engine could write them */
+    ok(muse_ring_put(ring, RB, 64, 128, 16, &h, big, &nh) == -1, "tail ahead of head: -1");
+    ok(muse_ring_put(ring, RB, 8192, 0, 16, &h, big, &nh) == -1, "more unread than ring: -1");
+    ok(muse_ring_peek(ring, RB, 8, 0, 9, &got, &why) == -1, "partial header: %s", why);
+    ok(muse_ring_peek(ring, RB, 4096, 3, 9, &got, &why) == -1, "unaligned tail: %s", why);
+    ok(muse_ring_peek(ring, RB, head, 0, 10, &got, &why) == -1 && strstr(why, "stale"),
+       "stale generation: %s", why);
+    muse_event_header evil = {.length = 0xFFFFFFFFu, .type = MUSE_EV_DATA, .generation = 9};
+    muse_ring_copy_in(ring, RB, 0, &evil, sizeof evil);
+    ok(muse_ring_peek(ring, RB, 64, 0, 9, &got, &why) == -1, "huge length: %s", why);
+    evil.length = 100;
+    muse_ring_copy_in(ring, RB, 0, &evil, sizeof evil);
+    ok(muse_ring_peek(ring, RB, 64, 0, 9, &got, &why) == -1, "length past head: %s", why);
+    evil.length = 8;
+    evil.type = 77;
+    muse_ring_copy_in(ring, RB, 0, &evil, sizeof evil);
+    ok(muse_ring_peek(ring, RB, 64, 0, 9, &got, &why) == -1, "unknown type: %s", why);
+    evil.type = MUSE_EV_ERROR;
+    evil.http_status = 200;
+    muse_ring_copy_in(ring, RB, 0, &evil, sizeof evil);
+    ok(muse_ring_peek(ring, RB, 64, 0, 9, &got, &why) == -1, "error with 200: %s", why);
+}
+
+static void test_health_page(void)
+{
+    static uint8_t mem[16 + 2048];
+    char out[2048];
+    uint64_t len = 0;
+    muse_health_page *p = (muse_health_page *)mem;
+    const char *j = "{\"status\":\"ok\"}";
+    muse_health_write(p, 2048, j, strlen(j));
+    is_int(muse_health_read(p, 2048, out, sizeof out, &len), 0, "health read");
+    ok(len == strlen(j) && memcmp(out, j, len) == 0, "health text round trip");
+    is_int(atomic_load(&p->seq) % 2, 0, "seq even after write");
+    atomic_store(&p->seq, 3);
+    ok(muse_health_read(p, 2048, out, sizeof out, &len) == -1, "odd seq forever: bounded -1");
+    atomic_store(&p->seq, 4);
+    p->length = 1u << 30;
+    ok(muse_health_read(p, 2048, out, sizeof out, &len) == -1, "length past page: -1");
+}
+
+/* ---- a worker talking to a live server ---- */
+
+typedef struct {
+    uint8_t *base;
+    size_t size;
+    muse_ring_header *h;
+} mapping;
+
+static int map_segment(const char *name, mapping *m)
+{
+    struct stat st;
+    const char *why;
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) return -1;
+    fstat(fd, &st);
+    m->size = (size_t)st.st_size;
+    m->base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m->base == MAP_FAILED) return -1;
+    m->h = (muse_ring_header *)m->base;
+    return muse_ring_check_header(m->h, m->size, &why);
+}
+
+/* Claims slot i, writes the record, connects and sends the claim. Returns the socket. */
+static int worker_submit(mapping *m, const char *sock, uint32_t i, const char *body,
+                         uint64_t *gen_out, int corrupt)
+{
+    muse_ring_slot *sl = muse_ring_slot_at(m->base, m->h, i);
+    uint32_t want = MUSE_SLOT_FREE;
+    if (!atomic_compare_exchange_strong(&sl->state, &want, MUSE_SLOT_CLAIMED)) return -1;
+    uint64_t gen = atomic_fetch_add(&sl->generation, 1) + 1;
+    atomic_store(&sl->owner_pid, (uint32_t)getpid());
+    atomic_store(&sl->head, 0);
+    atomic_store(&sl->tail, 0);
+    atomic_store(&sl->wake, 0);
+    muse_request_encode(muse_ring_request_area(sl), m->h->request_bytes, gen, MUSE_KIND_CHAT,
+                        MUSE_REQ_STREAM, "scopeX", 6, body, strlen(body));
+    if (corrupt) ((muse_request_record *)muse_ring_request_area(sl))->body_len = 1u << 31;
+    atomic_store(&sl->state, MUSE_SLOT_SUBMITTED);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) return -1;
+    muse_claim_msg c = {.magic = MUSE_CLAIM_MAGIC,
+                        .abi_version = MUSE_RING_ABI_VERSION,
+                        .segment_generation = m->h->generation,
+                        .slot_generation = corrupt == 2 ? gen + 5 : gen,
+                        .slot = i};
+    if (write(fd, &c, sizeof c) != (ssize_t)sizeof c) return -1;
+    *gen_out = gen;
+    return fd;
+}
+
+/* Reads every available record into types[]; returns how many, -1 on corruption. */
+static int worker_drain(mapping *m, uint32_t i, uint64_t gen, int *types, int max, char *last,
+                        size_t lastcap)
+{
+    muse_ring_slot *sl = muse_ring_slot_at(m->base, m->h, i);
+    uint8_t *ring = muse_ring_event_area(sl, m->h);
+    muse_event_header h;
+    const char *why;
+    int n = 0;
+    atomic_store(&sl->wake, 0);
+    while (n < max) {
+        uint64_t head = atomic_load(&sl->head), tail = atomic_load(&sl->tail);
+        int rc = muse_ring_peek(ring, m->h->ring_bytes, head, tail, gen, &h, &why);
+        if (rc == 0) break;
+        if (rc < 0) return -1;
+        size_t c = h.length < lastcap - 1 ? h.length : lastcap - 1;
+        if (c) { /* keep the last non-empty payload (END has none) */
+            muse_ring_copy_out(ring, m->h->ring_bytes, tail + 16, last, c);
+            last[c] = 0;
+        }
+        types[n++] = h.type;
+        atomic_store(&sl->tail, tail + muse_event_record_bytes(h.length));
+    }
+    return n;
+}
+
+static int wait_readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, ms) == 1;
+}
+
+static int wait_free(muse_server *s, int ms)
+{
+    for (int t = 0; t < ms; t++) {
+        if (muse_server_busy_slots(s) == 0) return 1;
+        usleep(1000);
+    }
+    return 0;
+}
+
+static void test_server(void)
+{
+    char shm[64], sock[108], last[4096];
+    int types[256];
+    muse_server *s;
+    muse_err e = {{0}};
+    muse_request rq;
+    mapping m;
+    uint64_t gen;
+    snprintf(shm, sizeof shm, "/muse-test-ring-%d", (int)getpid());
+    snprintf(sock, sizeof sock, "/tmp/muse-test-ring-%d.sock", (int)getpid());
+    muse_server_opts o = {.shm_name = shm,
+                          .socket_path = sock,
+                          .slots = 3,
+                          .ring_bytes = 4096,
+                          .request_bytes = 4096,
+                          .socket_gid = -1};
+    if (muse_server_start(&o, &s, &e) != 0) {
+        ok(0, "server start: %s", e.msg);
+        return;
+    }
+    muse_server_set_state(s, MUSE_ENGINE_SERVING);
+    struct stat st;
+    ok(stat(sock, &st) == 0 && (st.st_mode & 0777) == 0660, "socket is 0660");
+    is_int(map_segment(shm, &m), 0, "worker maps and checks the segment");
+    muse_server_set_health(s, "{\"status\":\"ok\"}", 15);
+    uint64_t hl = 0;
+    is_int(
+        muse_health_read(muse_ring_health(m.base, m.h), m.h->health_bytes, last, sizeof last, &hl),
+        0, "worker reads health");
+    is_int(hl, 15, "health length");
+
+    /* happy path with back-pressure */
+    int fd = worker_submit(&m, sock, 1, "{\"hello\":1}", &gen, 0);
+    ok(fd >= 0, "worker submitted slot 1");
+    ok(muse_server_wait(s, 2000) == 1 && muse_server_next_request(s, &rq) == 1, "request out");
+    ok(rq.slot == 1 && rq.generation == gen && rq.kind == MUSE_KIND_CHAT, "slot, gen, kind");
+    is_str(rq.body, "{\"hello\":1}", "body NUL-terminated private copy");
+    ok(rq.scope_len == 6 && memcmp(rq.scope, "scopeX", 6) == 0, "scope");
+    char pay[1000];
+    memset(pay, 'x', sizeof pay);
+    int emitted = 0, rc;
+    while ((rc = muse_server_emit(s, 1, MUSE_EV_DATA, 0, pay, 500)) == 0) emitted++;
+    is_int(rc, 1, "ring full -> emit returns 1");
+    ok(emitted == 7, "7 records of 516 bytes fit a 4 KiB ring with END reserved (%d)", emitted);
+    ok(wait_readable(fd, 1000), "doorbell rang");
+    char b[16];
+    ok(recv(fd, b, sizeof b, MSG_DONTWAIT) == 1, "one doorbell byte for many records");
+    is_int(worker_drain(&m, 1, gen, types, 256, last, sizeof last), emitted, "worker drains all");
+    is_int(muse_server_emit(s, 1, MUSE_EV_DATA, 0, "tail", 4), 0, "emit after drain");
+    ok(muse_server_emit(s, 1, MUSE_EV_ERROR, 200, "{}", 2) == -1, "error record with 200: -1");
+    ok(muse_server_emit(s, 1, MUSE_EV_DATA, 0, pay, 5000) == -1, "payload over ring: -1");
+    muse_server_finish(s, 1);
+    ok(wait_readable(fd, 1000), "doorbell rang again");
+    int n = worker_drain(&m, 1, gen, types, 256, last, sizeof last);
+    ok(n == 2 && types[0] == MUSE_EV_DATA && types[1] == MUSE_EV_END, "DATA then END (%d)", n);
+    is_int(muse_server_busy_slots(s), 1, "slot held until the worker closes");
+    close(fd);
+    ok(wait_free(s, 2000), "slot free after the worker closed");
+
+    /* cancel: the worker closes first */
+    fd = worker_submit(&m, sock, 0, "{}", &gen, 0);
+    ok(muse_server_wait(s, 2000) == 1 && muse_server_next_request(s, &rq) == 1, "second request");
+    close(fd);
+    for (int t = 0; t < 2000 && !muse_server_is_cancelled(s, rq.slot); t++) usleep(1000);
+    ok(muse_server_is_cancelled(s, rq.slot), "closing the doorbell cancels");
+    is_int(muse_server_emit(s, rq.slot, MUSE_EV_DATA, 0, "x", 1), -1, "emit to cancelled: -1");
+    muse_server_finish(s, rq.slot);
+    ok(wait_free(s, 2000), "cancelled slot freed after finish");
+
+    /* corrupt record from the worker: error record back, no crash */
+    fd = worker_submit(&m, sock, 2, "{}", &gen, 1);
+    ok(wait_readable(fd, 2000), "engine answered the corrupt record");
+    usleep(20000);
+    n = worker_drain(&m, 2, gen, types, 256, last, sizeof last);
+    ok(n == 2 && types[0] == MUSE_EV_ERROR && types[1] == MUSE_EV_END, "ERROR + END (%d)", n);
+    ok(strstr(last, "bad_record") != NULL, "error names the code: %s", last);
+    ok(muse_server_next_request(s, &rq) == 0, "corrupt request never reaches the scheduler");
+    close(fd);
+    ok(wait_free(s, 2000), "slot freed");
+
+    /* stale generation in the claim: engine hangs up */
+    fd = worker_submit(&m, sock, 0, "{}", &gen, 2);
+    ok(wait_readable(fd, 2000) && recv(fd, b, sizeof b, 0) == 0, "stale claim: EOF");
+    close(fd);
+    ok(muse_server_next_request(s, &rq) == 0, "stale claim never reaches the scheduler");
+    atomic_store(&muse_ring_slot_at(m.base, m.h, 0)->state, MUSE_SLOT_FREE);
+
+    /* worker corrupts its tail: engine cancels the slot instead of overwriting */
+    fd = worker_submit(&m, sock, 1, "{}", &gen, 0);
+    ok(muse_server_wait(s, 2000) == 1 && muse_server_next_request(s, &rq) == 1, "request");
+    atomic_store(&muse_ring_slot_at(m.base, m.h, 1)->tail, 12345);
+    is_int(muse_server_emit(s, 1, MUSE_EV_DATA, 0, "x", 1), -1, "corrupt tail: -1");
+    ok(muse_server_is_cancelled(s, 1), "and the slot is cancelled");
+    muse_server_finish(s, 1);
+    close(fd);
+    ok(wait_free(s, 2000), "slot freed");
+
+    /* stop: header says DOWN, names unlinked */
+    uint64_t g = muse_server_generation(s);
+    muse_server_stop(s);
+    ok(atomic_load(&m.h->state) == MUSE_ENGINE_DOWN && m.h->generation == g, "old mapping: DOWN");
+    ok(shm_open(shm, O_RDONLY, 0) < 0 && errno == ENOENT, "segment unlinked");
+    ok(access(sock, F_OK) != 0, "socket unlinked");
+    munmap(m.base, m.size);
+
+    /* a second engine on a live socket is refused */
+    muse_server *s2, *s3;
+    ok(muse_server_start(&o, &s2, &e) == 0, "restart");
+    ok(muse_server_start(&o, &s3, &e) == -1 && strstr(e.msg, "another engine"), "%s", e.msg);
+    muse_server_stop(s2);
+}
+
+int main(void)
+{
+    test_layout();
+    test_request_record();
+    test_ring_wrap_and_full();
+    test_health_page();
+    test_server();
+    return done_testing();
+}
