@@ -1747,6 +1747,38 @@ ngx_muse_send_cjson(ngx_http_request_t *r, ngx_uint_t status, cJSON *root, const
     return ngx_muse_send_body(r, status, type, copy, n + 1);
 }
 
+/* Histograms as the engine publishes them: {"le":[..],"counts":[cumulative..],"sum","count"}. */
+static u_char *
+ngx_muse_metrics_histograms(u_char *p, u_char *end, cJSON *hists)
+{
+    cJSON  *h, *le, *counts, *l, *n, *sum, *count;
+
+    for (h = cJSON_IsObject(hists) ? hists->child : NULL; h; h = h->next) {
+        le = cJSON_GetObjectItemCaseSensitive(h, "le");
+        counts = cJSON_GetObjectItemCaseSensitive(h, "counts");
+        sum = cJSON_GetObjectItemCaseSensitive(h, "sum");
+        count = cJSON_GetObjectItemCaseSensitive(h, "count");
+        if (!cJSON_IsArray(le) || !cJSON_IsArray(counts) || !cJSON_IsNumber(sum)
+            || !cJSON_IsNumber(count) || ngx_strlen(h->string) > 64
+            || cJSON_GetArraySize(le) != cJSON_GetArraySize(counts))
+        {
+            continue;
+        }
+        p = ngx_slprintf(p, end, "# TYPE muse_%s histogram\n", h->string);
+        for (l = le->child, n = counts->child; l && n; l = l->next, n = n->next) {
+            if (cJSON_IsNumber(l) && cJSON_IsNumber(n)) {
+                p = ngx_slprintf(p, end, "muse_%s_bucket{le=\"%.3f\"} %.0f\n", h->string,
+                                 l->valuedouble, n->valuedouble);
+            }
+        }
+        p = ngx_slprintf(p, end, "muse_%s_bucket{le=\"+Inf\"} %.0f\nmuse_%s_sum %.3f\n"
+                         "muse_%s_count %.0f\n", h->string, count->valuedouble, h->string,
+                         sum->valuedouble, h->string, count->valuedouble);
+    }
+    return p;
+}
+
+
 /* Prometheus text from the health page's numbers. */
 static ngx_int_t
 ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
@@ -1781,6 +1813,8 @@ ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
                              **gn == 'c' ? "_total" : "", c->valuedouble);
         }
     }
+    p = ngx_muse_metrics_histograms(p, end,
+                                    cJSON_GetObjectItemCaseSensitive(root, "histograms"));
     cJSON_Delete(root);
     return ngx_muse_send_body(r, NGX_HTTP_OK, "text/plain; version=0.0.4", buf, p - buf);
 }

@@ -191,7 +191,10 @@ static void publish_health(health_ctx *h)
     uint64_t left = per_lane * (uint64_t)(st.max - st.running);
     int busy = h->srv ? muse_server_busy_slots(h->srv) : 0;
     const char *status = h->state == 0 ? "starting" : h->state == 2 ? "down" : (avail && avail < reserve ? "degraded" : "ok");
-    char json[4096];
+    char json[8192], hist[2][1024];
+    if (muse_hist_json(&st.ttft_seconds, "ttft_seconds", hist[0], sizeof hist[0]) < 0 ||
+        muse_hist_json(&st.decode_tokens_per_second, "decode_tokens_per_second", hist[1], sizeof hist[1]) < 0)
+        hist[0][0] = hist[1][0] = 0;
     int n = snprintf(json, sizeof json,
         "{\"status\":\"%s\",\"model\":\"%s\",\"engine\":{\"pid\":%d,\"version\":\"%s\",\"uptime_s\":%.0f,\"heartbeat_age_ms\":0,\"backend\":\"%s\"},"
         "\"streams\":{\"running\":%d,\"queued\":%d,\"max\":%d},\"context_length\":%lld,"
@@ -199,14 +202,16 @@ static void publish_health(health_ctx *h)
         "\"ranks\":[{\"rank\":0,\"device\":\"cpu\",\"arch\":\"x86_64\",\"memory\":{\"total_bytes\":%llu,\"weights_bytes\":%llu,"
         "\"kv_bytes\":%llu,\"prompt_cache_bytes\":0,\"workspace_bytes\":%llu,\"reserve_bytes\":%llu,\"free_bytes\":%llu,"
         "\"left_for_streams_bytes\":%llu,\"peak_bytes\":%llu}}],"
-        "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,\"cancelled\":%llu}}",
+        "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,\"cancelled\":%llu},"
+        "\"histograms\":{%s%s%s}}",
         status, f->model_id, (int)getpid(), MUSE_VERSION, now_s() - h->started, f->backend,
         st.running, busy > st.running ? busy - st.running : 0, st.max, (long long)f->context,
         (unsigned long long)total, (unsigned long long)weights, (unsigned long long)kv,
         (unsigned long long)ws, (unsigned long long)reserve, (unsigned long long)avail,
         (unsigned long long)left, (unsigned long long)proc_kb("/proc/self/status", "VmHWM:"),
         (unsigned long long)st.requests, (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
-        (unsigned long long)st.errors, (unsigned long long)st.cancelled);
+        (unsigned long long)st.errors, (unsigned long long)st.cancelled, hist[0],
+        hist[0][0] && hist[1][0] ? "," : "", hist[0][0] ? hist[1] : "");
     if (n > 0 && (size_t)n < sizeof json) muse_server_set_health(h->srv, json, (size_t)n);
 }
 

@@ -356,25 +356,46 @@ void muse_exl3_dequant(const muse_exl3_weight *w, float *out, muse_pool *pool)
 
 /* ---- y = x W ---- */
 
+/* The reference sums in double (more precise than the fp32 the format asks for) and rounds
+ * to fp32 where a value is fp32, like the rest of the CPU backend: the fp16 rounding of the A
+ * operand then flips only on exact boundaries. */
 typedef struct {
     const muse_exl3_weight *w;
     const float *x;
     long rows;
-    float *a; /* rows x k: the fp16-rounded A operand */
+    float *a;  /* rows x k: the fp16-rounded A operand */
+    double *t; /* rows x n: a Wq */
     float *y;
 } linear_job;
 
-/* Steps 1-2: a = fp16(blockHad(x * suh)), one row at a time. */
+/* 128-point Hadamard in double: the same butterflies, then the scale. */
+static void hadamard128_f64(double *v)
+{
+    for (int h = 1; h < MUSE_EXL3_HAD; h <<= 1)
+        for (int i = 0; i < MUSE_EXL3_HAD; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                double a = v[j], b = v[j + h];
+                v[j] = a + b;
+                v[j + h] = a - b;
+            }
+    for (int i = 0; i < MUSE_EXL3_HAD; i++) v[i] *= 0.08838834764831844055; /* 1/sqrt(128) */
+}
+
+/* Steps 1-2: a = fp16(fp32(blockHad(x * suh))), one row at a time. */
 static void linear_prepare_rows(void *ctx, long begin, long end)
 {
     const linear_job *job = ctx;
     int64_t k = job->w->k;
+    double chunk[MUSE_EXL3_HAD];
     for (long r = begin; r < end; r++) {
         const float *xr = job->x + (int64_t)r * k;
         float *ar = job->a + (int64_t)r * k;
-        for (int64_t i = 0; i < k; i++) ar[i] = xr[i] * muse_exl3_in_scale(job->w, i);
-        muse_exl3_block_hadamard(ar, k);
-        for (int64_t i = 0; i < k; i++) ar[i] = muse_round_f16(ar[i]);
+        for (int64_t i0 = 0; i0 < k; i0 += MUSE_EXL3_HAD) {
+            for (int i = 0; i < MUSE_EXL3_HAD; i++)
+                chunk[i] = (double)(xr[i0 + i] * muse_exl3_in_scale(job->w, i0 + i));
+            hadamard128_f64(chunk);
+            for (int i = 0; i < MUSE_EXL3_HAD; i++) ar[i0 + i] = muse_round_f16((float)chunk[i]);
+        }
     }
 }
 
@@ -388,41 +409,44 @@ static void linear_column_tiles(void *ctx, long begin, long end)
     float tw[256];
     for (long tn = begin; tn < end; tn++) {
         for (long r = 0; r < job->rows; r++)
-            memset(job->y + r * n + tn * 16, 0, 16 * sizeof(float));
+            for (int c = 0; c < 16; c++) job->t[r * n + tn * 16 + c] = 0;
         for (int64_t tk = 0; tk < k / 16; tk++) {
             decode_tile_flat(w->trellis + (tk * ntiles + tn) * tile_len, w->bits, table, tw);
             for (long r = 0; r < job->rows; r++) {
                 const float *ar = job->a + r * k + tk * 16;
-                float *yr = job->y + r * n + tn * 16;
+                double *tr = job->t + r * n + tn * 16;
                 for (int i = 0; i < 16; i++) {
-                    float ai = ar[i];
+                    double ai = ar[i];
                     const float *wi = tw + i * 16;
-                    for (int c = 0; c < 16; c++) yr[c] += ai * wi[c];
+                    for (int c = 0; c < 16; c++) tr[c] += ai * wi[c];
                 }
             }
         }
     }
 }
 
-/* Steps 4-5: y = blockHad(t) * svh + bias. */
+/* Steps 4-5: y = fp32(blockHad(t) * svh + bias). */
 static void linear_finish_rows(void *ctx, long begin, long end)
 {
     const linear_job *job = ctx;
     const muse_exl3_weight *w = job->w;
     int64_t n = w->n;
     for (long r = begin; r < end; r++) {
+        double *tr = job->t + (int64_t)r * n;
         float *yr = job->y + (int64_t)r * n;
-        muse_exl3_block_hadamard(yr, n);
+        for (int64_t j0 = 0; j0 < n; j0 += MUSE_EXL3_HAD) hadamard128_f64(tr + j0);
         for (int64_t j = 0; j < n; j++) {
-            yr[j] *= muse_exl3_out_scale(w, j);
-            if (w->bias) yr[j] += muse_f16_to_f32(w->bias[j]);
+            double v = tr[j] * (double)muse_exl3_out_scale(w, j);
+            if (w->bias) v += (double)muse_f16_to_f32(w->bias[j]);
+            yr[j] = (float)v;
         }
     }
 }
 
 size_t muse_exl3_workspace_bytes(const muse_exl3_weight *w, long max_rows)
 {
-    return (size_t)(max_rows > 0 ? max_rows : 1) * (size_t)w->k * sizeof(float);
+    size_t rows = (size_t)(max_rows > 0 ? max_rows : 1);
+    return rows * (size_t)w->k * sizeof(float) + rows * (size_t)w->n * sizeof(double);
 }
 
 void muse_exl3_linear(const muse_exl3_weight *w, const float *x, long rows, float *y,
@@ -432,7 +456,9 @@ void muse_exl3_linear(const muse_exl3_weight *w, const float *x, long rows, floa
     pthread_once(&position_once, build_position_offset);
     muse_exl3_value_table(w->cb);
     void *own = workspace ? NULL : MUSE_MALLOC(muse_exl3_workspace_bytes(w, rows));
-    linear_job job = {w, x, rows, workspace ? workspace : own, y};
+    float *a = workspace ? workspace : own;
+    /* t follows a; k is a multiple of 128, so the doubles stay aligned */
+    linear_job job = {w, x, rows, a, (double *)(void *)(a + (size_t)rows * (size_t)w->k), y};
     muse_pool_run(pool, linear_prepare_rows, &job, rows);
     muse_pool_run(pool, linear_column_tiles, &job, (long)(w->n / 16));
     muse_pool_run(pool, linear_finish_rows, &job, rows);

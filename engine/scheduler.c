@@ -97,6 +97,36 @@ static void text_add(text *t, const char *s, size_t n)
     t->p[t->len] = 0;
 }
 
+static void hist_init(muse_hist *h, const double *le, int n)
+{
+    h->n = n;
+    memcpy(h->le, le, (size_t)n * sizeof *le);
+}
+
+static void hist_observe(muse_hist *h, double v)
+{
+    for (int i = 0; i < h->n; i++)
+        if (v <= h->le[i]) h->counts[i]++;
+    h->count++;
+    h->sum += v;
+}
+
+int muse_hist_json(const muse_hist *h, const char *name, char *buf, size_t cap)
+{
+    size_t at = 0;
+    int w = snprintf(buf, cap, "\"%s\":{\"le\":[", name);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < h->n && w >= 0 && (at += (size_t)w) < cap; i++)
+            w = pass ? snprintf(buf + at, cap - at, "%s%llu", i ? "," : "", (unsigned long long)h->counts[i])
+                     : snprintf(buf + at, cap - at, "%s%g", i ? "," : "", h->le[i]);
+        if (w < 0 || (at += (size_t)w) >= cap) return -1;
+        w = snprintf(buf + at, cap - at, pass ? "]," : "],\"counts\":[");
+    }
+    if (w < 0 || (at += (size_t)w) >= cap) return -1;
+    w = snprintf(buf + at, cap - at, "\"sum\":%.6f,\"count\":%llu}", h->sum, (unsigned long long)h->count);
+    return w < 0 || at + (size_t)w >= cap ? -1 : (int)(at + (size_t)w);
+}
+
 static void stat_add(muse_sched *s, uint64_t *field, uint64_t n)
 {
     pthread_mutex_lock(&s->stats_mu);
@@ -270,6 +300,10 @@ static void lane_finish(muse_sched *s, lane *l, const char *reason)
         free(body);
     }
     stat_add(s, &s->stats.tokens_out, (uint64_t)l->generated);
+    pthread_mutex_lock(&s->stats_mu);
+    if (l->t_first > 0) hist_observe(&s->stats.ttft_seconds, m.ttft_ms / 1e3);
+    if (m.decode_tokens_per_s > 0) hist_observe(&s->stats.decode_tokens_per_second, m.decode_tokens_per_s);
+    pthread_mutex_unlock(&s->stats_mu);
     l->state = LANE_FINISHING;
 }
 
@@ -562,6 +596,10 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     s->b_lane_of_logits = MUSE_MALLOC(R * sizeof *s->b_lane_of_logits);
     pthread_mutex_init(&s->stats_mu, NULL);
     s->stats.max = o->streams;
+    static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+    static const double rate_le[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000};
+    hist_init(&s->stats.ttft_seconds, ttft_le, (int)(sizeof ttft_le / sizeof *ttft_le));
+    hist_init(&s->stats.decode_tokens_per_second, rate_le, (int)(sizeof rate_le / sizeof *rate_le));
     return s;
 }
 

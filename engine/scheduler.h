@@ -24,10 +24,25 @@ typedef struct {
     long fault_after_tokens; /* test builds: fail a stream after this many tokens (0: off) */
 } muse_sched_opts;
 
+#define MUSE_HIST_MAX 16
+
+/* A Prometheus-style histogram: counts[i] observations <= le[i] (cumulative), + the rest. */
+typedef struct {
+    int n;
+    double le[MUSE_HIST_MAX];
+    uint64_t counts[MUSE_HIST_MAX];
+    uint64_t count;
+    double sum;
+} muse_hist;
+
 typedef struct {
     int running, max;
     uint64_t requests, tokens_in, tokens_out, errors, cancelled;
+    muse_hist ttft_seconds, decode_tokens_per_second;
 } muse_sched_stats;
+
+/* Writes `"name":{"le":[..],"counts":[..],"sum":x,"count":n}` into buf; returns bytes or -1. */
+int muse_hist_json(const muse_hist *h, const char *name, char *buf, size_t cap);
 
 typedef struct muse_sched muse_sched;
 
