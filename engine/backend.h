@@ -5,9 +5,11 @@
 #ifndef MUSE_BACKEND_H
 #define MUSE_BACKEND_H
 
+#include "kv_pool.h"
 #include "model.h"
 
-/* One forward's rows. Rows of one sequence are consecutive positions, ascending. */
+/* One forward's rows. Rows of one sequence are consecutive positions, ascending, and the
+ * caller has reserved KV blocks for them (muse_kv_ensure on be->kv). */
 typedef struct {
     long rows;
     const int32_t *tokens;      /* [R] */
@@ -25,6 +27,7 @@ typedef struct {
     long max_rows;   /* rows a forward may carry */
     int max_seqs;    /* KV slots */
     int64_t context; /* positions per sequence */
+    int64_t kv_blocks; /* full-attention KV blocks in the pool; 0: max_seqs x context */
     int threads;     /* CPU threads (<= 0: all cores) */
 } muse_backend_opts;
 
@@ -56,12 +59,19 @@ typedef struct {
     void (*moe)(muse_backend *be, const muse_layer *ly, const float *b, long rows, float *y);
     /* logits[n_wanted, V] from x[R,H] (already normed): head, multiplier, softcap */
     void (*head)(muse_backend *be, const float *x, const muse_batch *b, float *logits);
+    /* The sliding-window layers' K and V of the last W positions before end_pos: what a
+     * sequence must get back to resume at end_pos (prompt cache). */
+    size_t (*sliding_bytes)(muse_backend *be, int64_t end_pos);
+    void (*sliding_save)(muse_backend *be, int seq, int64_t end_pos, void *dst);
+    void (*sliding_load)(muse_backend *be, int seq, int64_t end_pos, const void *src);
 } muse_backend_ops;
 
 struct muse_backend {
     const muse_backend_ops *ops;
     const muse_model *model;
     muse_backend_opts opts;
+    muse_kv_pool kv;          /* block tables of the full-attention layers */
+    uint64_t kv_block_bytes;  /* one block: every full layer's K and V for MUSE_KV_BLOCK positions */
     uint64_t kv_bytes;        /* KV cache held for all sequence slots */
     uint64_t workspace_bytes; /* activations and scratch sized at start */
 };

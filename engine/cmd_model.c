@@ -166,6 +166,8 @@ static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all
             want[r] = all_logits || at + (size_t)r == n - 1;
             seq[r] = 0;
         }
+        if (muse_kv_ensure(&s->be->kv, 0, pos[rows - 1] + 1))
+            return muse_fail(e, "the KV pool has no room for position %lld", (long long)pos[rows - 1]);
         muse_batch b = {rows, ids + at, pos, seq, want};
         const float *lg = muse_forward_run(s->fwd, &b, e);
         if (!lg) return -1;
@@ -313,6 +315,24 @@ static void print_config(const muse_config *c)
                c->quant_head_bits, c->quant_codebook);
 }
 
+/* What the backend really allocates: full layers in pool blocks, sliding layers in rings. */
+static void print_kv_pool(const muse_model *m)
+{
+    const muse_config *c = &m->cfg;
+    muse_err e = {{0}};
+    muse_backend_opts o = {.max_rows = 1, .max_seqs = 1, .context = MUSE_KV_BLOCK, .threads = 1, .kv_blocks = 1};
+    muse_backend *be = muse_cpu_backend_create(m, &o, &e);
+    if (!be) return;
+    uint64_t theory_full = 0, KV = (uint64_t)(c->n_kv_heads * c->head_dim);
+    for (int64_t i = 0; i < c->num_layers; i++) theory_full += c->attn_kind[i] == MUSE_ATTN_FULL ? 2 * KV * 2 : 0;
+    printf("kv pool a token     %llu (full-attention layers, paged in blocks of %d); theory %llu\n",
+           (unsigned long long)(be->kv_block_bytes / MUSE_KV_BLOCK), MUSE_KV_BLOCK, (unsigned long long)theory_full);
+    printf("kv sliding a stream %llu (sliding layers: a ring of sliding_window + rows a round - 1\n"
+           "                    positions; this figure is for 1 row a round)\n",
+           (unsigned long long)((muse_kv_bytes_per_token(c) - theory_full) * (uint64_t)c->sliding_window));
+    muse_cpu_backend_destroy(be);
+}
+
 int muse_cmd_inspect(int argc, char **argv)
 {
     run_flags f;
@@ -335,8 +355,9 @@ int muse_cmd_inspect(int argc, char **argv)
     for (int d = 0; d < MUSE_DT_COUNT; d++)
         if (by[d]) printf(" %s %llu", muse_dtype_name((muse_dtype)d), (unsigned long long)by[d]);
     printf("\n");
-    printf("kv bytes a token    %llu (fp16 K and V, all layers)\n",
+    printf("kv bytes a token    %llu (fp16 K and V, all layers, in theory)\n",
            (unsigned long long)muse_kv_bytes_per_token(c));
+    print_kv_pool(&m);
     for (int64_t i = 0; i < c->num_layers; i++) {
         const muse_layer *ly = &m.layers[i];
         printf("layer %-4lld         %s%s, %s, %s", (long long)i,

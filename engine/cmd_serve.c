@@ -16,8 +16,8 @@
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms;
-    long long fault_after_tokens;
-    double reserve_gib;
+    long long fault_after_tokens, kv_blocks;
+    double reserve_gib, prompt_cache_gib;
 } serve_flags;
 
 static volatile sig_atomic_t stopping;
@@ -31,6 +31,7 @@ static const char serve_help[] =
     "usage: muse-engine serve --model DIR --listen SOCKET [--shm NAME] [--streams N] [--queue N]\n"
     "                         [--context N] [--max-rows N] [--threads N] [--model-id ID]\n"
     "                         [--group GROUP] [--reserve-gib X] [--drain-ms N]\n"
+    "                         [--prompt-cache-gib X] [--kv-blocks N]\n"
     "                         [--backend cpu|script] [--tokenizer FILE] [--script FILE]\n"
     "Serves a pack to ngx_muse_module through a shared-memory segment (--shm, default /muse-engine)\n"
     "and a unix socket (--listen), both 0660 for --group (the nginx workers' group).\n"
@@ -41,6 +42,9 @@ static const char serve_help[] =
     "  --reserve-gib X  memory reserved for the rest of the machine, shown in /health\n"
     "                   (default: the MUSE_RESERVE_GIB environment variable, else 0)\n"
     "  --drain-ms N     on SIGTERM, how long running streams may finish, default 30000\n"
+    "  --prompt-cache-gib X  prompt cache budget (KV blocks + sliding state), default 1; 0: off\n"
+    "  --kv-blocks N    full-attention KV blocks of 16 positions in the pool; default: enough for\n"
+    "                   every stream's whole context plus the prompt cache budget\n"
     "  --backend script replays token ids from --script FILE (a JSON array of id arrays) instead\n"
     "                   of running the model; request i gets list seed %% count. For tests.\n"
     "  --tokenizer      default DIR/tokenizer.json\n";
@@ -58,14 +62,14 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         {"backend", 1, 0, 'b'}, {"script", 1, 0, 'S'}, {"model-id", 1, 0, 'i'}, {"group", 1, 0, 'g'},
         {"streams", 1, 0, 'n'}, {"queue", 1, 0, 'q'}, {"context", 1, 0, 'c'}, {"max-rows", 1, 0, 'r'},
         {"threads", 1, 0, 'j'}, {"script-delay-ms", 1, 0, 'd'}, {"drain-ms", 1, 0, 'D'},
-        {"reserve-gib", 1, 0, 'R'},
+        {"reserve-gib", 1, 0, 'R'}, {"prompt-cache-gib", 1, 0, 'P'}, {"kv-blocks", 1, 0, 'K'},
 #ifdef MUSE_TEST_HOOKS
         {"fault-after-tokens", 1, 0, 'F'},
 #endif
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     const char *env_reserve = getenv("MUSE_RESERVE_GIB");
     *f = (serve_flags){.shm = "/muse-engine", .backend = "cpu", .streams = 4, .queue = 16,
-                       .max_rows = 256, .drain_ms = 30000, .reserve_gib = env_reserve ? atof(env_reserve) : 0};
+                       .max_rows = 256, .drain_ms = 30000, .prompt_cache_gib = 1, .reserve_gib = env_reserve ? atof(env_reserve) : 0};
     muse_err e = {{0}};
     int ch;
     optind = 1;
@@ -90,6 +94,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         case 'D': rc = muse_parse_long("--drain-ms", optarg, 0, 3600000, &f->drain_ms, &e); break;
         case 'F': rc = muse_parse_long("--fault-after-tokens", optarg, 1, 1 << 30, &f->fault_after_tokens, &e); break;
         case 'R': rc = muse_parse_double("--reserve-gib", optarg, 0, 1 << 20, &f->reserve_gib, &e); break;
+        case 'P': rc = muse_parse_double("--prompt-cache-gib", optarg, 0, 1 << 20, &f->prompt_cache_gib, &e); break;
+        case 'K': rc = muse_parse_long("--kv-blocks", optarg, 1, INT32_MAX, &f->kv_blocks, &e); break;
         case 'h': fputs(serve_help, stdout); return 0;
         default: return bad("unknown option or missing value");
         }
@@ -198,16 +204,18 @@ static void publish_health(health_ctx *h)
     int n = snprintf(json, sizeof json,
         "{\"status\":\"%s\",\"model\":\"%s\",\"engine\":{\"pid\":%d,\"version\":\"%s\",\"uptime_s\":%.0f,\"heartbeat_age_ms\":0,\"backend\":\"%s\"},"
         "\"streams\":{\"running\":%d,\"queued\":%d,\"max\":%d},\"context_length\":%lld,"
-        "\"prompt_cache\":{\"gib\":0,\"used_bytes\":0,\"entries\":0,\"hits\":0,\"misses\":0},"
+        "\"prompt_cache\":{\"gib\":%g,\"used_bytes\":%llu,\"entries\":%llu,\"hits\":%llu,\"misses\":%llu},"
         "\"ranks\":[{\"rank\":0,\"device\":\"cpu\",\"arch\":\"x86_64\",\"memory\":{\"total_bytes\":%llu,\"weights_bytes\":%llu,"
-        "\"kv_bytes\":%llu,\"prompt_cache_bytes\":0,\"workspace_bytes\":%llu,\"reserve_bytes\":%llu,\"free_bytes\":%llu,"
+        "\"kv_bytes\":%llu,\"prompt_cache_bytes\":%llu,\"workspace_bytes\":%llu,\"reserve_bytes\":%llu,\"free_bytes\":%llu,"
         "\"left_for_streams_bytes\":%llu,\"peak_bytes\":%llu}}],"
         "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,\"cancelled\":%llu},"
         "\"histograms\":{%s%s%s}}",
         status, f->model_id, (int)getpid(), MUSE_VERSION, now_s() - h->started, f->backend,
         st.running, busy > st.running ? busy - st.running : 0, st.max, (long long)f->context,
+        h->sched && st.cache_budget ? f->prompt_cache_gib : 0.0, (unsigned long long)st.cache_bytes,
+        (unsigned long long)st.cache_entries, (unsigned long long)st.cache_hits, (unsigned long long)st.cache_misses,
         (unsigned long long)total, (unsigned long long)weights, (unsigned long long)kv,
-        (unsigned long long)ws, (unsigned long long)reserve, (unsigned long long)avail,
+        (unsigned long long)st.cache_bytes, (unsigned long long)ws, (unsigned long long)reserve, (unsigned long long)avail,
         (unsigned long long)left, (unsigned long long)proc_kb("/proc/self/status", "VmHWM:"),
         (unsigned long long)st.requests, (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
         (unsigned long long)st.errors, (unsigned long long)st.cancelled, hist[0],
@@ -277,7 +285,16 @@ int muse_cmd_serve(int argc, char **argv)
             muse_fail(&e, "--context %lld exceeds the pack's max_position_embeddings %lld", f.context, (long long)model.cfg.max_position_embeddings);
             goto fail;
         }
-        muse_backend_opts bo = {.max_rows = (long)f.max_rows, .max_seqs = (int)f.streams, .context = f.context, .threads = (int)f.threads};
+        /* the pool holds every stream's context, plus what the prompt cache may keep */
+        uint64_t block_bytes = 0;
+        for (int64_t i = 0; i < model.cfg.num_layers; i++)
+            if (model.cfg.attn_kind[i] == MUSE_ATTN_FULL)
+                block_bytes += 2ull * MUSE_KV_BLOCK * (uint64_t)(model.cfg.n_kv_heads * model.cfg.head_dim) * 2;
+        int64_t per_seq = (f.context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
+        int64_t blocks = f.kv_blocks ? f.kv_blocks : f.streams * per_seq;
+        if (!f.kv_blocks && block_bytes) blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
+        if (blocks > INT32_MAX) blocks = INT32_MAX;
+        muse_backend_opts bo = {.max_rows = (long)f.max_rows, .max_seqs = (int)f.streams, .context = f.context, .threads = (int)f.threads, .kv_blocks = blocks};
         if (!(be = muse_cpu_backend_create(&model, &bo, &e))) goto fail;
         h.be = be;
         fwd = muse_forward_create(be);
@@ -285,7 +302,8 @@ int muse_cmd_serve(int argc, char **argv)
     muse_sched_opts o = {.streams = (int)f.streams, .max_rows = (long)f.max_rows, .context = f.context,
                          .model_id = f.model_id, .script = (const int32_t *const *)script_seqs,
                          .script_len = script_lens, .n_script = n_script,
-                         .script_delay_ms = (int)f.script_delay_ms, .fault_after_tokens = (long)f.fault_after_tokens};
+                         .script_delay_ms = (int)f.script_delay_ms, .fault_after_tokens = (long)f.fault_after_tokens,
+                         .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0)};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
     struct sigaction sa = {.sa_handler = on_signal};

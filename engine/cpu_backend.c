@@ -15,7 +15,8 @@ typedef struct {
     void *exl3_ws;  /* EXL3 linear workspace, sized for the largest linear */
     float **allocs; /* every alloc(), freed at destroy */
     size_t n_allocs;
-    /* KV cache, per layer: [max_seqs][cap][KV] fp16; cap = context (full) or a ring */
+    /* KV cache, per layer, fp16: sliding layers a ring [max_seqs][cap][KV]; full layers
+     * (cap 0) blocks [n_blocks][MUSE_KV_BLOCK][KV] found through the block tables */
     int64_t *kv_cap;
     uint16_t **k_cache, **v_cache;
     /* MoE workspace */
@@ -183,6 +184,16 @@ typedef struct {
     float *o;
 } attn_job;
 
+/* Element offset of position s of seq in a layer's cache: a ring slot or a block row. */
+static inline size_t kv_offset(const cpu_backend *c, int layer, int seq, int64_t s, long KV)
+{
+    int64_t cap = c->kv_cap[layer];
+    if (cap > 0) return ((size_t)seq * (size_t)cap + (size_t)(s % cap)) * (size_t)KV;
+    int32_t blk = muse_kv_table(&c->base.kv, seq)[s / MUSE_KV_BLOCK];
+    MUSE_CHECK(blk >= 0); /* the caller reserves blocks before a forward */
+    return ((size_t)blk * MUSE_KV_BLOCK + (size_t)(s % MUSE_KV_BLOCK)) * (size_t)KV;
+}
+
 /* One (row, query head) per index: scores over the visible keys in position order. */
 static void attn_rows(void *ctx, long begin, long end, int thread)
 {
@@ -190,7 +201,6 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
     const muse_config *cfg = &j->c->base.model->cfg;
     long hd = (long)cfg->head_dim, Hq = (long)cfg->n_heads, Hkv = (long)cfg->n_kv_heads;
     long KV = Hkv * hd, group = Hq / Hkv;
-    int64_t cap = j->c->kv_cap[j->layer];
     bool sliding = cfg->attn_kind[j->layer] == MUSE_ATTN_SLIDING;
     double scale = cfg->qk_scale_factor / sqrt((double)hd);
     double *scores = j->c->attn_scratch[thread];
@@ -200,13 +210,13 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
         int64_t p = j->b->positions[r];
         int64_t first =
             sliding && p - cfg->sliding_window + 1 > 0 ? p - cfg->sliding_window + 1 : 0;
-        const uint16_t *kc = j->c->k_cache[j->layer] + (size_t)j->b->seqs[r] * cap * KV;
-        const uint16_t *vc = j->c->v_cache[j->layer] + (size_t)j->b->seqs[r] * cap * KV;
+        const uint16_t *kc = j->c->k_cache[j->layer], *vc = j->c->v_cache[j->layer];
+        int seq = j->b->seqs[r];
         const float *q = j->q + (r * Hq + h) * hd;
         float kf[512];
         double mx = -INFINITY;
         for (int64_t s = first; s <= p; s++) {
-            const uint16_t *kr = kc + (s % cap) * KV + kh * hd;
+            const uint16_t *kr = kc + kv_offset(j->c, j->layer, seq, s, KV) + kh * hd;
             for (long d = 0; d < hd; d++) kf[d] = muse_f16_to_f32(kr[d]);
             double sc = dot_f64(q, kf, hd) * scale;
             scores[s - first] = sc;
@@ -219,7 +229,7 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
         }
         for (long d = 0; d < hd; d++) acc[d] = 0;
         for (int64_t s = first; s <= p; s++) {
-            const uint16_t *vr = vc + (s % cap) * KV + kh * hd;
+            const uint16_t *vr = vc + kv_offset(j->c, j->layer, seq, s, KV) + kh * hd;
             double w = scores[s - first] / sum;
             for (long d = 0; d < hd; d++) acc[d] += w * muse_f16_to_f32(vr[d]);
         }
@@ -235,9 +245,8 @@ static void cpu_attention(muse_backend *be, int layer, const muse_batch *b, cons
     cpu_backend *c = cpu(be);
     const muse_config *cfg = &be->model->cfg;
     long KV = (long)(cfg->n_kv_heads * cfg->head_dim);
-    int64_t cap = c->kv_cap[layer];
     for (long r = 0; r < b->rows; r++) {
-        size_t at = ((size_t)b->seqs[r] * cap + (size_t)(b->positions[r] % cap)) * KV;
+        size_t at = kv_offset(c, layer, b->seqs[r], b->positions[r], KV);
         for (long d = 0; d < KV; d++) {
             c->k_cache[layer][at + d] = muse_f32_to_f16(k[r * KV + d]);
             c->v_cache[layer][at + d] = muse_f32_to_f16(v[r * KV + d]);
@@ -375,6 +384,48 @@ static void cpu_head(muse_backend *be, const float *x, const muse_batch *b, floa
         }
 }
 
+/* Positions [first, end_pos) a resumed sequence needs from the sliding layers. */
+static int64_t sliding_first(const muse_config *cfg, int64_t end_pos)
+{
+    return end_pos > cfg->sliding_window ? end_pos - cfg->sliding_window : 0;
+}
+
+static size_t cpu_sliding_bytes(muse_backend *be, int64_t end_pos)
+{
+    const muse_config *cfg = &be->model->cfg;
+    size_t layers = 0, KV = (size_t)(cfg->n_kv_heads * cfg->head_dim);
+    for (int64_t i = 0; i < cfg->num_layers; i++) layers += cfg->attn_kind[i] == MUSE_ATTN_SLIDING;
+    return layers * 2 * (size_t)(end_pos - sliding_first(cfg, end_pos)) * KV * sizeof(uint16_t);
+}
+
+/* Copies K then V of each sliding layer, positions ascending, between the rings and buf. */
+static void sliding_copy(cpu_backend *c, int seq, int64_t end_pos, uint16_t *buf, int save)
+{
+    const muse_config *cfg = &c->base.model->cfg;
+    long KV = (long)(cfg->n_kv_heads * cfg->head_dim);
+    for (int i = 0; i < (int)cfg->num_layers; i++) {
+        if (cfg->attn_kind[i] != MUSE_ATTN_SLIDING) continue;
+        for (int kv = 0; kv < 2; kv++) {
+            uint16_t *cache = kv ? c->v_cache[i] : c->k_cache[i];
+            for (int64_t s = sliding_first(cfg, end_pos); s < end_pos; s++, buf += KV) {
+                uint16_t *row = cache + kv_offset(c, i, seq, s, KV);
+                if (save) memcpy(buf, row, (size_t)KV * sizeof *buf);
+                else memcpy(row, buf, (size_t)KV * sizeof *buf);
+            }
+        }
+    }
+}
+
+static void cpu_sliding_save(muse_backend *be, int seq, int64_t end_pos, void *dst)
+{
+    sliding_copy(cpu(be), seq, end_pos, dst, 1);
+}
+
+static void cpu_sliding_load(muse_backend *be, int seq, int64_t end_pos, const void *src)
+{
+    sliding_copy(cpu(be), seq, end_pos, (uint16_t *)(uintptr_t)src, 0);
+}
+
 static const muse_backend_ops cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -387,6 +438,9 @@ static const muse_backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .moe = cpu_moe,
     .head = cpu_head,
+    .sliding_bytes = cpu_sliding_bytes,
+    .sliding_save = cpu_sliding_save,
+    .sliding_load = cpu_sliding_load,
 };
 
 uint64_t muse_kv_bytes_per_token(const muse_config *c)
@@ -455,12 +509,21 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     c->kv_cap = MUSE_CALLOC((size_t)L, sizeof *c->kv_cap);
     c->k_cache = MUSE_CALLOC((size_t)L, sizeof *c->k_cache);
     c->v_cache = MUSE_CALLOC((size_t)L, sizeof *c->v_cache);
+    int64_t blocks_per_seq = (o->context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
+    int64_t n_blocks = o->kv_blocks > 0 ? o->kv_blocks : o->max_seqs * blocks_per_seq;
+    muse_kv_pool_init(&c->base.kv, (int32_t)n_blocks, o->max_seqs, o->context);
     for (long i = 0; i < L; i++) {
-        int64_t cap = o->context;
-        if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING && cfg->sliding_window + R - 1 < cap)
-            cap = cfg->sliding_window + R - 1; /* a ring: a chunk never overwrites keys it reads */
-        c->kv_cap[i] = cap;
-        size_t n = (size_t)o->max_seqs * (size_t)cap * (size_t)KV;
+        size_t n;
+        if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING) {
+            int64_t cap = o->context;
+            if (cfg->sliding_window + R - 1 < cap)
+                cap = cfg->sliding_window + R - 1; /* a ring: a chunk never overwrites keys it reads */
+            c->kv_cap[i] = cap;
+            n = (size_t)o->max_seqs * (size_t)cap * (size_t)KV;
+        } else {
+            n = (size_t)n_blocks * MUSE_KV_BLOCK * (size_t)KV;
+            c->base.kv_block_bytes += 2 * MUSE_KV_BLOCK * (uint64_t)KV * sizeof(uint16_t);
+        }
         c->base.kv_bytes += 2 * n * sizeof(uint16_t);
         c->k_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
         c->v_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
@@ -496,6 +559,7 @@ void muse_cpu_backend_destroy(muse_backend *be)
         free(c->k_cache[i]);
         free(c->v_cache[i]);
     }
+    muse_kv_pool_destroy(&be->kv);
     free(c->kv_cap);
     free(c->k_cache);
     free(c->v_cache);

@@ -10,6 +10,7 @@ typedef struct muse_forward muse_forward;
 /* Sizes every activation buffer for be->opts.max_rows once. */
 muse_forward *muse_forward_create(muse_backend *be);
 void muse_forward_destroy(muse_forward *f);
+muse_backend *muse_forward_backend(const muse_forward *f);
 
 /* Runs the batch; returns the logits of the wanted rows, [n_wanted, vocab_size], owned by
  * the plan and valid until the next run. Refuses bad tokens, positions and slots by name. */

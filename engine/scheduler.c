@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "openai.h"
+#include "prompt_cache.h"
 #include "reply.h"
 #include "request.h"
 #include "sha256.h"
@@ -46,6 +47,11 @@ typedef struct {
     record *out;                 /* records not yet in the ring */
     size_t n_out, cap_out;
     double t_admit, t_first, t_last;
+    /* prompt cache: block-chain keys of the prompt and the prefix points still to keep */
+    int64_t cached;      /* prompt tokens taken from the cache */
+    uint8_t (*keys)[32]; /* keys[i]: the prefix of i + 1 blocks */
+    int64_t *cuts;       /* block-aligned prefix ends, ascending */
+    int n_cuts, next_cut;
 } lane;
 
 struct muse_sched {
@@ -56,6 +62,8 @@ struct muse_sched {
     muse_server *srv;
     muse_chat_ids ids;
     muse_sampler *sampler;
+    muse_backend *be;   /* NULL for the script backend */
+    muse_pcache *cache; /* NULL when off */
     lane *lanes;
     uint64_t round;
     uint64_t seed_counter;
@@ -247,6 +255,9 @@ static bool is_stop_id(const muse_sched *s, int32_t id)
 static void lane_release(muse_sched *s, lane *l)
 {
     muse_server_finish(s->srv, l->slot);
+    if (s->be) muse_kv_release(&s->be->kv, (int)(l - s->lanes));
+    free(l->keys);
+    free(l->cuts);
     for (size_t i = 0; i < l->n_out; i++) free(l->out[i].data);
     free(l->out);
     muse_request_free(&l->req);
@@ -275,7 +286,7 @@ static void lane_finish(muse_sched *s, lane *l, const char *reason)
         completion_text(l, tail, n > 0 ? (size_t)n : 0, true);
     }
     const char *finish = l->finish_reason ? l->finish_reason : reason;
-    muse_oa_usage u = {(int64_t)l->req.n_prompt, l->generated, 0,
+    muse_oa_usage u = {(int64_t)l->req.n_prompt, l->generated, l->cached,
                        l->reply ? (int64_t)muse_reply_reasoning_tokens(l->reply) : 0};
     muse_oa_muse m = {.seed = l->req.sampling.seed};
     uint8_t digest[32];
@@ -305,6 +316,53 @@ static void lane_finish(muse_sched *s, lane *l, const char *reason)
     if (m.decode_tokens_per_s > 0) hist_observe(&s->stats.decode_tokens_per_second, m.decode_tokens_per_s);
     pthread_mutex_unlock(&s->stats_mu);
     l->state = LANE_FINISHING;
+}
+
+/* Prefix points worth keeping: after each end of a message (system block, earlier turns)
+ * and the end of the prompt, each rounded down to a block. */
+static void cache_plan(muse_sched *s, lane *l)
+{
+    int64_t n = (int64_t)l->req.n_prompt, last = -1;
+    l->cuts = MUSE_MALLOC((size_t)(n / MUSE_KV_BLOCK + 1) * sizeof *l->cuts);
+    for (int64_t i = 0; i <= n; i++) {
+        bool end = i == n || l->req.prompt[i] == s->ids.eot || l->req.prompt[i] == s->ids.eom;
+        int64_t cut = (i == n ? n : i + 1) / MUSE_KV_BLOCK * MUSE_KV_BLOCK;
+        if (!end || cut <= l->cached || cut == last) continue;
+        l->cuts[l->n_cuts++] = last = cut;
+    }
+}
+
+/* Resumes a new lane from the longest cached prefix that leaves a token to read. */
+static void cache_resume(muse_sched *s, lane *l, const char *scope, size_t scope_len)
+{
+    int64_t n_blocks = (int64_t)l->req.n_prompt / MUSE_KV_BLOCK;
+    int seq = (int)(l - s->lanes);
+    l->keys = MUSE_MALLOC((size_t)(n_blocks ? n_blocks : 1) * sizeof *l->keys);
+    muse_pcache_keys(scope, scope_len, l->req.prompt, n_blocks, l->keys);
+    const muse_pcache_entry *hit = NULL;
+    for (int64_t b = ((int64_t)l->req.n_prompt - 1) / MUSE_KV_BLOCK; b > 0 && !hit; b--)
+        hit = muse_pcache_find(s->cache, l->keys[b - 1]);
+    muse_pcache_count(s->cache, hit != NULL);
+    if (hit) {
+        muse_kv_share(&s->be->kv, seq, hit->blocks, hit->n_blocks);
+        l->cached = l->fed = hit->n_blocks * MUSE_KV_BLOCK;
+        s->be->ops->sliding_load(s->be, seq, l->cached, hit->sliding);
+    }
+    cache_plan(s, l);
+}
+
+/* After a forward: a lane whose prompt just reached a prefix point leaves it in the cache. */
+static void cache_keep(muse_sched *s, lane *l)
+{
+    while (l->next_cut < l->n_cuts && l->cuts[l->next_cut] <= l->fed) {
+        int64_t cut = l->cuts[l->next_cut++], n_blocks = cut / MUSE_KV_BLOCK;
+        if (cut != l->fed || muse_pcache_find(s->cache, l->keys[n_blocks - 1])) continue;
+        int seq = (int)(l - s->lanes);
+        size_t bytes = s->be->ops->sliding_bytes(s->be, cut);
+        void *snap = MUSE_MALLOC(bytes ? bytes : 1);
+        s->be->ops->sliding_save(s->be, seq, cut, snap);
+        muse_pcache_insert(s->cache, l->keys[n_blocks - 1], n_blocks, muse_kv_table(&s->be->kv, seq), snap, bytes);
+    }
 }
 
 static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
@@ -361,6 +419,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
             return;
         }
     }
+    if (s->cache) cache_resume(s, l, rq->scope, rq->scope_len);
     if (l->req.stream) push_record(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
     l->state = LANE_PREFILL;
     l->served = 0; /* new lanes go first */
@@ -450,11 +509,40 @@ static int order_lanes(muse_sched *s, int *order)
     return n;
 }
 
+/* KV blocks for positions [0, end) of a lane, taking them back from the prompt cache when the
+ * pool is short; 0 when the lane must wait. */
+static bool kv_reserve(muse_sched *s, int seq, int64_t end)
+{
+    while (muse_kv_ensure(&s->be->kv, seq, end))
+        if (!s->cache || !muse_pcache_evict_one(s->cache)) return false;
+    return true;
+}
+
+/* Every runnable lane waits for KV blocks that only running lanes could free: the newest
+ * lane gives its blocks back with an error, so the others can go on. */
+static void refuse_kv_starved(muse_sched *s)
+{
+    lane *newest = NULL;
+    for (int i = 0; i < s->o.streams; i++) {
+        lane *l = &s->lanes[i];
+        if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) && (!newest || l->t_admit > newest->t_admit))
+            newest = l;
+    }
+    if (!newest) return;
+    muse_api_error err = {.status = 503, .type = "server_error", .code = "kv_cache_full"};
+    snprintf(err.message, sizeof err.message,
+             "the KV cache has no room for this request alongside the running ones; retry later or raise the engine's --kv-blocks");
+    stat_add(s, &s->stats.errors, 1);
+    error_record(newest, 503, &err);
+    muse_kv_release(&s->be->kv, (int)(newest - s->lanes));
+    newest->state = LANE_FINISHING;
+}
+
 /* Builds and runs one forward; returns the rows run (0: nothing to do). */
 static long model_round(muse_sched *s)
 {
     int order[4096];
-    int n = order_lanes(s, order);
+    int n = order_lanes(s, order), waiting = 0;
     long rows = 0, nlogits = 0;
     for (int k = 0; k < n && rows < s->o.max_rows; k++) {
         lane *l = &s->lanes[order[k]];
@@ -462,6 +550,14 @@ static long model_round(muse_sched *s)
         if (l->state == LANE_PREFILL) {
             take = (long)l->req.n_prompt - (long)l->fed;
             if (take > s->o.max_rows - rows) take = s->o.max_rows - rows;
+            /* a chunk ends at the next prefix point so the cache can keep its state */
+            if (l->next_cut < l->n_cuts && l->cuts[l->next_cut] > l->fed && l->cuts[l->next_cut] - l->fed < take)
+                take = (long)(l->cuts[l->next_cut] - l->fed);
+        }
+        int64_t end = l->state == LANE_PREFILL ? l->fed + take : (int64_t)l->req.n_prompt + l->generated;
+        if (!kv_reserve(s, (int)order[k], end)) {
+            waiting++;
+            continue;
         }
         for (long r = 0; r < take; r++) {
             int64_t pos = l->state == LANE_PREFILL ? l->fed + r : (int64_t)l->req.n_prompt + l->generated - 1;
@@ -475,11 +571,16 @@ static long model_round(muse_sched *s)
         if (l->state == LANE_PREFILL) l->fed += take;
         l->served = s->round;
     }
-    if (!rows) return 0;
+    if (!rows) {
+        if (waiting) refuse_kv_starved(s);
+        return 0;
+    }
     muse_batch b = {rows, s->b_tokens, s->b_pos, s->b_seqs, s->b_want};
     muse_err e = {{0}};
     const float *logits = muse_forward_run(s->fwd, &b, &e);
     MUSE_CHECK(logits); /* the batch is built here from checked requests */
+    if (s->cache)
+        for (int k = 0; k < n; k++) cache_keep(s, &s->lanes[order[k]]);
     int64_t V = s->cfg->vocab_size;
     for (long i = 0; i < nlogits; i++) {
         lane *l = &s->lanes[s->b_lane_of_logits[i]];
@@ -542,8 +643,15 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         long rows = s->fwd ? model_round(s) : script_round(s);
         bool pending = flush_all(s);
         int run = running(s);
+        muse_pcache_stats cs = {0};
+        if (s->cache) muse_pcache_stats_get(s->cache, &cs);
         pthread_mutex_lock(&s->stats_mu);
         s->stats.running = run;
+        s->stats.cache_budget = cs.budget_bytes;
+        s->stats.cache_bytes = cs.used_bytes;
+        s->stats.cache_entries = cs.entries;
+        s->stats.cache_hits = cs.hits;
+        s->stats.cache_misses = cs.misses;
         pthread_mutex_unlock(&s->stats_mu);
         if (draining && (run == 0 || now_ms() > drain_deadline)) break;
         if (!rows) muse_server_wait(s->srv, pending ? 2 : 100); /* idle, or waiting on readers */
@@ -585,6 +693,10 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
         free(s);
         return NULL;
     }
+    if (fwd) {
+        s->be = muse_forward_backend(fwd);
+        if (o->prompt_cache_bytes) s->cache = muse_pcache_create(o->prompt_cache_bytes, &s->be->kv, s->be->kv_block_bytes);
+    }
     s->sampler = muse_sampler_create(muse_tokenizer_vocab_size(tok) > (cfg ? cfg->vocab_size : 0) ? muse_tokenizer_vocab_size(tok) : cfg->vocab_size);
     s->lanes = MUSE_CALLOC((size_t)o->streams, sizeof *s->lanes);
     for (int i = 0; i < o->streams; i++) s->lanes[i].sched = s;
@@ -607,6 +719,7 @@ void muse_sched_destroy(muse_sched *s)
 {
     if (!s) return;
     muse_sampler_destroy(s->sampler);
+    muse_pcache_destroy(s->cache);
     free(s->lanes);
     free(s->b_tokens);
     free(s->b_seqs);

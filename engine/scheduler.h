@@ -22,6 +22,7 @@ typedef struct {
     size_t n_script;
     int script_delay_ms; /* pause between script rounds, so streaming is observable */
     long fault_after_tokens; /* test builds: fail a stream after this many tokens (0: off) */
+    uint64_t prompt_cache_bytes; /* 0: no prompt cache */
 } muse_sched_opts;
 
 #define MUSE_HIST_MAX 16
@@ -39,6 +40,7 @@ typedef struct {
     int running, max;
     uint64_t requests, tokens_in, tokens_out, errors, cancelled;
     muse_hist ttft_seconds, decode_tokens_per_second;
+    uint64_t cache_budget, cache_bytes, cache_entries, cache_hits, cache_misses;
 } muse_sched_stats;
 
 /* Writes `"name":{"le":[..],"counts":[..],"sum":x,"count":n}` into buf; returns bytes or -1. */

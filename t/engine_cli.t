@@ -67,6 +67,8 @@ like($out, qr/parameters\s+(\d+) total, (\d+) active/, 'inspect prints total and
 like($out, qr/layer 2\s+full NoPE, moe/, 'inspect prints each layer kind');
 like($out, qr/bytes by dtype\s+F16 \d+/, 'inspect prints bytes by dtype');
 like($out, qr/kv bytes a token\s+3072/, 'inspect prints KV bytes a token (6 layers x 2 x 128 x 2 bytes)');
+my ($pool, $theory) = $out =~ /kv pool a token\s+(\d+) .*theory (\d+)/;
+ok(defined $pool && $pool == 1024 && $theory == 1024, 'the KV pool holds the theoretical bytes a token (2 full layers x 2 x 128 x 2)');
 
 # bad input: exit 2 and a message naming the thing
 my @bad = (
