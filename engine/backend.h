@@ -24,11 +24,11 @@ typedef struct muse_backend muse_backend;
 
 /* Sizes fixed at start: every workspace and the KV cache come from these. */
 typedef struct {
-    long max_rows;   /* rows a forward may carry */
-    int max_seqs;    /* KV slots */
-    int64_t context; /* positions per sequence */
+    long max_rows;     /* rows a forward may carry */
+    int max_seqs;      /* KV slots */
+    int64_t context;   /* positions per sequence */
     int64_t kv_blocks; /* full-attention KV blocks in the pool; 0: max_seqs x context */
-    int threads;     /* CPU threads (<= 0: all cores) */
+    int threads;       /* CPU threads (<= 0: all cores) */
 } muse_backend_opts;
 
 typedef struct {
@@ -70,9 +70,9 @@ struct muse_backend {
     const muse_backend_ops *ops;
     const muse_model *model;
     muse_backend_opts opts;
-    muse_kv_pool kv;          /* block tables of the full-attention layers */
-    uint64_t kv_block_bytes;  /* one block: every full layer's K and V for MUSE_KV_BLOCK positions */
-    uint64_t kv_bytes;        /* KV cache held for all sequence slots */
+    muse_kv_pool kv;         /* block tables of the full-attention layers */
+    uint64_t kv_block_bytes; /* one block: every full layer's K and V for MUSE_KV_BLOCK positions */
+    uint64_t kv_bytes;       /* KV cache held for all sequence slots */
     uint64_t workspace_bytes; /* activations and scratch sized at start */
 };
 

@@ -4,12 +4,18 @@
 #include <getopt.h>
 #include <math.h>
 
+#include <cjson/cJSON.h>
+
+#include "chat.h"
 #include "cli.h"
+#include "openai.h"
+#include "reply.h"
+#include "request.h"
 #include "forward.h"
 #include "sampler.h"
 
 typedef struct {
-    const char *model, *tokens, *out;
+    const char *model, *tokens, *out, *messages, *tokenizer;
     long long max_tokens, chunk, threads, seed, top_k;
     double temperature, top_p, min_p;
 } run_flags;
@@ -23,19 +29,12 @@ static int bad(const char *cmd, const char *msg)
 /* Parses the flags shared by logits and generate; returns -1 on success, else an exit code. */
 static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f, const char *help)
 {
-    static const struct option opts[] = {{"model", 1, 0, 'm'},
-                                         {"tokens", 1, 0, 't'},
-                                         {"out", 1, 0, 'o'},
-                                         {"max-tokens", 1, 0, 'n'},
-                                         {"chunk", 1, 0, 'c'},
-                                         {"threads", 1, 0, 'j'},
-                                         {"temperature", 1, 0, 'T'},
-                                         {"top-k", 1, 0, 'k'},
-                                         {"top-p", 1, 0, 'p'},
-                                         {"min-p", 1, 0, 'P'},
-                                         {"seed", 1, 0, 's'},
-                                         {"help", 0, 0, 'h'},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'},       {"tokens", 1, 0, 't'}, {"out", 1, 0, 'o'},
+        {"max-tokens", 1, 0, 'n'},  {"chunk", 1, 0, 'c'},  {"threads", 1, 0, 'j'},
+        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'},  {"top-p", 1, 0, 'p'},
+        {"min-p", 1, 0, 'P'},       {"seed", 1, 0, 's'},   {"messages", 1, 0, 'M'},
+        {"tokenizer", 1, 0, 'K'},   {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
     *f = (run_flags){.max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0};
     muse_err e = {{0}};
     int ch;
@@ -52,6 +51,12 @@ static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f,
             break;
         case 'o':
             f->out = optarg;
+            break;
+        case 'M':
+            f->messages = optarg;
+            break;
+        case 'K':
+            f->tokenizer = optarg;
             break;
         case 'n':
             rc = muse_parse_long("--max-tokens", optarg, 0, 1 << 24, &f->max_tokens, &e);
@@ -106,13 +111,10 @@ static void session_close(session *s)
     free(s->ids);
 }
 
-/* Loads the pack, checks the prompt against it and sizes a one-sequence backend. */
-static int session_open(const char *cmd, const run_flags *f, long long extra, session *s)
+/* Loads the pack, checks the prompt s->ids against it and sizes a one-sequence backend. */
+static int session_start(const char *cmd, const run_flags *f, long long extra, session *s)
 {
     muse_err e = {{0}};
-    memset(s, 0, sizeof *s);
-    if (!f->tokens) return bad(cmd, "--tokens 1,2,3 is required");
-    if (muse_parse_ids("--tokens", f->tokens, &s->ids, &s->n, &e)) return bad(cmd, e.msg);
     if (muse_model_load(f->model, &s->model, &e)) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
         return 2;
@@ -149,6 +151,16 @@ static int session_open(const char *cmd, const run_flags *f, long long extra, se
     return -1;
 }
 
+/* session_start with the prompt of --tokens. */
+static int session_open(const char *cmd, const run_flags *f, long long extra, session *s)
+{
+    muse_err e = {{0}};
+    memset(s, 0, sizeof *s);
+    if (!f->tokens) return bad(cmd, "--tokens 1,2,3 is required");
+    if (muse_parse_ids("--tokens", f->tokens, &s->ids, &s->n, &e)) return bad(cmd, e.msg);
+    return session_start(cmd, f, extra, s);
+}
+
 /* Feeds ids[0..n) at positions start.. in chunks of max_rows; calls back each chunk's logits. */
 typedef int (*chunk_fn)(void *ctx, const float *logits, long rows);
 static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all_logits,
@@ -167,7 +179,8 @@ static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all
             seq[r] = 0;
         }
         if (muse_kv_ensure(&s->be->kv, 0, pos[rows - 1] + 1))
-            return muse_fail(e, "the KV pool has no room for position %lld", (long long)pos[rows - 1]);
+            return muse_fail(e, "the KV pool has no room for position %lld",
+                             (long long)pos[rows - 1]);
         muse_batch b = {rows, ids + at, pos, seq, want};
         const float *lg = muse_forward_run(s->fwd, &b, e);
         if (!lg) return -1;
@@ -320,16 +333,20 @@ static void print_kv_pool(const muse_model *m)
 {
     const muse_config *c = &m->cfg;
     muse_err e = {{0}};
-    muse_backend_opts o = {.max_rows = 1, .max_seqs = 1, .context = MUSE_KV_BLOCK, .threads = 1, .kv_blocks = 1};
+    muse_backend_opts o = {
+        .max_rows = 1, .max_seqs = 1, .context = MUSE_KV_BLOCK, .threads = 1, .kv_blocks = 1};
     muse_backend *be = muse_cpu_backend_create(m, &o, &e);
     if (!be) return;
     uint64_t theory_full = 0, KV = (uint64_t)(c->n_kv_heads * c->head_dim);
-    for (int64_t i = 0; i < c->num_layers; i++) theory_full += c->attn_kind[i] == MUSE_ATTN_FULL ? 2 * KV * 2 : 0;
+    for (int64_t i = 0; i < c->num_layers; i++)
+        theory_full += c->attn_kind[i] == MUSE_ATTN_FULL ? 2 * KV * 2 : 0;
     printf("kv pool a token     %llu (full-attention layers, paged in blocks of %d); theory %llu\n",
-           (unsigned long long)(be->kv_block_bytes / MUSE_KV_BLOCK), MUSE_KV_BLOCK, (unsigned long long)theory_full);
+           (unsigned long long)(be->kv_block_bytes / MUSE_KV_BLOCK), MUSE_KV_BLOCK,
+           (unsigned long long)theory_full);
     printf("kv sliding a stream %llu (sliding layers: a ring of sliding_window + rows a round - 1\n"
            "                    positions; this figure is for 1 row a round)\n",
-           (unsigned long long)((muse_kv_bytes_per_token(c) - theory_full) * (uint64_t)c->sliding_window));
+           (unsigned long long)((muse_kv_bytes_per_token(c) - theory_full) *
+                                (uint64_t)c->sliding_window));
     muse_cpu_backend_destroy(be);
 }
 
@@ -375,4 +392,164 @@ int muse_cmd_inspect(int argc, char **argv)
     printf("\n");
     muse_model_free(&m);
     return 0;
+}
+
+/* ---- chat: render, generate, parse ---- */
+
+typedef struct {
+    cJSON *msg; /* the OpenAI message being built */
+    muse_buf content, reasoning;
+    cJSON *calls;
+    const char *finish;
+} chat_out;
+
+static void chat_event(void *ctx, const muse_reply_ev *ev)
+{
+    chat_out *o = ctx;
+    switch (ev->kind) {
+    case MUSE_EV_REASONING:
+        muse_buf_add(&o->reasoning, ev->text, ev->len);
+        break;
+    case MUSE_EV_CONTENT:
+        if (ev->unsplit) o->reasoning.len = 0; /* the whole turn is content */
+        muse_buf_add(&o->content, ev->text, ev->len);
+        break;
+    case MUSE_EV_TOOL_CALL:
+        if (!o->calls) o->calls = cJSON_CreateArray();
+        cJSON_AddItemToArray(o->calls, muse_oa_tool_call(ev->call_id, ev->name, ev->arguments));
+        break;
+    case MUSE_EV_FINISH:
+        o->finish = ev->finish_reason;
+        break;
+    }
+}
+
+static const char chat_help[] =
+    "usage: muse-engine chat --model DIR --messages FILE.json [--tokenizer FILE] [--max-tokens N]\n"
+    "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+    "Renders the messages in the Muse chat format, generates until a stop id (or N tokens, "
+    "default\n"
+    "16), and prints the parsed reply as an OpenAI assistant message (content, reasoning_content,\n"
+    "tool_calls) with finish_reason. FILE.json is a messages array, or an object with messages,\n"
+    "tools and reasoning_effort. The tokenizer defaults to DIR/tokenizer.json.\n";
+
+/* Reads --messages into the renderer's ids; 0 or an exit code. */
+static int chat_prompt(const run_flags *f, const muse_tokenizer *tok, session *s, char ***fn,
+                       size_t *nfn)
+{
+    muse_err e = {{0}};
+    char *text;
+    size_t len;
+    if (muse_read_file(f->messages, 64 << 20, &text, &len, &e)) return bad("chat", e.msg);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *messages =
+        cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "messages");
+    const cJSON *tools =
+        cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "tools") : NULL;
+    const char *effort =
+        cJSON_IsObject(root)
+            ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort"))
+            : NULL;
+    if (!cJSON_IsArray(messages)) {
+        cJSON_Delete(root);
+        return bad("chat",
+                   "--messages: the file must hold a JSON messages array or an object with one");
+    }
+    muse_chat_ids ids;
+    muse_chat_render r = {0};
+    int rc = muse_chat_ids_from_tokenizer(tok, &ids, &e) ||
+             muse_chat_render_messages(messages, tools, effort, &ids, &r, &e) ||
+             muse_chat_render_tokens(&r, tok, &s->ids, &s->n, &e);
+    if (!rc && r.nfn) {
+        *fn = MUSE_CALLOC(r.nfn, sizeof **fn);
+        for (size_t i = 0; i < r.nfn; i++) (*fn)[i] = strdup(r.fn_names[i]);
+        *nfn = r.nfn;
+    }
+    muse_chat_render_free(&r);
+    cJSON_Delete(root);
+    if (rc) {
+        fprintf(stderr, "muse-engine chat: --messages: %s\n", e.msg);
+        return 2;
+    }
+    return 0;
+}
+
+int muse_cmd_chat(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("chat", argc, argv, &f, chat_help);
+    if (rc >= 0) return rc;
+    if (!f.messages) return bad("chat", "--messages FILE.json is required");
+    char tokpath[4096];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", f.model);
+    muse_err e = {{0}};
+    muse_tokenizer *tok = NULL;
+    if (muse_tokenizer_load(f.tokenizer ? f.tokenizer : tokpath, &tok, &e)) {
+        fprintf(stderr, "muse-engine chat: %s\n", e.msg);
+        return 2;
+    }
+    session s;
+    memset(&s, 0, sizeof s);
+    char **fn = NULL;
+    size_t nfn = 0;
+    rc = chat_prompt(&f, tok, &s, &fn, &nfn);
+    if (rc == 0) rc = session_start("chat", &f, f.max_tokens, &s);
+    if (rc >= 0) goto out;
+    chat_out o = {0};
+    muse_reply_config rcfg = {.function_names = (const char *const *)fn,
+                              .nfunction_names = nfn,
+                              .parallel_tool_calls = 1,
+                              .call_id_seed = (uint64_t)f.seed,
+                              .token_bytes = muse_tokenizer_text_bytes,
+                              .token_ctx = tok,
+                              .emit = chat_event,
+                              .emit_ctx = &o};
+    int32_t eos[MUSE_MAX_EOS];
+    for (int i = 0; i < s.model.cfg.n_eos; i++) eos[i] = (int32_t)s.model.cfg.eos_ids[i];
+    rcfg.stop_ids = eos;
+    rcfg.nstop_ids = (size_t)s.model.cfg.n_eos;
+    muse_reply *reply = NULL;
+    if (muse_chat_ids_from_tokenizer(tok, &rcfg.ids, &e) || muse_reply_create(&rcfg, &reply, &e)) {
+        fprintf(stderr, "muse-engine chat: %s\n", e.msg);
+        rc = 2;
+        goto out;
+    }
+    gen_state g = {.sampler = muse_sampler_create(s.model.cfg.vocab_size),
+                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
+                              (uint64_t)f.seed},
+                   .position = (int64_t)s.n};
+    rc = 0;
+    bool stopped = f.max_tokens == 0 || feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e);
+    for (long long i = 0; !stopped && i < f.max_tokens; i++) {
+        if (muse_reply_push(reply, g.next)) break;
+        if (i + 1 == f.max_tokens) break;
+        int32_t tok_id = g.next;
+        g.position++;
+        if (feed(&s, &tok_id, 1, g.position - 1, 0, sample_last, &g, &e)) rc = 1;
+        stopped = rc != 0;
+    }
+    muse_reply_finish(reply, "length");
+    cJSON *msg = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "role", "assistant");
+    muse_buf_add(&o.content, "", 0);
+    cJSON_AddStringToObject(msg, "content", o.content.p);
+    if (o.reasoning.len) cJSON_AddStringToObject(msg, "reasoning_content", o.reasoning.p);
+    if (o.calls) cJSON_AddItemToObject(msg, "tool_calls", o.calls);
+    cJSON_AddStringToObject(msg, "finish_reason", o.finish ? o.finish : "length");
+    char *json = cJSON_Print(msg);
+    puts(json);
+    free(json);
+    cJSON_Delete(msg);
+    free(o.content.p);
+    free(o.reasoning.p);
+    muse_reply_destroy(reply);
+    muse_sampler_destroy(g.sampler);
+    if (rc) fprintf(stderr, "muse-engine chat: %s\n", e.msg);
+out:
+    for (size_t i = 0; i < nfn; i++) free(fn[i]);
+    free(fn);
+    session_close(&s);
+    muse_tokenizer_free(tok);
+    return rc;
 }

@@ -5,5 +5,6 @@
 int muse_cmd_logits(int argc, char **argv);
 int muse_cmd_generate(int argc, char **argv);
 int muse_cmd_inspect(int argc, char **argv);
+int muse_cmd_chat(int argc, char **argv);
 
 #endif

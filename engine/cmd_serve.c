@@ -33,7 +33,8 @@ static const char serve_help[] =
     "                         [--group GROUP] [--reserve-gib X] [--drain-ms N]\n"
     "                         [--prompt-cache-gib X] [--kv-blocks N]\n"
     "                         [--backend cpu|script] [--tokenizer FILE] [--script FILE]\n"
-    "Serves a pack to ngx_muse_module through a shared-memory segment (--shm, default /muse-engine)\n"
+    "Serves a pack to ngx_muse_module through a shared-memory segment (--shm, default "
+    "/muse-engine)\n"
     "and a unix socket (--listen), both 0660 for --group (the nginx workers' group).\n"
     "  --streams N      streams decoded together (lanes), default 4\n"
     "  --queue N        requests waiting behind them, default 16 (more get 503 with Retry-After)\n"
@@ -57,19 +58,38 @@ static int bad(const char *msg)
 
 static int parse_flags(int argc, char **argv, serve_flags *f)
 {
-    static const struct option opts[] = {
-        {"model", 1, 0, 'm'}, {"tokenizer", 1, 0, 'T'}, {"listen", 1, 0, 'l'}, {"shm", 1, 0, 's'},
-        {"backend", 1, 0, 'b'}, {"script", 1, 0, 'S'}, {"model-id", 1, 0, 'i'}, {"group", 1, 0, 'g'},
-        {"streams", 1, 0, 'n'}, {"queue", 1, 0, 'q'}, {"context", 1, 0, 'c'}, {"max-rows", 1, 0, 'r'},
-        {"threads", 1, 0, 'j'}, {"script-delay-ms", 1, 0, 'd'}, {"drain-ms", 1, 0, 'D'},
-        {"reserve-gib", 1, 0, 'R'}, {"prompt-cache-gib", 1, 0, 'P'}, {"kv-blocks", 1, 0, 'K'},
+    static const struct option opts[] = {{"model", 1, 0, 'm'},
+                                         {"tokenizer", 1, 0, 'T'},
+                                         {"listen", 1, 0, 'l'},
+                                         {"shm", 1, 0, 's'},
+                                         {"backend", 1, 0, 'b'},
+                                         {"script", 1, 0, 'S'},
+                                         {"model-id", 1, 0, 'i'},
+                                         {"group", 1, 0, 'g'},
+                                         {"streams", 1, 0, 'n'},
+                                         {"queue", 1, 0, 'q'},
+                                         {"context", 1, 0, 'c'},
+                                         {"max-rows", 1, 0, 'r'},
+                                         {"threads", 1, 0, 'j'},
+                                         {"script-delay-ms", 1, 0, 'd'},
+                                         {"drain-ms", 1, 0, 'D'},
+                                         {"reserve-gib", 1, 0, 'R'},
+                                         {"prompt-cache-gib", 1, 0, 'P'},
+                                         {"kv-blocks", 1, 0, 'K'},
 #ifdef MUSE_TEST_HOOKS
-        {"fault-after-tokens", 1, 0, 'F'},
+                                         {"fault-after-tokens", 1, 0, 'F'},
 #endif
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                                         {"help", 0, 0, 'h'},
+                                         {0, 0, 0, 0}};
     const char *env_reserve = getenv("MUSE_RESERVE_GIB");
-    *f = (serve_flags){.shm = "/muse-engine", .backend = "cpu", .streams = 4, .queue = 16,
-                       .max_rows = 256, .drain_ms = 30000, .prompt_cache_gib = 1, .reserve_gib = env_reserve ? atof(env_reserve) : 0};
+    *f = (serve_flags){.shm = "/muse-engine",
+                       .backend = "cpu",
+                       .streams = 4,
+                       .queue = 16,
+                       .max_rows = 256,
+                       .drain_ms = 30000,
+                       .prompt_cache_gib = 1,
+                       .reserve_gib = env_reserve ? atof(env_reserve) : 0};
     muse_err e = {{0}};
     int ch;
     optind = 1;
@@ -77,27 +97,70 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         int rc = 0;
         switch (ch) {
-        case 'm': f->model = optarg; break;
-        case 'T': f->tokenizer = optarg; break;
-        case 'l': f->listen = optarg; break;
-        case 's': f->shm = optarg; break;
-        case 'b': f->backend = optarg; break;
-        case 'S': f->script = optarg; break;
-        case 'i': f->model_id = optarg; break;
-        case 'g': f->group = optarg; break;
-        case 'n': rc = muse_parse_long("--streams", optarg, 1, 4096, &f->streams, &e); break;
-        case 'q': rc = muse_parse_long("--queue", optarg, 0, 4096, &f->queue, &e); break;
-        case 'c': rc = muse_parse_long("--context", optarg, 1, 1 << 30, &f->context, &e); break;
-        case 'r': rc = muse_parse_long("--max-rows", optarg, 1, 4096, &f->max_rows, &e); break;
-        case 'j': rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e); break;
-        case 'd': rc = muse_parse_long("--script-delay-ms", optarg, 0, 10000, &f->script_delay_ms, &e); break;
-        case 'D': rc = muse_parse_long("--drain-ms", optarg, 0, 3600000, &f->drain_ms, &e); break;
-        case 'F': rc = muse_parse_long("--fault-after-tokens", optarg, 1, 1 << 30, &f->fault_after_tokens, &e); break;
-        case 'R': rc = muse_parse_double("--reserve-gib", optarg, 0, 1 << 20, &f->reserve_gib, &e); break;
-        case 'P': rc = muse_parse_double("--prompt-cache-gib", optarg, 0, 1 << 20, &f->prompt_cache_gib, &e); break;
-        case 'K': rc = muse_parse_long("--kv-blocks", optarg, 1, INT32_MAX, &f->kv_blocks, &e); break;
-        case 'h': fputs(serve_help, stdout); return 0;
-        default: return bad("unknown option or missing value");
+        case 'm':
+            f->model = optarg;
+            break;
+        case 'T':
+            f->tokenizer = optarg;
+            break;
+        case 'l':
+            f->listen = optarg;
+            break;
+        case 's':
+            f->shm = optarg;
+            break;
+        case 'b':
+            f->backend = optarg;
+            break;
+        case 'S':
+            f->script = optarg;
+            break;
+        case 'i':
+            f->model_id = optarg;
+            break;
+        case 'g':
+            f->group = optarg;
+            break;
+        case 'n':
+            rc = muse_parse_long("--streams", optarg, 1, 4096, &f->streams, &e);
+            break;
+        case 'q':
+            rc = muse_parse_long("--queue", optarg, 0, 4096, &f->queue, &e);
+            break;
+        case 'c':
+            rc = muse_parse_long("--context", optarg, 1, 1 << 30, &f->context, &e);
+            break;
+        case 'r':
+            rc = muse_parse_long("--max-rows", optarg, 1, 4096, &f->max_rows, &e);
+            break;
+        case 'j':
+            rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
+            break;
+        case 'd':
+            rc = muse_parse_long("--script-delay-ms", optarg, 0, 10000, &f->script_delay_ms, &e);
+            break;
+        case 'D':
+            rc = muse_parse_long("--drain-ms", optarg, 0, 3600000, &f->drain_ms, &e);
+            break;
+        case 'F':
+            rc = muse_parse_long("--fault-after-tokens", optarg, 1, 1 << 30, &f->fault_after_tokens,
+                                 &e);
+            break;
+        case 'R':
+            rc = muse_parse_double("--reserve-gib", optarg, 0, 1 << 20, &f->reserve_gib, &e);
+            break;
+        case 'P':
+            rc = muse_parse_double("--prompt-cache-gib", optarg, 0, 1 << 20, &f->prompt_cache_gib,
+                                   &e);
+            break;
+        case 'K':
+            rc = muse_parse_long("--kv-blocks", optarg, 1, INT32_MAX, &f->kv_blocks, &e);
+            break;
+        case 'h':
+            fputs(serve_help, stdout);
+            return 0;
+        default:
+            return bad("unknown option or missing value");
         }
         if (rc) return bad(e.msg);
     }
@@ -107,7 +170,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     if (!script && strcmp(f->backend, "cpu") != 0) return bad("--backend must be cpu or script");
     if (script && !f->script) return bad("--backend script needs --script FILE");
     if (!script && !f->model) return bad("--model DIR is required");
-    if (script && !f->model && !f->tokenizer) return bad("--backend script needs --tokenizer FILE or --model DIR");
+    if (script && !f->model && !f->tokenizer)
+        return bad("--backend script needs --tokenizer FILE or --model DIR");
     return -1;
 }
 
@@ -140,7 +204,8 @@ static int load_script(const char *path, int32_t ***seqs, size_t **lens, size_t 
         (*lens)[i] = (size_t)m;
         int j = 0;
         const cJSON *id;
-        cJSON_ArrayForEach(id, seq)(*seqs)[i][j++] = (int32_t)(cJSON_IsNumber(id) ? id->valuedouble : 0);
+        cJSON_ArrayForEach(id, seq)(*seqs)[i][j++] =
+            (int32_t)(cJSON_IsNumber(id) ? id->valuedouble : 0);
         i++;
     }
     cJSON_Delete(root);
@@ -196,28 +261,38 @@ static void publish_health(health_ctx *h)
     uint64_t per_lane = f->streams ? kv / (uint64_t)f->streams : 0;
     uint64_t left = per_lane * (uint64_t)(st.max - st.running);
     int busy = h->srv ? muse_server_busy_slots(h->srv) : 0;
-    const char *status = h->state == 0 ? "starting" : h->state == 2 ? "down" : (avail && avail < reserve ? "degraded" : "ok");
+    const char *status = h->state == 0   ? "starting"
+                         : h->state == 2 ? "down"
+                                         : (avail && avail < reserve ? "degraded" : "ok");
     char json[8192], hist[2][1024];
     if (muse_hist_json(&st.ttft_seconds, "ttft_seconds", hist[0], sizeof hist[0]) < 0 ||
-        muse_hist_json(&st.decode_tokens_per_second, "decode_tokens_per_second", hist[1], sizeof hist[1]) < 0)
+        muse_hist_json(&st.decode_tokens_per_second, "decode_tokens_per_second", hist[1],
+                       sizeof hist[1]) < 0)
         hist[0][0] = hist[1][0] = 0;
-    int n = snprintf(json, sizeof json,
-        "{\"status\":\"%s\",\"model\":\"%s\",\"engine\":{\"pid\":%d,\"version\":\"%s\",\"uptime_s\":%.0f,\"heartbeat_age_ms\":0,\"backend\":\"%s\"},"
+    int n = snprintf(
+        json, sizeof json,
+        "{\"status\":\"%s\",\"model\":\"%s\",\"engine\":{\"pid\":%d,\"version\":\"%s\",\"uptime_"
+        "s\":%.0f,\"heartbeat_age_ms\":0,\"backend\":\"%s\"},"
         "\"streams\":{\"running\":%d,\"queued\":%d,\"max\":%d},\"context_length\":%lld,"
-        "\"prompt_cache\":{\"gib\":%g,\"used_bytes\":%llu,\"entries\":%llu,\"hits\":%llu,\"misses\":%llu},"
-        "\"ranks\":[{\"rank\":0,\"device\":\"cpu\",\"arch\":\"x86_64\",\"memory\":{\"total_bytes\":%llu,\"weights_bytes\":%llu,"
-        "\"kv_bytes\":%llu,\"prompt_cache_bytes\":%llu,\"workspace_bytes\":%llu,\"reserve_bytes\":%llu,\"free_bytes\":%llu,"
+        "\"prompt_cache\":{\"gib\":%g,\"used_bytes\":%llu,\"entries\":%llu,\"hits\":%llu,"
+        "\"misses\":%llu},"
+        "\"ranks\":[{\"rank\":0,\"device\":\"cpu\",\"arch\":\"x86_64\",\"memory\":{\"total_bytes\":"
+        "%llu,\"weights_bytes\":%llu,"
+        "\"kv_bytes\":%llu,\"prompt_cache_bytes\":%llu,\"workspace_bytes\":%llu,\"reserve_bytes\":%"
+        "llu,\"free_bytes\":%llu,"
         "\"left_for_streams_bytes\":%llu,\"peak_bytes\":%llu}}],"
-        "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,\"cancelled\":%llu},"
+        "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,"
+        "\"cancelled\":%llu},"
         "\"histograms\":{%s%s%s}}",
         status, f->model_id, (int)getpid(), MUSE_VERSION, now_s() - h->started, f->backend,
         st.running, busy > st.running ? busy - st.running : 0, st.max, (long long)f->context,
         h->sched && st.cache_budget ? f->prompt_cache_gib : 0.0, (unsigned long long)st.cache_bytes,
-        (unsigned long long)st.cache_entries, (unsigned long long)st.cache_hits, (unsigned long long)st.cache_misses,
-        (unsigned long long)total, (unsigned long long)weights, (unsigned long long)kv,
-        (unsigned long long)st.cache_bytes, (unsigned long long)ws, (unsigned long long)reserve, (unsigned long long)avail,
-        (unsigned long long)left, (unsigned long long)proc_kb("/proc/self/status", "VmHWM:"),
-        (unsigned long long)st.requests, (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
+        (unsigned long long)st.cache_entries, (unsigned long long)st.cache_hits,
+        (unsigned long long)st.cache_misses, (unsigned long long)total, (unsigned long long)weights,
+        (unsigned long long)kv, (unsigned long long)st.cache_bytes, (unsigned long long)ws,
+        (unsigned long long)reserve, (unsigned long long)avail, (unsigned long long)left,
+        (unsigned long long)proc_kb("/proc/self/status", "VmHWM:"), (unsigned long long)st.requests,
+        (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
         (unsigned long long)st.errors, (unsigned long long)st.cancelled, hist[0],
         hist[0][0] && hist[1][0] ? "," : "", hist[0][0] ? hist[1] : "");
     if (n > 0 && (size_t)n < sizeof json) muse_server_set_health(h->srv, json, (size_t)n);
@@ -267,8 +342,10 @@ int muse_cmd_serve(int argc, char **argv)
     bool health_running = false;
     rc = 1;
 
-    muse_server_opts so = {.shm_name = f.shm, .socket_path = f.listen,
-                           .slots = (int)(f.streams + f.queue), .socket_gid = (int)gid};
+    muse_server_opts so = {.shm_name = f.shm,
+                           .socket_path = f.listen,
+                           .slots = (int)(f.streams + f.queue),
+                           .socket_gid = (int)gid};
     if (muse_server_start(&so, &srv, &e)) goto fail;
     h.srv = srv;
     publish_health(&h);
@@ -280,29 +357,43 @@ int muse_cmd_serve(int argc, char **argv)
     } else {
         if (muse_model_load(f.model, &model, &e)) goto fail;
         h.model = &model;
-        if (!f.context) f.context = model.cfg.max_position_embeddings < 4096 ? model.cfg.max_position_embeddings : 4096;
+        if (!f.context)
+            f.context =
+                model.cfg.max_position_embeddings < 4096 ? model.cfg.max_position_embeddings : 4096;
         if (f.context > model.cfg.max_position_embeddings) {
-            muse_fail(&e, "--context %lld exceeds the pack's max_position_embeddings %lld", f.context, (long long)model.cfg.max_position_embeddings);
+            muse_fail(&e, "--context %lld exceeds the pack's max_position_embeddings %lld",
+                      f.context, (long long)model.cfg.max_position_embeddings);
             goto fail;
         }
         /* the pool holds every stream's context, plus what the prompt cache may keep */
         uint64_t block_bytes = 0;
         for (int64_t i = 0; i < model.cfg.num_layers; i++)
             if (model.cfg.attn_kind[i] == MUSE_ATTN_FULL)
-                block_bytes += 2ull * MUSE_KV_BLOCK * (uint64_t)(model.cfg.n_kv_heads * model.cfg.head_dim) * 2;
+                block_bytes += 2ull * MUSE_KV_BLOCK *
+                               (uint64_t)(model.cfg.n_kv_heads * model.cfg.head_dim) * 2;
         int64_t per_seq = (f.context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
         int64_t blocks = f.kv_blocks ? f.kv_blocks : f.streams * per_seq;
-        if (!f.kv_blocks && block_bytes) blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
+        if (!f.kv_blocks && block_bytes)
+            blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
         if (blocks > INT32_MAX) blocks = INT32_MAX;
-        muse_backend_opts bo = {.max_rows = (long)f.max_rows, .max_seqs = (int)f.streams, .context = f.context, .threads = (int)f.threads, .kv_blocks = blocks};
+        muse_backend_opts bo = {.max_rows = (long)f.max_rows,
+                                .max_seqs = (int)f.streams,
+                                .context = f.context,
+                                .threads = (int)f.threads,
+                                .kv_blocks = blocks};
         if (!(be = muse_cpu_backend_create(&model, &bo, &e))) goto fail;
         h.be = be;
         fwd = muse_forward_create(be);
     }
-    muse_sched_opts o = {.streams = (int)f.streams, .max_rows = (long)f.max_rows, .context = f.context,
-                         .model_id = f.model_id, .script = (const int32_t *const *)script_seqs,
-                         .script_len = script_lens, .n_script = n_script,
-                         .script_delay_ms = (int)f.script_delay_ms, .fault_after_tokens = (long)f.fault_after_tokens,
+    muse_sched_opts o = {.streams = (int)f.streams,
+                         .max_rows = (long)f.max_rows,
+                         .context = f.context,
+                         .model_id = f.model_id,
+                         .script = (const int32_t *const *)script_seqs,
+                         .script_len = script_lens,
+                         .n_script = n_script,
+                         .script_delay_ms = (int)f.script_delay_ms,
+                         .fault_after_tokens = (long)f.fault_after_tokens,
                          .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0)};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
@@ -312,7 +403,8 @@ int muse_cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     muse_server_set_state(srv, MUSE_ENGINE_SERVING);
     h.state = 1;
-    fprintf(stderr, "muse-engine serve: serving %s on %s (%lld streams, context %lld, %s backend)\n",
+    fprintf(stderr,
+            "muse-engine serve: serving %s on %s (%lld streams, context %lld, %s backend)\n",
             f.model_id, f.listen, f.streams, f.context, f.backend);
     muse_sched_run(sched, &stopping, (int)f.drain_ms);
     h.state = 2;

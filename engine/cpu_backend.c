@@ -409,8 +409,10 @@ static void sliding_copy(cpu_backend *c, int seq, int64_t end_pos, uint16_t *buf
             uint16_t *cache = kv ? c->v_cache[i] : c->k_cache[i];
             for (int64_t s = sliding_first(cfg, end_pos); s < end_pos; s++, buf += KV) {
                 uint16_t *row = cache + kv_offset(c, i, seq, s, KV);
-                if (save) memcpy(buf, row, (size_t)KV * sizeof *buf);
-                else memcpy(row, buf, (size_t)KV * sizeof *buf);
+                if (save)
+                    memcpy(buf, row, (size_t)KV * sizeof *buf);
+                else
+                    memcpy(row, buf, (size_t)KV * sizeof *buf);
             }
         }
     }
@@ -517,7 +519,8 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
         if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING) {
             int64_t cap = o->context;
             if (cfg->sliding_window + R - 1 < cap)
-                cap = cfg->sliding_window + R - 1; /* a ring: a chunk never overwrites keys it reads */
+                cap = cfg->sliding_window + R -
+                      1; /* a ring: a chunk never overwrites keys it reads */
             c->kv_cap[i] = cap;
             n = (size_t)o->max_seqs * (size_t)cap * (size_t)KV;
         } else {

@@ -39,9 +39,15 @@ muse_forward *muse_forward_create(muse_backend *be)
 }
 
 /* The buffers belong to the backend. */
-void muse_forward_destroy(muse_forward *f) { free(f); }
+void muse_forward_destroy(muse_forward *f)
+{
+    free(f);
+}
 
-muse_backend *muse_forward_backend(const muse_forward *f) { return f->be; }
+muse_backend *muse_forward_backend(const muse_forward *f)
+{
+    return f->be;
+}
 
 static int check_batch(const muse_forward *f, const muse_batch *b, muse_err *e)
 {

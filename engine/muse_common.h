@@ -65,6 +65,24 @@ static inline void *muse_xcalloc(size_t n, size_t sz, const char *file, int line
 #define MUSE_MALLOC(n)     muse_xmalloc((n), __FILE__, __LINE__)
 #define MUSE_CALLOC(n, sz) muse_xcalloc((n), (sz), __FILE__, __LINE__)
 
+/* Growable bytes, always NUL-terminated once written. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} muse_buf;
+
+static inline void muse_buf_add(muse_buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->p = (char *)realloc(b->p, b->cap);
+        MUSE_CHECK(b->p);
+    }
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
 /* ---- fp16 / bf16: exact IEEE conversions, round to nearest even ---- */
 
 static inline float muse_bits_to_f32(uint32_t u)

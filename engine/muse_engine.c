@@ -15,6 +15,7 @@ static const subcommand subcommands[] = {
     {"logits", muse_cmd_logits, "fp32 logits of every position of a prompt"},
     {"generate", muse_cmd_generate, "generate token ids from a prompt"},
     {"inspect", muse_cmd_inspect, "config, parameters, bytes and layers of a pack"},
+    {"chat", muse_cmd_chat, "render messages, generate, print the parsed reply"},
     {"tokenize", muse_cmd_tokenize, "text to token ids with a pack's tokenizer.json"},
     {"detokenize", muse_cmd_detokenize, "token ids to text"},
 };

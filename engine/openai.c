@@ -6,8 +6,9 @@ static cJSON *base(const muse_oa_ctx *c, bool chunk)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", c->id);
-    const char *object = c->kind == MUSE_KIND_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                                                   : "text_completion";
+    const char *object = c->kind == MUSE_KIND_CHAT
+                             ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                             : "text_completion";
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)c->created);
     cJSON_AddStringToObject(o, "model", c->model);
@@ -61,7 +62,8 @@ char *muse_oa_role_chunk(const muse_oa_ctx *c)
     cJSON *o = chunk_with_delta(c, &delta);
     cJSON_AddStringToObject(delta, "role", "assistant");
     cJSON_AddStringToObject(delta, "content", "");
-    cJSON_AddNullToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "finish_reason");
+    cJSON_AddNullToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
+                          "finish_reason");
     return print(o);
 }
 
@@ -70,7 +72,8 @@ char *muse_oa_delta_chunk(const muse_oa_ctx *c, const char *field, const char *t
     cJSON *delta;
     cJSON *o = chunk_with_delta(c, &delta);
     cJSON_AddItemToObject(delta, c->kind == MUSE_KIND_CHAT ? field : "text", string_n(text, len));
-    cJSON_AddNullToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "finish_reason");
+    cJSON_AddNullToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
+                          "finish_reason");
     return print(o);
 }
 
@@ -94,7 +97,8 @@ char *muse_oa_tool_chunk(const muse_oa_ctx *c, int index, const char *id, const 
     cJSON *call = muse_oa_tool_call(id, name, arguments);
     cJSON_AddNumberToObject(call, "index", index);
     cJSON_AddItemToArray(calls, call);
-    cJSON_AddNullToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "finish_reason");
+    cJSON_AddNullToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
+                          "finish_reason");
     return print(o);
 }
 
@@ -115,8 +119,10 @@ static void add_usage(cJSON *o, const muse_oa_usage *u)
     cJSON_AddNumberToObject(us, "prompt_tokens", (double)u->prompt_tokens);
     cJSON_AddNumberToObject(us, "completion_tokens", (double)u->completion_tokens);
     cJSON_AddNumberToObject(us, "total_tokens", (double)(u->prompt_tokens + u->completion_tokens));
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(us, "prompt_tokens_details"), "cached_tokens", (double)u->cached_tokens);
-    cJSON_AddNumberToObject(cJSON_AddObjectToObject(us, "completion_tokens_details"), "reasoning_tokens", (double)u->reasoning_tokens);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(us, "prompt_tokens_details"), "cached_tokens",
+                            (double)u->cached_tokens);
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(us, "completion_tokens_details"),
+                            "reasoning_tokens", (double)u->reasoning_tokens);
 }
 
 char *muse_oa_finish_chunk(const muse_oa_ctx *c, const char *finish_reason, const muse_oa_muse *m)
@@ -124,7 +130,8 @@ char *muse_oa_finish_chunk(const muse_oa_ctx *c, const char *finish_reason, cons
     cJSON *delta;
     cJSON *o = chunk_with_delta(c, &delta);
     if (c->kind != MUSE_KIND_CHAT) cJSON_AddStringToObject(delta, "text", "");
-    cJSON_AddStringToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), "finish_reason", finish_reason);
+    cJSON_AddStringToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
+                            "finish_reason", finish_reason);
     add_muse(o, m);
     return print(o);
 }
@@ -146,9 +153,12 @@ char *muse_oa_response(const muse_oa_ctx *c, const char *content, size_t content
     if (c->kind == MUSE_KIND_CHAT) {
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
-        if (content_len || !tool_calls) cJSON_AddItemToObject(msg, "content", string_n(content, content_len));
-        else cJSON_AddNullToObject(msg, "content");
-        if (reasoning_len) cJSON_AddItemToObject(msg, "reasoning_content", string_n(reasoning, reasoning_len));
+        if (content_len || !tool_calls)
+            cJSON_AddItemToObject(msg, "content", string_n(content, content_len));
+        else
+            cJSON_AddNullToObject(msg, "content");
+        if (reasoning_len)
+            cJSON_AddItemToObject(msg, "reasoning_content", string_n(reasoning, reasoning_len));
         if (tool_calls) cJSON_AddItemToObject(msg, "tool_calls", cJSON_Duplicate(tool_calls, 1));
     } else {
         cJSON_AddItemToObject(ch, "text", string_n(content, content_len));
@@ -166,9 +176,13 @@ char *muse_oa_error(const muse_api_error *err)
     cJSON *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "message", err->message);
     cJSON_AddStringToObject(e, "type", err->type ? err->type : "server_error");
-    if (err->param[0]) cJSON_AddStringToObject(e, "param", err->param);
-    else cJSON_AddNullToObject(e, "param");
-    if (err->code) cJSON_AddStringToObject(e, "code", err->code);
-    else cJSON_AddNullToObject(e, "code");
+    if (err->param[0])
+        cJSON_AddStringToObject(e, "param", err->param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (err->code)
+        cJSON_AddStringToObject(e, "code", err->code);
+    else
+        cJSON_AddNullToObject(e, "code");
     return print(o);
 }

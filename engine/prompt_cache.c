@@ -47,8 +47,8 @@ void muse_pcache_destroy(muse_pcache *pc)
     free(pc);
 }
 
-void muse_pcache_keys(const char *scope, size_t scope_len, const int32_t *tokens,
-                      int64_t n_blocks, uint8_t (*keys)[32])
+void muse_pcache_keys(const char *scope, size_t scope_len, const int32_t *tokens, int64_t n_blocks,
+                      uint8_t (*keys)[32])
 {
     uint8_t prev[32];
     muse_sha256 s;
@@ -120,7 +120,8 @@ int muse_pcache_evict_one(muse_pcache *pc)
 {
     size_t oldest = SIZE_MAX;
     for (size_t i = 0; i < pc->cap; i++)
-        if (pc->slots[i].blocks && (oldest == SIZE_MAX || pc->slots[i].last_used < pc->slots[oldest].last_used))
+        if (pc->slots[i].blocks &&
+            (oldest == SIZE_MAX || pc->slots[i].last_used < pc->slots[oldest].last_used))
             oldest = i;
     if (oldest == SIZE_MAX) return 0;
     drop(pc, oldest);
@@ -130,13 +131,15 @@ int muse_pcache_evict_one(muse_pcache *pc)
 int muse_pcache_insert(muse_pcache *pc, const uint8_t key[32], int64_t n_blocks,
                        const int32_t *blocks, void *sliding, size_t sliding_bytes)
 {
-    uint64_t bytes = (uint64_t)n_blocks * pc->block_bytes + sliding_bytes + sizeof(muse_pcache_entry);
+    uint64_t bytes =
+        (uint64_t)n_blocks * pc->block_bytes + sliding_bytes + sizeof(muse_pcache_entry);
     if (n_blocks <= 0 || bytes > pc->budget || lookup(pc, key) != SIZE_MAX) {
         free(sliding);
         return 0;
     }
     while (pc->used + bytes > pc->budget && muse_pcache_evict_one(pc)) continue;
-    if (2 * (pc->live + pc->tombs + 1) > pc->cap) rehash(pc, 2 * (pc->live + 1) > pc->cap / 2 ? pc->cap * 2 : pc->cap);
+    if (2 * (pc->live + pc->tombs + 1) > pc->cap)
+        rehash(pc, 2 * (pc->live + 1) > pc->cap / 2 ? pc->cap * 2 : pc->cap);
     size_t i = home(pc, key);
     while (pc->slots[i].blocks) i = (i + 1) & (pc->cap - 1);
     if (pc->tomb[i]) {
@@ -162,8 +165,10 @@ int muse_pcache_insert(muse_pcache *pc, const uint8_t key[32], int64_t n_blocks,
 
 void muse_pcache_count(muse_pcache *pc, int hit)
 {
-    if (hit) pc->hits++;
-    else pc->misses++;
+    if (hit)
+        pc->hits++;
+    else
+        pc->misses++;
 }
 
 void muse_pcache_stats_get(const muse_pcache *pc, muse_pcache_stats *out)

@@ -25,8 +25,8 @@ muse_pcache *muse_pcache_create(uint64_t budget_bytes, muse_kv_pool *kv, uint64_
 void muse_pcache_destroy(muse_pcache *pc);
 
 /* keys[i] identifies the prefix of i + 1 blocks of tokens under scope. */
-void muse_pcache_keys(const char *scope, size_t scope_len, const int32_t *tokens,
-                      int64_t n_blocks, uint8_t (*keys)[32]);
+void muse_pcache_keys(const char *scope, size_t scope_len, const int32_t *tokens, int64_t n_blocks,
+                      uint8_t (*keys)[32]);
 /* The entry for a key (marked most recently used), or NULL. */
 const muse_pcache_entry *muse_pcache_find(muse_pcache *pc, const uint8_t key[32]);
 /* Keeps blocks[0..n_blocks) (referenced) and the snapshot (owned from now on, freed on

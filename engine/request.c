@@ -23,7 +23,8 @@ static int number(const cJSON *root, const char *name, double lo, double hi, dou
         *out = def;
         return 0;
     }
-    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo || v->valuedouble > hi) {
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi) {
         char msg[128];
         snprintf(msg, sizeof msg, "'%%s' must be a number in [%g, %g]", lo, hi);
         return bad(err, name, msg, name);
@@ -55,7 +56,8 @@ static int parse_stops(const cJSON *root, muse_gen_request *r, muse_api_error *e
     cJSON_ArrayForEach(it, v)
     {
         if (!cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 256)
-            return bad(err, "stop", "'%s' entries must be non-empty strings of at most 256 bytes", "stop");
+            return bad(err, "stop", "'%s' entries must be non-empty strings of at most 256 bytes",
+                       "stop");
         r->stops[r->n_stops++] = strdup(it->valuestring);
     }
     return 0;
@@ -77,17 +79,20 @@ static int render_chat(const muse_request_env *env, const cJSON *root, muse_gen_
     const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     if (cJSON_IsString(choice) && strcmp(choice->valuestring, "none") == 0) tools = NULL;
     if (tools && cJSON_IsNull(tools)) tools = NULL;
-    const char *effort = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort"));
+    const char *effort =
+        cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort"));
     muse_chat_render render = {0};
     muse_err e = {{0}};
     if (muse_chat_render_messages(messages, tools, effort, env->ids, &render, &e)) {
         /* the renderer names the JSON path first, e.g. "messages[2].role: ..." */
         char param[64];
         size_t n = strcspn(e.msg, ": ");
-        snprintf(param, sizeof param, "%.*s", (int)(n < sizeof param ? n : sizeof param - 1), e.msg);
+        snprintf(param, sizeof param, "%.*s", (int)(n < sizeof param ? n : sizeof param - 1),
+                 e.msg);
         return bad(err, param, "%.400s", e.msg);
     }
-    int rc = muse_chat_render_flatten(&render, tokenize_cb, (void *)env->tok, &r->prompt, &r->n_prompt, &e);
+    int rc = muse_chat_render_flatten(&render, tokenize_cb, (void *)env->tok, &r->prompt,
+                                      &r->n_prompt, &e);
     if (rc == 0 && render.nfn) {
         r->fn_names = MUSE_CALLOC(render.nfn, sizeof *r->fn_names);
         for (size_t i = 0; i < render.nfn; i++) r->fn_names[i] = strdup(render.fn_names[i]);
@@ -105,7 +110,8 @@ static int render_completion(const muse_request_env *env, const cJSON *root, mus
     muse_err e = {{0}};
     if (cJSON_IsString(p)) {
         size_t cap = 0;
-        if (muse_tokenize(env->tok, p->valuestring, strlen(p->valuestring), &r->prompt, &r->n_prompt, &cap, &e))
+        if (muse_tokenize(env->tok, p->valuestring, strlen(p->valuestring), &r->prompt,
+                          &r->n_prompt, &cap, &e))
             return bad(err, "prompt", "%.400s", e.msg);
     } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0) {
         size_t n = (size_t)cJSON_GetArraySize(p), i = 0;
@@ -114,13 +120,16 @@ static int render_completion(const muse_request_env *env, const cJSON *root, mus
         int64_t vocab = muse_tokenizer_vocab_size(env->tok);
         cJSON_ArrayForEach(it, p)
         {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (double)vocab || it->valuedouble != floor(it->valuedouble))
-                return bad(err, "prompt", "'%s' token ids must be integers in the vocabulary", "prompt");
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (double)vocab ||
+                it->valuedouble != floor(it->valuedouble))
+                return bad(err, "prompt", "'%s' token ids must be integers in the vocabulary",
+                           "prompt");
             r->prompt[i++] = (int32_t)it->valuedouble;
         }
         r->n_prompt = n;
     } else {
-        return bad(err, "prompt", "'%s' must be a non-empty string or array of token ids", "prompt");
+        return bad(err, "prompt", "'%s' must be a non-empty string or array of token ids",
+                   "prompt");
     }
     if (r->n_prompt == 0) return bad(err, "prompt", "'%s' is empty after tokenization", "prompt");
     return 0;
@@ -134,8 +143,10 @@ static int sampling(const muse_request_env *env, const cJSON *root, muse_gen_req
     double dt = c && c->gen_temperature >= 0 ? c->gen_temperature : 1.0;
     double dp = c && c->gen_top_p > 0 ? c->gen_top_p : 1.0;
     double dk = c && c->gen_top_k >= 0 ? (double)c->gen_top_k : 0.0;
-    if (number(root, "temperature", 0, 2, dt, &t, err) || number(root, "top_p", 0, 1, dp, &p, err) ||
-        integer(root, "top_k", 0, 1 << 30, dk, &k, err) || number(root, "min_p", 0, 1, 0, &mp, err) ||
+    if (number(root, "temperature", 0, 2, dt, &t, err) ||
+        number(root, "top_p", 0, 1, dp, &p, err) ||
+        integer(root, "top_k", 0, 1 << 30, dk, &k, err) ||
+        number(root, "min_p", 0, 1, 0, &mp, err) ||
         integer(root, "seed", -9.2e18, 9.2e18, -1e300, &seed, err))
         return -1;
     if (p <= 0) return bad(err, "top_p", "'%s' must be in (0, 1]", "top_p");
@@ -162,31 +173,39 @@ int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, co
     if (sampling(env, root, r, err) || parse_stops(root, r, err)) goto out;
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     r->parallel_tool_calls = !cJSON_IsFalse(ptc);
-    if ((kind == MUSE_KIND_CHAT ? render_chat(env, root, r, err) : render_completion(env, root, r, err)))
+    if ((kind == MUSE_KIND_CHAT ? render_chat(env, root, r, err)
+                                : render_completion(env, root, r, err)))
         goto out;
     int64_t left = env->context - (int64_t)r->n_prompt;
     if (left < 1) {
         err->status = 400;
         err->type = "invalid_request_error";
         err->code = "context_length_exceeded";
-        snprintf(err->param, sizeof err->param, "%s", kind == MUSE_KIND_CHAT ? "messages" : "prompt");
-        snprintf(err->message, sizeof err->message,
-                 "This model's maximum context length is %lld tokens. However, your %s resulted in %zu tokens. Please reduce the length of the %s.",
-                 (long long)env->context, kind == MUSE_KIND_CHAT ? "messages" : "prompt", r->n_prompt,
+        snprintf(err->param, sizeof err->param, "%s",
                  kind == MUSE_KIND_CHAT ? "messages" : "prompt");
+        snprintf(err->message, sizeof err->message,
+                 "This model's maximum context length is %lld tokens. However, your %s resulted in "
+                 "%zu tokens. Please reduce the length of the %s.",
+                 (long long)env->context, kind == MUSE_KIND_CHAT ? "messages" : "prompt",
+                 r->n_prompt, kind == MUSE_KIND_CHAT ? "messages" : "prompt");
         goto out;
     }
     double mt;
-    const char *mt_name = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    const char *mt_name = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens")
+                              ? "max_completion_tokens"
+                              : "max_tokens";
     if (integer(root, mt_name, 1, 1e15, (double)left, &mt, err)) goto out;
     if ((int64_t)mt > left) {
         err->status = 400;
         err->type = "invalid_request_error";
         err->code = "context_length_exceeded";
         snprintf(err->param, sizeof err->param, "%s", mt_name);
-        snprintf(err->message, sizeof err->message,
-                 "This model's maximum context length is %lld tokens. However, you requested %lld tokens (%zu in the prompt, %lld for the completion). Please reduce the prompt or %s.",
-                 (long long)env->context, (long long)r->n_prompt + (long long)mt, r->n_prompt, (long long)mt, mt_name);
+        snprintf(
+            err->message, sizeof err->message,
+            "This model's maximum context length is %lld tokens. However, you requested %lld "
+            "tokens (%zu in the prompt, %lld for the completion). Please reduce the prompt or %s.",
+            (long long)env->context, (long long)r->n_prompt + (long long)mt, r->n_prompt,
+            (long long)mt, mt_name);
         goto out;
     }
     r->max_tokens = (int64_t)mt;

@@ -41,7 +41,7 @@ typedef struct {
     const muse_config *cfg; /* sampling defaults from generation_config.json (may be NULL) */
     const muse_tokenizer *tok;
     const muse_chat_ids *ids;
-    int64_t context; /* positions a stream may hold */
+    int64_t context;       /* positions a stream may hold */
     uint64_t default_seed; /* used when the request gives none */
 } muse_request_env;
 

@@ -35,8 +35,8 @@ typedef struct {
     uint64_t seed;
 } muse_sampling;
 
-/* Scratch sized once for a vocabulary (no allocation per token). NULL when vocab_size is not
- * in [1, 2^31]. */
+/* Scratch sized once for a vocabulary (no allocation per token); one thread uses it at a time.
+ * NULL when vocab_size is not in [1, 2^31]. */
 typedef struct muse_sampler muse_sampler;
 muse_sampler *muse_sampler_create(int64_t vocab_size);
 void muse_sampler_destroy(muse_sampler *s);

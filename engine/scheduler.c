@@ -19,12 +19,6 @@ typedef struct {
     size_t len;
 } record;
 
-/* Growable bytes (non-streaming content and reasoning). */
-typedef struct {
-    char *p;
-    size_t len, cap;
-} text;
-
 typedef struct muse_sched muse_sched;
 
 typedef struct {
@@ -40,11 +34,11 @@ typedef struct {
     muse_sha256 sha;
     muse_reply *reply;           /* chat */
     muse_detok detok;            /* completions */
-    text pending;                /* completions: text held back for stop strings */
-    text content, reasoning;     /* non-streaming */
+    muse_buf pending;            /* completions: text held back for stop strings */
+    muse_buf content, reasoning; /* non-streaming */
     cJSON *tool_calls;           /* non-streaming */
     const char *finish_reason;
-    record *out;                 /* records not yet in the ring */
+    record *out; /* records not yet in the ring */
     size_t n_out, cap_out;
     double t_admit, t_first, t_last;
     /* prompt cache: block-chain keys of the prompt and the prefix points still to keep */
@@ -93,18 +87,6 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void text_add(text *t, const char *s, size_t n)
-{
-    if (t->len + n + 1 > t->cap) {
-        t->cap = (t->len + n + 1) * 2;
-        t->p = realloc(t->p, t->cap);
-        MUSE_CHECK(t->p);
-    }
-    memcpy(t->p + t->len, s, n);
-    t->len += n;
-    t->p[t->len] = 0;
-}
-
 static void hist_init(muse_hist *h, const double *le, int n)
 {
     h->n = n;
@@ -125,13 +107,15 @@ int muse_hist_json(const muse_hist *h, const char *name, char *buf, size_t cap)
     int w = snprintf(buf, cap, "\"%s\":{\"le\":[", name);
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < h->n && w >= 0 && (at += (size_t)w) < cap; i++)
-            w = pass ? snprintf(buf + at, cap - at, "%s%llu", i ? "," : "", (unsigned long long)h->counts[i])
+            w = pass ? snprintf(buf + at, cap - at, "%s%llu", i ? "," : "",
+                                (unsigned long long)h->counts[i])
                      : snprintf(buf + at, cap - at, "%s%g", i ? "," : "", h->le[i]);
         if (w < 0 || (at += (size_t)w) >= cap) return -1;
         w = snprintf(buf + at, cap - at, pass ? "]," : "],\"counts\":[");
     }
     if (w < 0 || (at += (size_t)w) >= cap) return -1;
-    w = snprintf(buf + at, cap - at, "\"sum\":%.6f,\"count\":%llu}", h->sum, (unsigned long long)h->count);
+    w = snprintf(buf + at, cap - at, "\"sum\":%.6f,\"count\":%llu}", h->sum,
+                 (unsigned long long)h->count);
     return w < 0 || at + (size_t)w >= cap ? -1 : (int)(at + (size_t)w);
 }
 
@@ -173,39 +157,38 @@ static int flush_lane(muse_sched *s, lane *l)
 static void on_text(lane *l, const char *field, const char *p, size_t n)
 {
     if (!n) return;
-    if (l->req.stream) push_record(l, MUSE_EV_DATA, 0, muse_oa_delta_chunk(&l->oa, field, p, n));
-    else text_add(strcmp(field, "content") == 0 ? &l->content : &l->reasoning, p, n);
+    if (l->req.stream)
+        push_record(l, MUSE_EV_DATA, 0, muse_oa_delta_chunk(&l->oa, field, p, n));
+    else
+        muse_buf_add(strcmp(field, "content") == 0 ? &l->content : &l->reasoning, p, n);
 }
 
 static void on_reply_event(void *ctx, const muse_reply_ev *ev)
 {
     lane *l = ctx;
     switch (ev->kind) {
-    case MUSE_EV_REASONING: on_text(l, "reasoning_content", ev->text, ev->len); break;
+    case MUSE_EV_REASONING:
+        on_text(l, "reasoning_content", ev->text, ev->len);
+        break;
     case MUSE_EV_CONTENT:
         if (ev->unsplit && !l->req.stream) l->reasoning.len = 0; /* the whole turn is content */
         on_text(l, "content", ev->text, ev->len);
         break;
     case MUSE_EV_TOOL_CALL:
         if (l->req.stream) {
-            push_record(l, MUSE_EV_DATA, 0, muse_oa_tool_chunk(&l->oa, ev->call_index, ev->call_id, ev->name, ev->arguments));
+            push_record(
+                l, MUSE_EV_DATA, 0,
+                muse_oa_tool_chunk(&l->oa, ev->call_index, ev->call_id, ev->name, ev->arguments));
         } else {
             if (!l->tool_calls) l->tool_calls = cJSON_CreateArray();
-            cJSON_AddItemToArray(l->tool_calls, muse_oa_tool_call(ev->call_id, ev->name, ev->arguments));
+            cJSON_AddItemToArray(l->tool_calls,
+                                 muse_oa_tool_call(ev->call_id, ev->name, ev->arguments));
         }
         break;
-    case MUSE_EV_FINISH: l->finish_reason = ev->finish_reason; break;
+    case MUSE_EV_FINISH:
+        l->finish_reason = ev->finish_reason;
+        break;
     }
-}
-
-static const uint8_t *token_bytes(void *ctx, int32_t id, size_t *len)
-{
-    const muse_tokenizer *t = ctx;
-    if (muse_tokenizer_is_special(t, id)) { /* control tokens the parser does not know: no text */
-        *len = 0;
-        return NULL;
-    }
-    return muse_tokenizer_token_bytes(t, id, len);
 }
 
 /* ---- completions text: stop strings over the detokenized stream ---- */
@@ -219,22 +202,26 @@ static size_t utf8_boundary(const char *p, size_t n)
 /* Emits pending text that can no longer start a stop string; 1 when a stop string matched. */
 static int completion_text(lane *l, const char *p, size_t n, bool final)
 {
-    text_add(&l->pending, p, n);
+    muse_buf_add(&l->pending, p, n);
     size_t cut = l->pending.len, longest = 0;
     int stopped = 0;
     for (size_t i = 0; i < l->req.n_stops; i++) {
         size_t sl = strlen(l->req.stops[i]);
         if (sl > longest) longest = sl;
-        const char *hit = l->pending.p ? memmem(l->pending.p, l->pending.len, l->req.stops[i], sl) : NULL;
+        const char *hit =
+            l->pending.p ? memmem(l->pending.p, l->pending.len, l->req.stops[i], sl) : NULL;
         if (hit && (size_t)(hit - l->pending.p) < cut) {
             cut = (size_t)(hit - l->pending.p);
             stopped = 1;
         }
     }
     if (!stopped && !final && longest > 0)
-        cut = l->pending.len > longest - 1 ? utf8_boundary(l->pending.p, l->pending.len - (longest - 1)) : 0;
+        cut = l->pending.len > longest - 1
+                  ? utf8_boundary(l->pending.p, l->pending.len - (longest - 1))
+                  : 0;
     on_text(l, "content", l->pending.p, cut);
-    if (stopped || final) l->pending.len = 0;
+    if (stopped || final)
+        l->pending.len = 0;
     else {
         memmove(l->pending.p, l->pending.p + cut, l->pending.len - cut);
         l->pending.len -= cut;
@@ -279,7 +266,8 @@ static void error_record(lane *l, int status, const muse_api_error *err)
 /* The end of a response: finish chunk + usage, or the whole body, then END. */
 static void lane_finish(muse_sched *s, lane *l, const char *reason)
 {
-    if (l->req.kind == MUSE_KIND_CHAT) muse_reply_finish(l->reply, reason);
+    if (l->req.kind == MUSE_KIND_CHAT)
+        muse_reply_finish(l->reply, reason);
     else {
         char tail[16];
         long n = muse_detok_finish(&l->detok, tail, sizeof tail);
@@ -293,13 +281,16 @@ static void lane_finish(muse_sched *s, lane *l, const char *reason)
     muse_sha256_final(&l->sha, digest);
     muse_sha256_hex(digest, m.token_sha);
     m.ttft_ms = l->t_first > 0 ? l->t_first - l->t_admit : 0;
-    m.decode_tokens_per_s = l->generated > 1 && l->t_last > l->t_first ? (double)(l->generated - 1) * 1e3 / (l->t_last - l->t_first) : 0;
+    m.decode_tokens_per_s = l->generated > 1 && l->t_last > l->t_first
+                                ? (double)(l->generated - 1) * 1e3 / (l->t_last - l->t_first)
+                                : 0;
     if (l->req.stream) {
         push_record(l, MUSE_EV_DATA, 0, muse_oa_finish_chunk(&l->oa, finish, &m));
         if (l->req.include_usage) push_record(l, MUSE_EV_DATA, 0, muse_oa_usage_chunk(&l->oa, &u));
     } else {
-        char *body = muse_oa_response(&l->oa, l->content.p ? l->content.p : "", l->content.len,
-                                      l->reasoning.p, l->reasoning.len, l->tool_calls, finish, &u, &m);
+        char *body =
+            muse_oa_response(&l->oa, l->content.p ? l->content.p : "", l->content.len,
+                             l->reasoning.p, l->reasoning.len, l->tool_calls, finish, &u, &m);
         size_t max = muse_server_max_payload(s->srv), len = strlen(body);
         for (size_t at = 0; at < len; at += max) { /* a body larger than one record goes in parts */
             size_t n = len - at < max ? len - at : max;
@@ -313,7 +304,8 @@ static void lane_finish(muse_sched *s, lane *l, const char *reason)
     stat_add(s, &s->stats.tokens_out, (uint64_t)l->generated);
     pthread_mutex_lock(&s->stats_mu);
     if (l->t_first > 0) hist_observe(&s->stats.ttft_seconds, m.ttft_ms / 1e3);
-    if (m.decode_tokens_per_s > 0) hist_observe(&s->stats.decode_tokens_per_second, m.decode_tokens_per_s);
+    if (m.decode_tokens_per_s > 0)
+        hist_observe(&s->stats.decode_tokens_per_second, m.decode_tokens_per_s);
     pthread_mutex_unlock(&s->stats_mu);
     l->state = LANE_FINISHING;
 }
@@ -361,7 +353,8 @@ static void cache_keep(muse_sched *s, lane *l)
         size_t bytes = s->be->ops->sliding_bytes(s->be, cut);
         void *snap = MUSE_MALLOC(bytes ? bytes : 1);
         s->be->ops->sliding_save(s->be, seq, cut, snap);
-        muse_pcache_insert(s->cache, l->keys[n_blocks - 1], n_blocks, muse_kv_table(&s->be->kv, seq), snap, bytes);
+        muse_pcache_insert(s->cache, l->keys[n_blocks - 1], n_blocks,
+                           muse_kv_table(&s->be->kv, seq), snap, bytes);
     }
 }
 
@@ -399,7 +392,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
                                 .nstop_strings = l->req.n_stops,
                                 .parallel_tool_calls = l->req.parallel_tool_calls,
                                 .call_id_seed = env.default_seed,
-                                .token_bytes = token_bytes,
+                                .token_bytes = muse_tokenizer_text_bytes,
                                 .token_ctx = (void *)s->tok,
                                 .emit = on_reply_event,
                                 .emit_ctx = l};
@@ -410,7 +403,8 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
         rc.nstop_ids = neos;
         muse_err e = {{0}};
         if (muse_reply_create(&rc, &l->reply, &e)) {
-            err = (muse_api_error){.status = 400, .type = "invalid_request_error", .code = "invalid_value"};
+            err = (muse_api_error){
+                .status = 400, .type = "invalid_request_error", .code = "invalid_value"};
             snprintf(err.param, sizeof err.param, "stop");
             snprintf(err.message, sizeof err.message, "%.400s", e.msg);
             stat_add(s, &s->stats.errors, 1);
@@ -446,11 +440,13 @@ static void lane_token(muse_sched *s, lane *l, int32_t tok)
     }
     if (stop) {
         lane_finish(s, l, "stop");
-    } else if (l->generated >= l->req.max_tokens || (int64_t)l->req.n_prompt + l->generated >= s->o.context) {
+    } else if (l->generated >= l->req.max_tokens ||
+               (int64_t)l->req.n_prompt + l->generated >= s->o.context) {
         lane_finish(s, l, "length");
     } else if (s->o.fault_after_tokens > 0 && l->generated >= s->o.fault_after_tokens) {
         muse_api_error err = {.status = 500, .type = "server_error", .code = "engine_fault"};
-        snprintf(err.message, sizeof err.message, "the engine failed while generating (injected fault)");
+        snprintf(err.message, sizeof err.message,
+                 "the engine failed while generating (injected fault)");
         stat_add(s, &s->stats.errors, 1);
         error_record(l, 500, &err);
         l->state = LANE_FINISHING;
@@ -470,7 +466,8 @@ static void admit(muse_sched *s, bool draining)
         if (l->state != LANE_FREE) continue;
         if (!muse_server_next_request(s->srv, &rq)) return;
         if (draining) {
-            muse_api_error err = {.status = 503, .type = "server_error", .code = "engine_unavailable"};
+            muse_api_error err = {
+                .status = 503, .type = "server_error", .code = "engine_unavailable"};
             snprintf(err.message, sizeof err.message, "the engine is shutting down; retry shortly");
             l->slot = rq.slot;
             error_record(l, 503, &err);
@@ -525,13 +522,15 @@ static void refuse_kv_starved(muse_sched *s)
     lane *newest = NULL;
     for (int i = 0; i < s->o.streams; i++) {
         lane *l = &s->lanes[i];
-        if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) && (!newest || l->t_admit > newest->t_admit))
+        if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) &&
+            (!newest || l->t_admit > newest->t_admit))
             newest = l;
     }
     if (!newest) return;
     muse_api_error err = {.status = 503, .type = "server_error", .code = "kv_cache_full"};
     snprintf(err.message, sizeof err.message,
-             "the KV cache has no room for this request alongside the running ones; retry later or raise the engine's --kv-blocks");
+             "the KV cache has no room for this request alongside the running ones; retry later or "
+             "raise the engine's --kv-blocks");
     stat_add(s, &s->stats.errors, 1);
     error_record(newest, 503, &err);
     muse_kv_release(&s->be->kv, (int)(newest - s->lanes));
@@ -551,16 +550,19 @@ static long model_round(muse_sched *s)
             take = (long)l->req.n_prompt - (long)l->fed;
             if (take > s->o.max_rows - rows) take = s->o.max_rows - rows;
             /* a chunk ends at the next prefix point so the cache can keep its state */
-            if (l->next_cut < l->n_cuts && l->cuts[l->next_cut] > l->fed && l->cuts[l->next_cut] - l->fed < take)
+            if (l->next_cut < l->n_cuts && l->cuts[l->next_cut] > l->fed &&
+                l->cuts[l->next_cut] - l->fed < take)
                 take = (long)(l->cuts[l->next_cut] - l->fed);
         }
-        int64_t end = l->state == LANE_PREFILL ? l->fed + take : (int64_t)l->req.n_prompt + l->generated;
+        int64_t end =
+            l->state == LANE_PREFILL ? l->fed + take : (int64_t)l->req.n_prompt + l->generated;
         if (!kv_reserve(s, (int)order[k], end)) {
             waiting++;
             continue;
         }
         for (long r = 0; r < take; r++) {
-            int64_t pos = l->state == LANE_PREFILL ? l->fed + r : (int64_t)l->req.n_prompt + l->generated - 1;
+            int64_t pos =
+                l->state == LANE_PREFILL ? l->fed + r : (int64_t)l->req.n_prompt + l->generated - 1;
             s->b_tokens[rows] = l->state == LANE_PREFILL ? l->req.prompt[l->fed + r] : l->next;
             s->b_pos[rows] = pos;
             s->b_seqs[rows] = order[k];
@@ -600,12 +602,15 @@ static long script_round(muse_sched *s)
         lane *l = &s->lanes[order[k]];
         l->fed = (int64_t)l->req.n_prompt;
         size_t which = (size_t)(l->req.sampling.seed % s->o.n_script);
-        if ((size_t)l->generated < s->o.script_len[which]) lane_token(s, l, s->o.script[which][l->generated]);
-        else lane_finish(s, l, "length");
+        if ((size_t)l->generated < s->o.script_len[which])
+            lane_token(s, l, s->o.script[which][l->generated]);
+        else
+            lane_finish(s, l, "length");
         l->served = s->round;
     }
     if (n && s->o.script_delay_ms > 0) {
-        struct timespec ts = {s->o.script_delay_ms / 1000, (s->o.script_delay_ms % 1000) * 1000000L};
+        struct timespec ts = {s->o.script_delay_ms / 1000,
+                              (s->o.script_delay_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
     return n;
@@ -618,8 +623,10 @@ static bool flush_all(muse_sched *s)
         lane *l = &s->lanes[i];
         if (l->state == LANE_FREE) continue;
         int done = flush_lane(s, l);
-        if (done && l->state == LANE_FINISHING) lane_release(s, l);
-        else if (!done) pending = true;
+        if (done && l->state == LANE_FINISHING)
+            lane_release(s, l);
+        else if (!done)
+            pending = true;
     }
     return pending;
 }
@@ -660,8 +667,10 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         lane *l = &s->lanes[i];
         if (l->state == LANE_FREE) continue;
         if (l->state != LANE_FINISHING) {
-            muse_api_error err = {.status = 503, .type = "server_error", .code = "engine_unavailable"};
-            snprintf(err.message, sizeof err.message, "the engine shut down before the reply finished");
+            muse_api_error err = {
+                .status = 503, .type = "server_error", .code = "engine_unavailable"};
+            snprintf(err.message, sizeof err.message,
+                     "the engine shut down before the reply finished");
             error_record(l, 503, &err);
         }
         flush_lane(s, l);
@@ -682,7 +691,8 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     if (o->streams < 1 || o->streams > 4096)
         return muse_fail(e, "--streams must be 1 .. 4096"), NULL;
     if (!fwd && o->n_script == 0)
-        return muse_fail(e, "the script backend needs --script FILE with at least one token list"), NULL;
+        return muse_fail(e, "the script backend needs --script FILE with at least one token list"),
+               NULL;
     muse_sched *s = MUSE_CALLOC(1, sizeof *s);
     s->o = *o;
     s->fwd = fwd;
@@ -695,9 +705,12 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     }
     if (fwd) {
         s->be = muse_forward_backend(fwd);
-        if (o->prompt_cache_bytes) s->cache = muse_pcache_create(o->prompt_cache_bytes, &s->be->kv, s->be->kv_block_bytes);
+        if (o->prompt_cache_bytes)
+            s->cache = muse_pcache_create(o->prompt_cache_bytes, &s->be->kv, s->be->kv_block_bytes);
     }
-    s->sampler = muse_sampler_create(muse_tokenizer_vocab_size(tok) > (cfg ? cfg->vocab_size : 0) ? muse_tokenizer_vocab_size(tok) : cfg->vocab_size);
+    s->sampler = muse_sampler_create(muse_tokenizer_vocab_size(tok) > (cfg ? cfg->vocab_size : 0)
+                                         ? muse_tokenizer_vocab_size(tok)
+                                         : cfg->vocab_size);
     s->lanes = MUSE_CALLOC((size_t)o->streams, sizeof *s->lanes);
     for (int i = 0; i < o->streams; i++) s->lanes[i].sched = s;
     size_t R = (size_t)(o->max_rows > 0 ? o->max_rows : 1);

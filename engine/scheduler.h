@@ -20,8 +20,8 @@ typedef struct {
     const int32_t *const *script;
     const size_t *script_len;
     size_t n_script;
-    int script_delay_ms; /* pause between script rounds, so streaming is observable */
-    long fault_after_tokens; /* test builds: fail a stream after this many tokens (0: off) */
+    int script_delay_ms;         /* pause between script rounds, so streaming is observable */
+    long fault_after_tokens;     /* test builds: fail a stream after this many tokens (0: off) */
     uint64_t prompt_cache_bytes; /* 0: no prompt cache */
 } muse_sched_opts;
 

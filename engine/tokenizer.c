@@ -1002,3 +1002,13 @@ long muse_detok_finish(muse_detok *d, char *out, size_t cap)
     d->nheld = 0;
     return (long)o.len;
 }
+
+const uint8_t *muse_tokenizer_text_bytes(void *tokenizer, int32_t id, size_t *len)
+{
+    const muse_tokenizer *t = tokenizer;
+    if (muse_tokenizer_is_special(t, id)) {
+        *len = 0;
+        return NULL;
+    }
+    return muse_tokenizer_token_bytes(t, id, len);
+}

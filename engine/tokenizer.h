@@ -32,6 +32,8 @@ size_t muse_tokenizer_max_token_bytes(const muse_tokenizer *t);
 
 /* The raw bytes a token stands for (byte-level mapping undone), or NULL for an unknown id. */
 const uint8_t *muse_tokenizer_token_bytes(const muse_tokenizer *t, int32_t id, size_t *len);
+/* The same for reply text: special tokens stand for no text. A muse_token_bytes_fn. */
+const uint8_t *muse_tokenizer_text_bytes(void *tokenizer, int32_t id, size_t *len);
 
 /* Streaming decode: whole UTF-8 characters only; bytes of an unfinished character are held
  * back until it completes; muse_detok_finish flushes a never-finished tail as U+FFFD. */

@@ -18,6 +18,9 @@ $BUILD = "$ROOT/$BUILD" unless $BUILD =~ m{^/};
 
 sub module_path { "$BUILD/nginx/ngx_muse_module.so" }
 sub engine_path { "$BUILD/t/muse-test-engine" }
+sub real_engine_path { "$BUILD/muse-engine" }
+sub hooks_engine_path { "$BUILD/t/muse-engine-test" }    # built with -DMUSE_TEST_HOOKS
+sub pack_tool_path { "$BUILD/muse-pack" }
 sub root { $ROOT }
 
 # Why the tests cannot run here, or undef.
@@ -25,6 +28,16 @@ sub missing {
     return "nginx not installed" unless -x '/usr/sbin/nginx';
     return "module not built: " . module_path() unless -f module_path();
     return "test engine not built: " . engine_path() unless -x engine_path();
+    return undef;
+}
+
+# Why the real-engine tests (t/serve_*.t) cannot run here, or undef.
+sub missing_real {
+    return "nginx not installed" unless -x '/usr/sbin/nginx';
+    return "module not built: " . module_path() unless -f module_path();
+    return "engine not built: " . real_engine_path() unless -x real_engine_path();
+    return "muse-pack not built: " . pack_tool_path() unless -x pack_tool_path();
+    return "python3 missing (t/tools/make_tiny_tokenizer.py)" unless -x '/usr/bin/python3';
     return undef;
 }
 
@@ -78,15 +91,107 @@ sub start_engine {
 sub stop_engine {
     my ($self, $sig) = @_;
     my $pid = delete $self->{engine_pid} or return;
+    kill 'CONT', $pid;    # a stopped engine cannot act on TERM
     kill($sig // 'TERM', $pid);
     my $t0 = time;
     while (waitpid($pid, WNOHANG) == 0) {
         if (time - $t0 > 5) { kill 'KILL', $pid; waitpid($pid, 0); last }
         sleep 0.02;
     }
-    close delete $self->{engine_fh};
+    $self->{engine_status} = $?;
+    my $fh = delete $self->{engine_fh};
+    close $fh if $fh;
+    unlink $self->{socket} if $sig && $sig eq 'KILL';
     system('rm', '-f', "/dev/shm$self->{shm}") if $sig && $sig eq 'KILL';
 }
+
+# ---- the real engine (muse-engine serve) ----
+
+# A tiny random-weight pack (conf/packs/tiny.json, seed 1) with the byte-level BPE test
+# tokenizer (t/tools/make_tiny_tokenizer.py, control tokens at 1000..1005); made once per
+# test process in a temp dir.
+my $TINY_PACK;
+sub tiny_pack {
+    return $TINY_PACK if $TINY_PACK;
+    my $dir = tempdir('muse-pack-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    chmod 0755, $dir;
+    my $out = `'@{[pack_tool_path()]}' --config '$ROOT/conf/packs/tiny.json' --out '$dir/pack' --seed 1 2>&1`;
+    die "muse-pack failed: $out" if $?;
+    system('/usr/bin/python3', "$ROOT/t/tools/make_tiny_tokenizer.py", "$dir/pack/tokenizer.json") == 0
+        or die "make_tiny_tokenizer.py failed";
+    return $TINY_PACK = "$dir/pack";
+}
+
+# The test tokenizer's control token ids (by content, see make_tiny_tokenizer.py).
+our %CTL = (bot => 1000, end => 1001, eom => 1002, eot => 1003, start => 1004, message => 1005);
+
+# Token ids of text under the pack's tokenizer (special-token parsing off), via
+# `muse-engine tokenize`.
+sub tokenize {
+    my ($text, $tokenizer) = @_;
+    $tokenizer //= tiny_pack() . '/tokenizer.json';
+    my $f = File::Temp->new;
+    binmode $f;
+    print $f $text;
+    close $f;
+    my $out = `'@{[real_engine_path()]}' tokenize --tokenizer '$tokenizer' --text-file '$f'`;
+    die "muse-engine tokenize failed" if $?;
+    chomp $out;
+    return [map { 0 + $_ } grep { length } split /,/, $out];
+}
+
+# Starts `muse-engine serve` (or, with engine => PATH, another build of it) on this harness's
+# socket and segment: %o: backend cpu|script, model DIR (default tiny_pack for cpu), script
+# (array ref of id arrays, written to a file), tokenizer, args (more flags). Waits for the
+# "serving" line of its log (logs/engine.log).
+sub start_real_engine {
+    my ($self, %o) = @_;
+    $self->stop_engine;
+    my $backend = $o{backend} // 'cpu';
+    my @args = ('serve', '--listen', $self->{socket}, '--shm', $self->{shm}, '--backend', $backend);
+    if ($backend eq 'script') {
+        my $file = "$self->{dir}/script.json";
+        open my $fh, '>', $file or die $!;
+        print $fh JSON::PP->new->encode($o{script});
+        close $fh;
+        push @args, '--script', $file, '--tokenizer', $o{tokenizer} // tiny_pack() . '/tokenizer.json';
+    } else {
+        push @args, '--model', $o{model} // tiny_pack();
+    }
+    push @args, @{ $o{args} // [] };
+    my $log = "$self->{dir}/logs/engine.log";
+    my $from = -s $log // 0;
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        open STDOUT, '>>', $log;
+        open STDERR, '>>', $log;
+        exec $o{engine} // real_engine_path(), @args;
+        exit 127;
+    }
+    $self->{engine_pid} = $pid;
+    my $t0 = time;
+    while (time - $t0 < 20) {
+        my $text = substr($self->slurp($log), $from);
+        return $pid if $text =~ /serving/;
+        if (waitpid($pid, WNOHANG) == $pid) {
+            delete $self->{engine_pid};
+            die "muse-engine serve exited: $text";
+        }
+        sleep 0.02;
+    }
+    die "muse-engine serve did not start: " . substr($self->slurp($log), $from);
+}
+
+sub engine_pid { $_[0]{engine_pid} }
+
+# 1 while the engine process runs (not reaped).
+sub engine_alive {
+    my ($self) = @_;
+    my $pid = $self->{engine_pid} or return 0;
+    return waitpid($pid, WNOHANG) == 0 ? 1 : 0;
+}
+
+sub engine_log { $_[0]->slurp("$_[0]{dir}/logs/engine.log") }
 
 # Writes the conf: $o{locations} (server-level text), $o{http} (http-level text).
 sub start_nginx {
@@ -301,6 +406,88 @@ sub request {
 sub chat {
     my ($self, $body, %h) = @_;
     return $self->request('POST', '/v1/chat/completions', $body, %h);
+}
+
+# The raw bytes of a POST with a JSON body.
+sub post_bytes {
+    my ($path, $body, %h) = @_;
+    my $req = "POST $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n";
+    $req .= "$_: $h{$_}\r\n" for sort keys %h;
+    return $req . "Content-Type: application/json\r\nContent-Length: " . length($body)
+        . "\r\n\r\n$body";
+}
+
+# Opens a connection and sends a POST without reading: the socket, for partial reads
+# (read_some) or a disconnect (close).
+sub open_post {
+    my ($self, $path, $body, %h) = @_;
+    my $s = $self->connect_raw;
+    $s->autoflush(1);
+    print $s post_bytes($path, $body, %h);
+    return $s;
+}
+
+# Reads what arrives on $s within $secs (or until EOF); returns [bytes, eof].
+sub read_some {
+    my ($s, $secs, $until) = @_;
+    my ($got, $eof) = ('', 0);
+    my $deadline = time + $secs;
+    my $rin = '';
+    vec($rin, fileno($s), 1) = 1;
+    while (time < $deadline) {
+        my $n = select(my $rout = $rin, undef, undef, 0.05);
+        next unless $n;
+        my $k = sysread($s, my $buf, 65536);
+        if (!$k) { $eof = 1; last }
+        $got .= $buf;
+        last if $until && $got =~ $until;
+    }
+    return [$got, $eof];
+}
+
+# Sends every request (raw bytes) at once on its own connection and reads all of them to EOF
+# (at most $timeout s); returns the parsed responses in order, each with t_end (seconds from
+# the start to EOF, undef when it never came) and the reads' timestamps.
+sub parallel {
+    my ($self, $reqs, $timeout) = @_;
+    my $t0 = time;
+    my (@socks, @reads, @tend);
+    for my $i (0 .. $#$reqs) {
+        my $s = $self->connect_raw;
+        $s->blocking(0);
+        push @socks, $s;
+        $reads[$i] = [];
+    }
+    # all connected first, then all sent, so they reach nginx together
+    for my $i (0 .. $#$reqs) {
+        my $bytes = $reqs->[$i];
+        while (length $bytes) {
+            my $n = syswrite($socks[$i], $bytes);
+            if (defined $n) { substr($bytes, 0, $n, '') } else { sleep 0.001 }
+        }
+    }
+    my %open = map { $_ => 1 } 0 .. $#socks;
+    while (%open && time - $t0 < ($timeout // 20)) {
+        my $rin = '';
+        vec($rin, fileno($socks[$_]), 1) = 1 for keys %open;
+        my $n = select(my $rout = $rin, undef, undef, 0.1);
+        next unless $n && $n > 0;
+        for my $i (keys %open) {
+            next unless vec($rout, fileno($socks[$i]), 1);
+            my $k = sysread($socks[$i], my $buf, 65536);
+            next if !defined $k;    # EAGAIN
+            if ($k == 0) { $tend[$i] = time - $t0; delete $open{$i}; next }
+            push @{ $reads[$i] }, [time - $t0, $buf];
+        }
+    }
+    close $_ for @socks;
+    return [map { my $r = parse_response($reads[$_]); $r->{t_end} = $tend[$_]; $r } 0 .. $#socks];
+}
+
+# The data: JSON objects of an SSE body, in order ([DONE] left out).
+sub sse_chunks {
+    my ($res) = @_;
+    return [map { $_->{text} =~ /^data: (\{.*\})$/s ? JSON::PP->new->utf8->decode($1) : () } @{ $res->{events} }];
 }
 
 # Polls until cond->() or timeout seconds; returns the last value.

@@ -7,13 +7,14 @@ quantize with muse-quant, then measure with NumPy (t/ref/exl3_ref.py, t/ref/muse
 - KL: the mean over positions of KL(p_fp16 || p_quant), p = softmax of the NumPy model's
   logits for the same tokens.
 
-Prints a Markdown table (one row per codebook and bits) and muse-quant's wall time per pack.
+Prints a Markdown table (one row per codebook and bits) with muse-quant's wall and CPU time.
 
     t/tools/exl3_quality.py [--build build] [--config conf/packs/tiny.json] [--bits 2,3,4,6]
                             [--codebooks mul1,mcg,3inst] [--tokens 64] [--threads 0]
 """
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,12 @@ def weight_errors(src, dst):
     return np.sqrt(err2 / ref2), head
 
 
+def children_cpu():
+    """User + system CPU seconds of finished child processes."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def log_softmax(z):
     z = z - z.max(axis=1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
@@ -87,22 +94,22 @@ def main(argv):
         print(f"fp16 pack: {args.config}, muse-pack --seed {args.seed}; {args.tokens} tokens; "
               f"head at {args.head_bits} bits")
         print()
-        print("| codebook | bits | rel RMS weight err | head rel RMS err | mean KL(fp16 ‖ quant) | top-1 agree | muse-quant s |")
-        print("|---|---|---|---|---|---|---|")
+        print("| codebook | bits | rel RMS weight err | head rel RMS err | mean KL(fp16 ‖ quant) | top-1 agree | muse-quant wall s | CPU s |")
+        print("|---|---|---|---|---|---|---|---|")
         for cb in args.codebooks.split(","):
             for bits in args.bits.split(","):
                 dst = os.path.join(tmp, f"{cb}{bits}")
-                t0 = time.monotonic()
+                t0, cpu0 = time.monotonic(), children_cpu()
                 subprocess.run([quant_bin, "--in", src, "--out", dst, "--bits", bits, "--codebook", cb,
                                 "--head-bits", args.head_bits, "--threads", args.threads],
                                cwd=ROOT, check=True, capture_output=True)
-                wall = time.monotonic() - t0
+                wall, cpu = time.monotonic() - t0, children_cpu() - cpu0
                 rel, head = weight_errors(src, dst)
                 q_logits = muse_ref.Model(dst).forward(ids)
                 kl = mean_kl(ref_logits, q_logits)
                 agree = float((q_logits.argmax(1) == ref_logits.argmax(1)).mean())
                 head_s = f"{head:.4f}" if head is not None else "tied"
-                print(f"| {cb} | {bits} | {rel:.4f} | {head_s} | {kl:.2e} | {agree:.3f} | {wall:.1f} |", flush=True)
+                print(f"| {cb} | {bits} | {rel:.4f} | {head_s} | {kl:.2e} | {agree:.3f} | {wall:.1f} | {cpu:.1f} |", flush=True)
                 subprocess.run(["rm", "-rf", dst])
     return 0
 

@@ -33,15 +33,18 @@ int main(void)
     muse_pcache_keys("team-b", 6, a, 4, kc);
     ok(memcmp(ka[1], kb[1], 32) == 0, "the same tokens under one scope give the same prefix key");
     ok(memcmp(ka[2], kb[2], 32) != 0, "a different block gives a different key from there on");
-    ok(memcmp(ka[0], kc[0], 32) != 0 && memcmp(ka[3], kc[3], 32) != 0, "another scope never gives the same key");
+    ok(memcmp(ka[0], kc[0], 32) != 0 && memcmp(ka[3], kc[3], 32) != 0,
+       "another scope never gives the same key");
 
     uint64_t block_bytes = 1000, entry_overhead = sizeof(muse_pcache_entry);
     uint64_t budget = 3 * (2 * block_bytes + 100 + entry_overhead); /* three 2-block entries */
     muse_pcache *pc = muse_pcache_create(budget, &kv, block_bytes);
     const int32_t *t0 = muse_kv_table(&kv, 0);
-    is_int(muse_pcache_insert(pc, ka[1], 2, t0, snapshot(100), 100), 1, "a prefix of 2 blocks is kept");
+    is_int(muse_pcache_insert(pc, ka[1], 2, t0, snapshot(100), 100), 1,
+           "a prefix of 2 blocks is kept");
     is_int(kv.refs[t0[0]], 2, "a kept block is held by the sequence and the cache");
-    is_int(muse_pcache_insert(pc, ka[1], 2, t0, snapshot(100), 100), 0, "the same key is kept once");
+    is_int(muse_pcache_insert(pc, ka[1], 2, t0, snapshot(100), 100), 0,
+           "the same key is kept once");
     ok(muse_pcache_find(pc, kb[1]) != NULL, "another prompt with the same prefix finds it");
     ok(muse_pcache_find(pc, kc[1]) == NULL, "another scope does not");
     muse_kv_release(&kv, 0);
@@ -66,9 +69,11 @@ int main(void)
     }
     ok(!over, "used bytes never exceed the budget while filling it four times over");
     is_int(st.entries, 3, "the budget holds three entries");
-    ok(muse_pcache_find(pc, keys[11]) && muse_pcache_find(pc, keys[10]) && muse_pcache_find(pc, keys[8]),
+    ok(muse_pcache_find(pc, keys[11]) && muse_pcache_find(pc, keys[10]) &&
+           muse_pcache_find(pc, keys[8]),
        "the most recently used entries stay");
-    ok(!muse_pcache_find(pc, keys[9]) && !muse_pcache_find(pc, ka[1]), "the least recently used went");
+    ok(!muse_pcache_find(pc, keys[9]) && !muse_pcache_find(pc, ka[1]),
+       "the least recently used went");
     is_int(kv.n_free, 40 - 6, "evicted entries gave their blocks back (3 entries x 2 blocks held)");
     is_int(muse_pcache_insert(pc, keys[0], 100, muse_kv_table(&kv, 0), snapshot(8), 8), 0,
            "an entry larger than the whole budget is not kept");

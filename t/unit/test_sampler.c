@@ -388,16 +388,16 @@ static void test_against_walk(void)
     p = params(1.0f, 0, 1.0f, 0.0f, 5);
     ok(walk_agrees(s, x, &p, 400, n, ids, probs), "all equal logits: uniform draw == walk");
     long low_half = 0;
-    for (int pos = 0; pos < 2000; pos++) low_half += muse_sample(s, x, &p, pos) < n / 2;
-    ok(labs(low_half - 1000) < 150, "all equal logits: half the draws in the lower half (%ld)",
+    for (int pos = 0; pos < 1000; pos++) low_half += muse_sample(s, x, &p, pos) < n / 2;
+    ok(labs(low_half - 500) < 100, "all equal logits: half the draws in the lower half (%ld)",
        low_half);
     p.top_k = 1000;
     int64_t maxid = 0;
-    for (int pos = 0; pos < 3000; pos++) {
+    for (int pos = 0; pos < 1000; pos++) {
         int64_t t = muse_sample(s, x, &p, pos);
         maxid = t > maxid ? t : maxid;
     }
-    ok(maxid < 1000 && maxid > 980, "all equal with top_k 1000: ids 0..999 only (max %lld)",
+    ok(maxid < 1000 && maxid > 950, "all equal with top_k 1000: ids 0..999 only (max %lld)",
        (long long)maxid);
     free(ref);
     free(x);
