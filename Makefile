@@ -62,13 +62,15 @@ $(BUILD) $(BUILD)/obj $(BUILD)/t $(BUILD)/fuzz:
 test: all fuzz
 	@t/run-tests
 
+LINT_C := engine/*.c engine/*.h t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c
+# ngx_muse_module.c is written in nginx's own style and built with nginx's -Werror instead.
 lint:
-	clang-format --dry-run --Werror engine/*.c engine/*.h t/unit/*.c t/fuzz/*.c
+	clang-format --dry-run --Werror $(LINT_C)
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability \
-	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz
+	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz t/tools
 
 format:
-	clang-format -i engine/*.c engine/*.h t/unit/*.c t/fuzz/*.c
+	clang-format -i $(LINT_C)
 
 clean:
 	rm -rf $(BUILD)
