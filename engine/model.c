@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <time.h>
 
 static double now_s(void)
@@ -334,13 +335,22 @@ void muse_model_embed_row(const muse_model *m, int64_t token, float *out)
     for (int64_t j = 0; j < H; j++) out[j] = tensor_f32(m->embed, token * H + j);
 }
 
+/* fp16 -> fp32 by table: the dense rows of the CPU backend convert every weight each use. */
+static float f16_table[65536];
+static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
+static void build_f16_table(void)
+{
+    for (uint32_t h = 0; h < 65536; h++) f16_table[h] = muse_f16_to_f32((uint16_t)h);
+}
+
 void muse_dense_row(const muse_linear *l, int64_t r, float *out)
 {
     const muse_tensor *t = l->w;
     int64_t k = l->k, base = r * k;
     if (t->dtype == MUSE_DT_F16) {
+        pthread_once(&f16_once, build_f16_table);
         const uint16_t *p = (const uint16_t *)t->data + base;
-        for (int64_t j = 0; j < k; j++) out[j] = muse_f16_to_f32(p[j]);
+        for (int64_t j = 0; j < k; j++) out[j] = f16_table[p[j]];
     } else if (t->dtype == MUSE_DT_BF16) {
         const uint16_t *p = (const uint16_t *)t->data + base;
         for (int64_t j = 0; j < k; j++) out[j] = muse_bf16_to_f32(p[j]);
