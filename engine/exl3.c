@@ -295,8 +295,7 @@ void muse_exl3_block_hadamard(float *v, int64_t len)
     for (int64_t i = 0; i < len; i += MUSE_EXL3_HAD) hadamard128(v + i);
 }
 
-/* The same butterflies across 128 rows of width n (one Hadamard per column). */
-static void hadamard128_rows(float *m, int64_t n)
+void muse_exl3_hadamard_columns(float *m, int64_t n)
 {
     for (int h = 1; h < MUSE_EXL3_HAD; h <<= 1)
         for (int i = 0; i < MUSE_EXL3_HAD; i += 2 * h)
@@ -337,7 +336,7 @@ static void dequant_blocks(void *ctx, long begin, long end)
             }
         }
         for (int r = 0; r < MUSE_EXL3_HAD; r++) muse_exl3_block_hadamard(m + (int64_t)r * n, n);
-        hadamard128_rows(m, n);
+        muse_exl3_hadamard_columns(m, n);
         for (int r = 0; r < MUSE_EXL3_HAD; r++) {
             float si = muse_exl3_in_scale(w, (int64_t)blk * MUSE_EXL3_HAD + r);
             float *row = m + (int64_t)r * n;

@@ -58,6 +58,8 @@ float muse_exl3_out_scale(const muse_exl3_weight *w, int64_t j);
 /* In place: each consecutive 128-element chunk of v (len a multiple of 128) becomes H v,
  * H the orthonormal Sylvester Hadamard matrix; a fixed butterfly order, fp32. */
 void muse_exl3_block_hadamard(float *v, int64_t len);
+/* The same down every column of a 128-row block of width n (row-major): Hk applied to it. */
+void muse_exl3_hadamard_columns(float *m, int64_t n);
 
 /* out: k x n fp32, the effective W = diag(suh) Hk Wq Hn diag(svh) (bias not included). */
 void muse_exl3_dequant(const muse_exl3_weight *w, float *out, muse_pool *pool);

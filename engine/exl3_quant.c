@@ -282,23 +282,6 @@ static uint16_t safe_scale_f16(double v)
     return muse_f32_to_f16((float)(v < 0 ? -mag : mag));
 }
 
-/* Hk on a 128-row block: the butterflies of blockHad down every column. */
-static void hadamard_down_columns(float *m, int64_t n)
-{
-    for (int h = 1; h < MUSE_EXL3_HAD; h <<= 1)
-        for (int i = 0; i < MUSE_EXL3_HAD; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                float *a = m + (int64_t)j * n, *b = m + (int64_t)(j + h) * n;
-                for (int64_t c = 0; c < n; c++) {
-                    float x = a[c], y = b[c];
-                    a[c] = x + y;
-                    b[c] = x - y;
-                }
-            }
-    const float scale = 0.088388347648318440550f;
-    for (int64_t i = 0; i < MUSE_EXL3_HAD * n; i++) m[i] *= scale;
-}
-
 typedef struct {
     float *m; /* k x n working copy */
     int64_t k, n;
@@ -330,7 +313,7 @@ static void blocks_divide_su_hadamard(void *ctx, long begin, long end)
             float inv = muse_f16_to_f32(q->su[blk * MUSE_EXL3_HAD + r]);
             for (int64_t j = 0; j < q->n; j++) m[(int64_t)r * q->n + j] /= inv;
         }
-        hadamard_down_columns(m, q->n);
+        muse_exl3_hadamard_columns(m, q->n);
     }
 }
 
