@@ -204,8 +204,17 @@ static int load_script(const char *path, int32_t ***seqs, size_t **lens, size_t 
         (*lens)[i] = (size_t)m;
         int j = 0;
         const cJSON *id;
-        cJSON_ArrayForEach(id, seq)(*seqs)[i][j++] =
-            (int32_t)(cJSON_IsNumber(id) ? id->valuedouble : 0);
+        cJSON_ArrayForEach(id, seq)
+        {
+            double v = cJSON_IsNumber(id) ? id->valuedouble : -1;
+            if (v < 0 || v > INT32_MAX || v != (double)(int32_t)v) { /* "581" or 1.5 is no id */
+                cJSON_Delete(root);
+                return muse_fail(
+                    e, "%s: entry %d, item %d of --script is not a token id (an integer >= 0)",
+                    path, i, j);
+            }
+            (*seqs)[i][j++] = (int32_t)v;
+        }
         i++;
     }
     cJSON_Delete(root);

@@ -60,8 +60,12 @@ char *muse_oa_role_chunk(const muse_oa_ctx *c)
 {
     cJSON *delta;
     cJSON *o = chunk_with_delta(c, &delta);
-    cJSON_AddStringToObject(delta, "role", "assistant");
-    cJSON_AddStringToObject(delta, "content", "");
+    if (c->kind == MUSE_KIND_CHAT) {
+        cJSON_AddStringToObject(delta, "role", "assistant");
+        cJSON_AddStringToObject(delta, "content", "");
+    } else { /* a text_completion choice has no role: an empty text starts the stream */
+        cJSON_AddStringToObject(delta, "text", "");
+    }
     cJSON_AddNullToObject(cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0),
                           "finish_reason");
     return print(o);

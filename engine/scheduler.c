@@ -56,6 +56,8 @@ struct muse_sched {
     muse_server *srv;
     muse_chat_ids ids;
     muse_sampler *sampler;
+    char *detok_buf; /* the longest text one token can decode to */
+    size_t detok_cap;
     muse_backend *be;   /* NULL for the script backend */
     muse_pcache *cache; /* NULL when off */
     lane *lanes;
@@ -360,8 +362,9 @@ static void cache_keep(muse_sched *s, lane *l)
 
 static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
 {
+    /* a default seed below 2^53, so a JSON client can read it back exactly and reuse it */
     muse_request_env env = {s->cfg, s->tok, &s->ids, s->o.context,
-                            mix_seed(++s->seed_counter, (uint64_t)time(NULL))};
+                            mix_seed(++s->seed_counter, (uint64_t)time(NULL)) >> 11};
     muse_api_error err;
     l->slot = rq->slot;
     l->t_admit = now_ms();
@@ -433,10 +436,11 @@ static void lane_token(muse_sched *s, lane *l, int32_t tok)
         stop = muse_reply_push(l->reply, tok);
     } else if (is_stop_id(s, tok)) {
         stop = 1;
+    } else if (muse_tokenizer_is_special(s->tok, tok)) {
+        stop = 0; /* a control token stands for no text */
     } else {
-        char buf[1024];
-        long n = muse_detok_push(s->tok, &l->detok, tok, buf, sizeof buf);
-        stop = completion_text(l, buf, n > 0 ? (size_t)n : 0, false);
+        long n = muse_detok_push(s->tok, &l->detok, tok, s->detok_buf, s->detok_cap);
+        stop = completion_text(l, s->detok_buf, n > 0 ? (size_t)n : 0, false);
     }
     if (stop) {
         lane_finish(s, l, "stop");
@@ -458,13 +462,16 @@ static void lane_token(muse_sched *s, lane *l, int32_t tok)
 
 /* ---- rounds ---- */
 
-static void admit(muse_sched *s, bool draining)
+/* Takes queued requests into free lanes; returns how many it took. */
+static int admit(muse_sched *s, bool draining)
 {
     muse_request rq;
+    int taken = 0;
     for (int i = 0; i < s->o.streams; i++) {
         lane *l = &s->lanes[i];
         if (l->state != LANE_FREE) continue;
-        if (!muse_server_next_request(s->srv, &rq)) return;
+        if (!muse_server_next_request(s->srv, &rq)) return taken;
+        taken++;
         if (draining) {
             muse_api_error err = {
                 .status = 503, .type = "server_error", .code = "engine_unavailable"};
@@ -476,6 +483,7 @@ static void admit(muse_sched *s, bool draining)
         }
         lane_admit(s, l, &rq);
     }
+    return taken;
 }
 
 static void cancel_gone(muse_sched *s)
@@ -645,7 +653,7 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         bool draining = *stopping != 0;
         if (draining && drain_deadline == 0) drain_deadline = now_ms() + drain_ms;
         cancel_gone(s);
-        admit(s, draining);
+        int admitted = admit(s, draining);
         s->round++;
         long rows = s->fwd ? model_round(s) : script_round(s);
         bool pending = flush_all(s);
@@ -661,7 +669,9 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         s->stats.cache_misses = cs.misses;
         pthread_mutex_unlock(&s->stats_mu);
         if (draining && (run == 0 || now_ms() > drain_deadline)) break;
-        if (!rows) muse_server_wait(s->srv, pending ? 2 : 100); /* idle, or waiting on readers */
+        /* idle, or waiting on readers; lanes admitted this round (their first records were just
+         * flushed) run next round without the idle wait */
+        if (!rows && !admitted) muse_server_wait(s->srv, pending ? 2 : 100);
     }
     for (int i = 0; i < s->o.streams; i++) { /* drain deadline passed: tell the clients */
         lane *l = &s->lanes[i];
@@ -711,6 +721,8 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     s->sampler = muse_sampler_create(muse_tokenizer_vocab_size(tok) > (cfg ? cfg->vocab_size : 0)
                                          ? muse_tokenizer_vocab_size(tok)
                                          : cfg->vocab_size);
+    s->detok_cap = 3 * (muse_tokenizer_max_token_bytes(tok) + 4) + 16;
+    s->detok_buf = MUSE_MALLOC(s->detok_cap);
     s->lanes = MUSE_CALLOC((size_t)o->streams, sizeof *s->lanes);
     for (int i = 0; i < o->streams; i++) s->lanes[i].sched = s;
     size_t R = (size_t)(o->max_rows > 0 ? o->max_rows : 1);
@@ -733,6 +745,7 @@ void muse_sched_destroy(muse_sched *s)
     if (!s) return;
     muse_sampler_destroy(s->sampler);
     muse_pcache_destroy(s->cache);
+    free(s->detok_buf);
     free(s->lanes);
     free(s->b_tokens);
     free(s->b_seqs);

@@ -487,7 +487,13 @@ sub parallel {
 # The data: JSON objects of an SSE body, in order ([DONE] left out).
 sub sse_chunks {
     my ($res) = @_;
-    return [map { $_->{text} =~ /^data: (\{.*\})$/s ? JSON::PP->new->utf8->decode($1) : () } @{ $res->{events} }];
+    my @out;
+    for (@{ $res->{events} }) {
+        next unless $_->{text} =~ /^data: (\{.*\})$/s;
+        my $json = $1;    # a copy: decode's own regexes would clobber $1
+        push @out, JSON::PP->new->utf8->decode($json);
+    }
+    return \@out;
 }
 
 # Polls until cond->() or timeout seconds; returns the last value.
