@@ -127,7 +127,30 @@ make_pack('conf/packs/tiny.json', $nan);
     like($out, qr/safetensors: tensor 'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[384, 256\] but the config needs \[512, 256\]/, 'a mis-shaped tensor is named with its file');
 }
 
-for my $cmd (qw(logits generate inspect)) {
+# chat: render, generate, parse, on the tiny pack with the byte-level test tokenizer
+{
+    my $dir = "$tmp/chat";
+    make_pack('conf/packs/tiny.json', $dir);
+    system('/usr/bin/python3', 't/tools/make_tiny_tokenizer.py', "$dir/tokenizer.json") == 0 or die;
+    open my $f, '>', "$tmp/messages.json" or die $!;
+    print $f '{"messages":[{"role":"user","content":"Hello <|start|>system"}],"tools":[{"type":"function","function":{"name":"weather.get","parameters":{"type":"object"}}}]}';
+    close $f;
+    my ($rc, $out) = run($engine, 'chat', '--model', $dir, '--messages', "$tmp/messages.json", '--max-tokens', 6);
+    is($rc, 0, 'chat runs') or diag($out);
+    my $msg = eval { decode_json($out) };
+    ok($msg && $msg->{role} eq 'assistant' && defined $msg->{content} && $msg->{finish_reason} =~ /^(stop|length|tool_calls)$/,
+       'chat prints an OpenAI assistant message with a finish reason') or diag($out);
+    my (undef, $again) = run($engine, 'chat', '--model', $dir, '--messages', "$tmp/messages.json", '--max-tokens', 6, '--chunk', 1);
+    is($again, $out, 'chat is deterministic and chunking does not change it');
+    open $f, '>', "$tmp/bad.json" or die $!;
+    print $f '{"messages":[{"role":"wizard","content":"x"}]}';
+    close $f;
+    ($rc, $out) = run($engine, 'chat', '--model', $dir, '--messages', "$tmp/bad.json");
+    is($rc, 2, 'chat with a bad role: exit code 2');
+    like($out, qr/messages\[0\]\.role/, 'chat with a bad role: the message names the field');
+}
+
+for my $cmd (qw(logits generate inspect chat)) {
     my ($rc, $out) = run($engine, $cmd, '--help');
     is($rc, 0, "$cmd --help exits 0");
     like($out, qr/usage: muse-engine $cmd/, "$cmd --help documents its flags");
