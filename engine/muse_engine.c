@@ -1,4 +1,5 @@
 /* muse-engine: the engine process and its tools, one subcommand each. */
+#include "cmd_exl3.h"
 #include "cmd_model.h"
 #include "cmd_serve.h"
 #include "cmd_tokenize.h"
@@ -11,6 +12,7 @@ typedef struct {
 } subcommand;
 
 static const subcommand subcommands[] = {
+    {"dequant", muse_cmd_dequant, "fp32 effective weight of one EXL3 Linear"},
     {"serve", muse_cmd_serve, "serve a pack to ngx_muse_module (shared memory + socket)"},
     {"logits", muse_cmd_logits, "fp32 logits of every position of a prompt"},
     {"generate", muse_cmd_generate, "generate token ids from a prompt"},
