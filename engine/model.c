@@ -54,24 +54,6 @@ static int expect_shape(const muse_model *m, const muse_tensor *t, const char *k
     return 0;
 }
 
-static float tensor_f32(const muse_tensor *t, int64_t i)
-{
-    switch (t->dtype) {
-    case MUSE_DT_F16:
-        return muse_f16_to_f32(((const uint16_t *)t->data)[i]);
-    case MUSE_DT_BF16:
-        return muse_bf16_to_f32(((const uint16_t *)t->data)[i]);
-    case MUSE_DT_F32: {
-        float f;
-        memcpy(&f, (const char *)t->data + 4 * i, 4);
-        return f;
-    }
-    default:
-        MUSE_CHECK(!"tensor_f32 on an integer tensor");
-        return 0;
-    }
-}
-
 /* A 1-d float vector copied to fp32, refusing NaN/inf by tensor name. */
 static int load_vector(muse_model *m, const char *name, int64_t len, float **out, muse_err *e)
 {
@@ -80,7 +62,7 @@ static int load_vector(muse_model *m, const char *name, int64_t len, float **out
     if (expect_shape(m, t, key, 1, &len, true, e)) return -1;
     float *v = MUSE_MALLOC((size_t)len * sizeof *v);
     for (int64_t i = 0; i < len; i++) {
-        v[i] = tensor_f32(t, i);
+        v[i] = muse_tensor_f32(t, i);
         if (!isfinite(v[i])) {
             free(v);
             return muse_fail(e,
@@ -332,7 +314,7 @@ void muse_model_free(muse_model *m)
 void muse_model_embed_row(const muse_model *m, int64_t token, float *out)
 {
     int64_t H = m->cfg.hidden_size;
-    for (int64_t j = 0; j < H; j++) out[j] = tensor_f32(m->embed, token * H + j);
+    for (int64_t j = 0; j < H; j++) out[j] = muse_tensor_f32(m->embed, token * H + j);
 }
 
 /* fp16 -> fp32 by table: the dense rows of the CPU backend convert every weight each use. */

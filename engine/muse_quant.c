@@ -93,16 +93,6 @@ static bool is_float(muse_dtype dt)
     return dt == MUSE_DT_F16 || dt == MUSE_DT_BF16 || dt == MUSE_DT_F32;
 }
 
-static float tensor_f32(const muse_tensor *t, int64_t i)
-{
-    const uint16_t *h = t->data;
-    if (t->dtype == MUSE_DT_F16) return muse_f16_to_f32(h[i]);
-    if (t->dtype == MUSE_DT_BF16) return muse_bf16_to_f32(h[i]);
-    float f;
-    memcpy(&f, (const char *)t->data + 4 * i, 4);
-    return f;
-}
-
 static uint64_t linear_out_bytes(const item *it, muse_codebook cb)
 {
     return (uint64_t)it->k * (uint64_t)it->np / 8 * (uint64_t)it->bits + 2 * (uint64_t)it->k +
@@ -218,7 +208,8 @@ static float *transposed_weight(const item *it)
 {
     float *W = MUSE_CALLOC((size_t)(it->k * it->np), sizeof *W);
     for (int64_t j = 0; j < it->n; j++)
-        for (int64_t i = 0; i < it->k; i++) W[i * it->np + j] = tensor_f32(it->t, j * it->k + i);
+        for (int64_t i = 0; i < it->k; i++)
+            W[i * it->np + j] = muse_tensor_f32(it->t, j * it->k + i);
     return W;
 }
 
@@ -310,7 +301,7 @@ static int make_entries(const item *it, const quant_opts *o, muse_pool *pool, it
     }
     if (it->kind == ITEM_BIAS) {
         uint16_t *b = MUSE_CALLOC((size_t)it->np, 2);
-        for (int64_t j = 0; j < it->n; j++) b[j] = muse_f32_to_f16(tensor_f32(it->t, j));
+        for (int64_t j = 0; j < it->n; j++) b[j] = muse_f32_to_f16(muse_tensor_f32(it->t, j));
         snprintf(out->names[0], sizeof out->names[0], "%s", it->t->name);
         out->buf[0] = b;
         out->count = 1;

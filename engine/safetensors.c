@@ -1005,3 +1005,24 @@ int muse_st_write_index(const char *path, const char *const *names, const char *
     free(b.p);
     return rc;
 }
+
+float muse_tensor_f32(const muse_tensor *t, int64_t i)
+{
+    const uint8_t *p = t->data;
+    uint16_t h;
+    float f;
+    switch (t->dtype) {
+    case MUSE_DT_F16:
+        memcpy(&h, p + 2 * i, 2);
+        return muse_f16_to_f32(h);
+    case MUSE_DT_BF16:
+        memcpy(&h, p + 2 * i, 2);
+        return muse_bf16_to_f32(h);
+    case MUSE_DT_F32:
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    default:
+        MUSE_CHECK(!"muse_tensor_f32 on an integer tensor");
+        return 0;
+    }
+}

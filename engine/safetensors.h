@@ -46,6 +46,8 @@ const muse_tensor *muse_st_find(const muse_st *st, const char *name); /* NULL wh
 size_t muse_st_count(const muse_st *st);
 const muse_tensor *muse_st_at(const muse_st *st, size_t i);
 uint64_t muse_st_total_bytes(const muse_st *st); /* sum of tensor bytes */
+/* Element i of a float tensor (F16, BF16 or F32) as fp32; unaligned data is fine. */
+float muse_tensor_f32(const muse_tensor *t, int64_t i);
 
 /* The parsers, exposed for tests and fuzzing. They never read outside [json, json+len). */
 /* Parses a safetensors JSON header describing a data section of data_len bytes. On success
