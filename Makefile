@@ -8,7 +8,7 @@ NVCC     ?= nvcc
 
 DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
                 libcjson-dev libevent-dev libpcre2-dev nginx nginx-dev \
-                python3 python3-numpy perl nodejs npm curl
+                python3 python3-numpy perl curl
 
 # Programs: one main file each. Everything else under engine/ is the library.
 MAIN_SRCS := engine/muse_engine.c engine/muse_pack.c engine/muse_quant.c engine/muse_bench.c
@@ -37,6 +37,9 @@ deps:
 	  echo "make deps: installing$$(echo $$missing | sed 's/^/ /')"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "make deps: all Debian packages present"; fi
+	@# node and npm may come from another source (this image has its own); Debian's only if absent
+	@command -v node >/dev/null && command -v npm >/dev/null || { echo "make deps: installing nodejs npm"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; }
 
 $(BUILD)/obj/%.o: engine/%.c $(wildcard engine/*.h) | $(BUILD)/obj
 	$(CC) $(CFLAGS) -c $< -o $@
