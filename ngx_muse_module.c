@@ -1170,6 +1170,10 @@ ngx_muse_peer_read(ngx_event_t *rev)
             ngx_muse_finish(ctx, ngx_muse_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
                             "server_error", NULL, "queue_timeout",
                             "the engine did not start this request in time; retry later"));
+        } else if (c->buffered || ctx->busy) {
+            /* the client is the slow side, not the engine: send_timeout governs that */
+            ngx_muse_arm_timer(ctx);
+            return;
         } else {
             ctx->peer_eof = 1;   /* idle: treat as a dead engine */
             ngx_log_error(NGX_LOG_WARN, c->log, 0, "muse: engine idle past muse_idle_timeout");
@@ -1530,12 +1534,15 @@ ngx_muse_client_write(ngx_http_request_t *r)
 {
     ngx_muse_ctx_t  *ctx = ngx_http_get_module_ctx(r, ngx_muse_module);
     ngx_event_t     *wev = r->connection->write;
+    ngx_chain_t     *none = NULL;   /* update_chains dereferences its out argument */
     ngx_int_t        rc;
 
     if (ctx == NULL || ctx->finished) {
         return;
     }
     if (wev->timedout) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, NGX_ETIMEDOUT,
+                      "client timed out (send_timeout); cancelling");
         r->connection->timedout = 1;
         ngx_muse_finish(ctx, NGX_HTTP_REQUEST_TIME_OUT);
         return;
@@ -1544,7 +1551,7 @@ ngx_muse_client_write(ngx_http_request_t *r)
         ngx_del_timer(wev);
     }
     rc = ngx_http_output_filter(r, NULL);
-    ngx_chain_update_chains(r->pool, &ctx->free, &ctx->busy, NULL,
+    ngx_chain_update_chains(r->pool, &ctx->free, &ctx->busy, &none,
                             (ngx_buf_tag_t) &ngx_muse_module);
     if (rc == NGX_ERROR) {
         ngx_muse_finish(ctx, NGX_ERROR);

@@ -16,7 +16,8 @@
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms;
-    long long fault_after_tokens, kv_blocks;
+    long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
+    long long fault_sticky_after_tokens, kv_blocks;
     double reserve_gib, prompt_cache_gib;
 } serve_flags;
 
@@ -78,6 +79,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                          {"kv-blocks", 1, 0, 'K'},
 #ifdef MUSE_TEST_HOOKS
                                          {"fault-after-tokens", 1, 0, 'F'},
+                                         {"fault-stall-after-tokens", 1, 0, 'W'},
+                                         {"fault-oom-request", 1, 0, 'O'},
+                                         {"fault-sticky-after-tokens", 1, 0, 'X'},
 #endif
                                          {"help", 0, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -145,6 +149,18 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         case 'F':
             rc = muse_parse_long("--fault-after-tokens", optarg, 1, 1 << 30, &f->fault_after_tokens,
                                  &e);
+            break;
+        case 'W':
+            rc = muse_parse_long("--fault-stall-after-tokens", optarg, 1, 1 << 30,
+                                 &f->fault_stall_after_tokens, &e);
+            break;
+        case 'O':
+            rc = muse_parse_long("--fault-oom-request", optarg, 1, 1 << 30, &f->fault_oom_request,
+                                 &e);
+            break;
+        case 'X':
+            rc = muse_parse_long("--fault-sticky-after-tokens", optarg, 1, 1 << 30,
+                                 &f->fault_sticky_after_tokens, &e);
             break;
         case 'R':
             rc = muse_parse_double("--reserve-gib", optarg, 0, 1 << 20, &f->reserve_gib, &e);
@@ -403,6 +419,9 @@ int muse_cmd_serve(int argc, char **argv)
                          .n_script = n_script,
                          .script_delay_ms = (int)f.script_delay_ms,
                          .fault_after_tokens = (long)f.fault_after_tokens,
+                         .fault_stall_after_tokens = (long)f.fault_stall_after_tokens,
+                         .fault_oom_request = (long)f.fault_oom_request,
+                         .fault_sticky_after_tokens = (long)f.fault_sticky_after_tokens,
                          .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0)};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;

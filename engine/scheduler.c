@@ -3,6 +3,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "openai.h"
 #include "prompt_cache.h"
@@ -63,6 +64,7 @@ struct muse_sched {
     lane *lanes;
     uint64_t round;
     uint64_t seed_counter;
+    uint64_t admitted; /* requests taken into lanes (the OOM test hook counts them) */
     /* batch buffers, sized once */
     int32_t *b_tokens, *b_seqs;
     int64_t *b_pos;
@@ -375,6 +377,15 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
         l->state = LANE_FINISHING;
         return;
     }
+    if (++s->admitted == (uint64_t)s->o.fault_oom_request) { /* test builds only */
+        err = (muse_api_error){.status = 503, .type = "server_error", .code = "out_of_memory"};
+        snprintf(err.message, sizeof err.message,
+                 "the device ran out of memory for this request (injected fault); retry later");
+        stat_add(s, &s->stats.errors, 1);
+        error_record(l, 503, &err);
+        l->state = LANE_FINISHING;
+        return;
+    }
     static const char hex[] = "0123456789abcdef";
     snprintf(l->oa.id, sizeof l->oa.id, "%s", rq->kind == MUSE_KIND_CHAT ? "chatcmpl-" : "cmpl-");
     size_t at = strlen(l->oa.id);
@@ -422,9 +433,21 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
     l->served = 0; /* new lanes go first */
 }
 
+/* A sticky device error (a CUDA context that can do nothing more): mark the segment FATAL and
+ * exit at once; the doorbells close with the process, so every worker ends its streams. */
+static void sticky_device_error(muse_sched *s)
+{
+    fprintf(stderr, "muse-engine serve: sticky device error (injected by "
+                    "--fault-sticky-after-tokens); marking the segment FATAL and exiting\n");
+    muse_server_set_state(s->srv, MUSE_ENGINE_FATAL);
+    _exit(MUSE_EXIT_DEVICE_FATAL);
+}
+
 /* One sampled token: into the hash, the parser, the stop rules. */
 static void lane_token(muse_sched *s, lane *l, int32_t tok)
 {
+    if (s->o.fault_sticky_after_tokens > 0 && l->generated >= s->o.fault_sticky_after_tokens)
+        sticky_device_error(s);
     double t = now_ms();
     if (!l->generated) l->t_first = t;
     l->t_last = t;
@@ -504,6 +527,8 @@ static int order_lanes(muse_sched *s, int *order)
         lane *l = &s->lanes[i];
         if (l->state != LANE_PREFILL && l->state != LANE_DECODE) continue;
         if (l->n_out) continue; /* its ring is full: paused until the client reads */
+        if (s->o.fault_stall_after_tokens > 0 && l->generated >= s->o.fault_stall_after_tokens)
+            continue; /* test builds: a lane that never emits again */
         int j = n++;
         while (j > 0 && s->lanes[order[j - 1]].served > l->served) {
             order[j] = order[j - 1];

@@ -20,10 +20,16 @@ typedef struct {
     const int32_t *const *script;
     const size_t *script_len;
     size_t n_script;
-    int script_delay_ms;         /* pause between script rounds, so streaming is observable */
-    long fault_after_tokens;     /* test builds: fail a stream after this many tokens (0: off) */
-    uint64_t prompt_cache_bytes; /* 0: no prompt cache */
+    int script_delay_ms;            /* pause between script rounds, so streaming is observable */
+    long fault_after_tokens;        /* test builds: fail a stream after this many tokens (0: off) */
+    long fault_stall_after_tokens;  /* test builds: a lane stops emitting after this many tokens */
+    long fault_oom_request;         /* test builds: the Nth admitted request runs out of memory */
+    long fault_sticky_after_tokens; /* test builds: a sticky device error after this many tokens */
+    uint64_t prompt_cache_bytes;    /* 0: no prompt cache */
 } muse_sched_opts;
+
+/* muse-engine serve's exit status after a sticky device error (the segment is left FATAL). */
+#define MUSE_EXIT_DEVICE_FATAL 3
 
 #define MUSE_HIST_MAX 16
 

@@ -193,7 +193,9 @@ sub engine_alive {
 
 sub engine_log { $_[0]->slurp("$_[0]{dir}/logs/engine.log") }
 
-# Writes the conf: $o{locations} (server-level text), $o{http} (http-level text).
+# Writes the conf: $o{locations} (server-level text), $o{http} (http-level text), $o{main}
+# (main-context text, e.g. worker_shutdown_timeout), $o{events} (the events block's text,
+# default worker_connections 256), $o{listen} (more listen parameters, e.g. sndbuf=16k).
 sub start_nginx {
     my ($self, %o) = @_;
     my $dir = $self->{dir};
@@ -202,6 +204,9 @@ sub start_nginx {
     my $mod = module_path();
     my $locations = $o{locations} // $self->default_locations;
     my $http = $o{http} // '';
+    my $main = $o{main} // '';
+    my $events = $o{events} // 'worker_connections 256;';
+    my $listen = defined $o{listen} ? " $o{listen}" : '';
     open my $fh, '>', "$dir/conf/nginx.conf" or die $!;
     print $fh <<"EOF";
 load_module $mod;
@@ -209,7 +214,8 @@ ${user}worker_processes 1;
 daemon off;
 error_log $dir/logs/error.log info;
 pid $dir/logs/nginx.pid;
-events { worker_connections 256; }
+$main
+events { $events }
 http {
     access_log $dir/logs/access.log;
     client_body_temp_path $dir/tmp/body;
@@ -220,7 +226,7 @@ http {
     muse_engine $self->{socket} $self->{shm};
 $http
     server {
-        listen 127.0.0.1:$self->{port};
+        listen 127.0.0.1:$self->{port}$listen;
 $locations
     }
 }
@@ -242,6 +248,88 @@ EOF
         sleep 0.02;
     }
     die "nginx did not start";
+}
+
+sub nginx_pid { $_[0]{nginx_pid} }
+
+# Pids of the nginx master's live children (workers, also old ones after a reload), sorted.
+sub worker_pids {
+    my ($self) = @_;
+    my $master = $self->{nginx_pid} or return ();
+    my @kids;
+    for my $stat (glob '/proc/[0-9]*/stat') {
+        open my $fh, '<', $stat or next;
+        my $line = <$fh> // next;
+        # pid (comm) state ppid ...: comm may hold spaces, so split after the last ')'
+        my ($pid, $rest) = $line =~ /^(\d+) \(.*\) (.*)$/s or next;
+        my ($state, $ppid) = split ' ', $rest;
+        push @kids, $pid + 0 if $ppid == $master && $state ne 'Z';
+    }
+    return sort { $a <=> $b } @kids;
+}
+
+# `nginx -s reload` on this harness's conf; returns the new workers' pids once they run and
+# every old worker has stopped accepting (its title says "shutting down") or exited.
+sub reload {
+    my ($self) = @_;
+    my @old = $self->worker_pids;
+    my %old = map { $_ => 1 } @old;
+    my $dir = $self->{dir};
+    my $out = `/usr/sbin/nginx -p '$dir' -c '$dir/conf/nginx.conf' -s reload 2>&1`;
+    die "nginx -s reload failed: $out" if $?;
+    my $shutting = sub {
+        my ($pid) = @_;
+        open my $fh, '<', "/proc/$pid/cmdline" or return 1;
+        local $/;
+        return (<$fh> // '') =~ /shutting down/;
+    };
+    wait_until(5, sub { (grep { !$old{$_} } $self->worker_pids) && !grep { !$shutting->($_) } @old })
+        or die "no new worker after reload";
+    return grep { !$old{$_} } $self->worker_pids;
+}
+
+# Resident set size of a process in KiB (0 when gone).
+sub proc_rss_kb {
+    my ($pid) = @_;
+    open my $fh, '<', "/proc/$pid/status" or return 0;
+    while (<$fh>) { return $1 + 0 if /^VmRSS:\s+(\d+)/ }
+    return 0;
+}
+
+# CPU seconds (user + system) a process has used so far (undef when gone).
+sub proc_cpu_s {
+    my ($pid) = @_;
+    open my $fh, '<', "/proc/$pid/stat" or return undef;
+    my ($rest) = <$fh> =~ /\) (.*)$/s or return undef;
+    my @f = split ' ', $rest;    # f[0] is field 3 (state): utime is field 14, stime 15
+    return ($f[11] + $f[12]) / POSIX::sysconf(POSIX::_SC_CLK_TCK());
+}
+
+# The engine segment's slot table as the worker sees it (read from /dev/shm): ring_bytes and,
+# per slot, state (0 free .. 3 active), owner_pid, head and tail (ring bytes written by the
+# engine and consumed by the worker). docs/abi.md / engine/muse_ring.h give the offsets.
+sub ring_slots {
+    my ($self) = @_;
+    open my $fh, '<:raw', "/dev/shm$self->{shm}" or return undef;
+    my $get = sub {
+        my ($off, $len) = @_;
+        my $buf;
+        sysseek($fh, $off, 0);
+        return (sysread($fh, $buf, $len) // -1) == $len ? $buf : undef;
+    };
+    my $hdr = $get->(0, 256) // return undef;
+    my ($count) = unpack 'L<', substr($hdr, 32, 4);
+    my ($stride, $table) = unpack 'Q<Q<', substr($hdr, 40, 16);
+    my ($ring) = unpack 'Q<', substr($hdr, 64, 8);
+    my @slots;
+    for my $i (0 .. $count - 1) {
+        my $sl = $get->($table + $i * $stride, 192) // last;
+        my ($state, $owner) = unpack 'L<L<', $sl;
+        my ($head) = unpack 'Q<', substr($sl, 64, 8);
+        my ($tail) = unpack 'Q<', substr($sl, 128, 8);
+        push @slots, { state => $state, owner_pid => $owner, head => $head, tail => $tail };
+    }
+    return { ring_bytes => $ring, slots => \@slots };
 }
 
 # The hardened-style locations most tests use.
@@ -482,6 +570,50 @@ sub parallel {
     }
     close $_ for @socks;
     return [map { my $r = parse_response($reads[$_]); $r->{t_end} = $tend[$_]; $r } 0 .. $#socks];
+}
+
+# Sends $n requests (raw bytes from $make->($i)) with at most $conc connections open at once,
+# starting them over about $secs seconds; reads each to EOF (at most $timeout s in all).
+# Returns [{status, retry_after, t_end (from its start), json}] in order, undef t_end when it
+# never closed.
+sub burst {
+    my ($self, $n, $make, %o) = @_;
+    my ($conc, $secs, $timeout) = ($o{concurrency} // 100, $o{secs} // 1, $o{timeout} // 20);
+    my $t0 = time;
+    my (@res, %open);
+    my $next = 0;
+    while (($next < $n || %open) && time - $t0 < $timeout) {
+        while ($next < $n && keys(%open) < $conc && time - $t0 >= $next * $secs / $n) {
+            my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$self->{port}", Timeout => 5);
+            if (!$s) { $res[$next++] = { status => -1, error => "$!" }; next }
+            $s->blocking(0);
+            my $bytes = $make->($next);
+            my $w = syswrite($s, $bytes);
+            die "burst: short write" unless defined $w && $w == length $bytes;
+            $open{$next} = { s => $s, buf => '', t => time };
+            $next++;
+        }
+        my $rin = '';
+        vec($rin, fileno($open{$_}{s}), 1) = 1 for keys %open;
+        my $k = %open ? select(my $rout = $rin, undef, undef, 0.01) : 0;
+        sleep 0.001 unless %open;
+        next unless $k && $k > 0;
+        for my $i (keys %open) {
+            my $c = $open{$i};
+            next unless vec($rout, fileno($c->{s}), 1);
+            my $got = sysread($c->{s}, my $buf, 65536);
+            next if !defined $got;
+            if ($got) { $c->{buf} .= $buf; next }
+            close $c->{s};
+            my $r = parse_response([[0, $c->{buf}]]);
+            $res[$i] = { status => $r->{status}, retry_after => $r->{headers}{'retry-after'},
+                         json => $r->{json}, t_end => time - $c->{t} };
+            delete $open{$i};
+        }
+    }
+    for my $i (keys %open) { close $open{$i}{s}; $res[$i] = { status => 0 } }
+    $res[$_] //= { status => 0 } for 0 .. $n - 1;
+    return \@res;
 }
 
 # The data: JSON objects of an SSE body, in order ([DONE] left out).
