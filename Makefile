@@ -11,7 +11,7 @@ DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
                 python3 python3-numpy perl curl
 
 # Programs: one main file each. Everything else under engine/ is the library.
-MAIN_SRCS := engine/muse_engine.c engine/muse_pack.c engine/muse_quant.c engine/muse_bench.c
+MAIN_SRCS := engine/muse_engine.c engine/muse_pack.c engine/muse_quant.c
 MAINS     := $(patsubst engine/muse_%.c,$(BUILD)/muse-%,$(wildcard $(MAIN_SRCS)))
 LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard engine/*.c))
 LIB_OBJS  := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
@@ -65,12 +65,12 @@ $(BUILD) $(BUILD)/obj $(BUILD)/t $(BUILD)/fuzz:
 test: all fuzz
 	@t/run-tests
 
-LINT_C := engine/*.c engine/*.h t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c
+LINT_C := engine/*.c engine/*.h engine/bench/*.c engine/bench/*.h t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c
 # ngx_muse_module.c is written in nginx's own style and built with nginx's -Werror instead.
 lint:
 	clang-format --dry-run --Werror $(LINT_C)
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability \
-	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz t/tools
+	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine engine/bench t/unit t/fuzz t/tools
 
 format:
 	clang-format -i $(LINT_C)

@@ -75,6 +75,7 @@ typedef struct {
     ngx_chain_t            *busy;
     unsigned                stream:1;
     unsigned                headers_sent:1;
+    unsigned                admitted:1;     /* the engine has sent a record: idle timer now */
     unsigned                peer_eof:1;
     unsigned                finished:1;
 } ngx_muse_ctx_t;
@@ -1142,7 +1143,7 @@ ngx_muse_arm_timer(ngx_muse_ctx_t *ctx)
     ngx_msec_t            waited;
 
     mcf = ngx_http_get_module_loc_conf(ctx->request, ngx_muse_module);
-    if (ctx->headers_sent) {
+    if (ctx->headers_sent || ctx->admitted) {
         t = mcf->idle_timeout;
     } else {
         /* the queue deadline counts from the request's start, not from the last wake-up */
@@ -1164,7 +1165,7 @@ ngx_muse_peer_read(ngx_event_t *rev)
     c = r->connection;
     if (rev->timedout) {
         rev->timedout = 0;
-        if (!ctx->headers_sent) {
+        if (!ctx->headers_sent && !ctx->admitted) {
             ngx_log_error(NGX_LOG_WARN, c->log, 0, "muse: no answer from the engine within "
                           "muse_queue_timeout; cancelling");
             ngx_muse_finish(ctx, ngx_muse_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
@@ -1439,6 +1440,13 @@ ngx_muse_drain(ngx_muse_ctx_t *ctx)
                 ngx_muse_finish(ctx, ngx_muse_fail_stream(ctx, "bad_engine_record",
                                 "the engine sent a corrupt record"));
                 return;
+            }
+            ctx->admitted = 1;
+            if (ev.type == MUSE_EV_KEEPALIVE && !ctx->stream) {
+                /* a non-streaming answer is still being made: nothing to send yet */
+                atomic_store(&sl->tail, tail + muse_event_record_bytes(ev.length));
+                ctx->last_event = ngx_current_msec;
+                continue;
             }
             if (ev.type == MUSE_EV_ERROR && !ctx->headers_sent) {
                 u_char *p = ngx_pnalloc(r->pool, ev.length);

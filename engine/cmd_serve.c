@@ -17,7 +17,7 @@ typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
-    long long fault_sticky_after_tokens, kv_blocks;
+    long long fault_sticky_after_tokens, kv_blocks, keepalive_ms;
     double reserve_gib, prompt_cache_gib;
 } serve_flags;
 
@@ -45,6 +45,8 @@ static const char serve_help[] =
     "                   (default: the MUSE_RESERVE_GIB environment variable, else 0)\n"
     "  --drain-ms N     on SIGTERM, how long running streams may finish, default 30000\n"
     "  --prompt-cache-gib X  prompt cache budget (KV blocks + sliding state), default 1; 0: off\n"
+    "  --keepalive-ms N a stream silent this long (a long prompt, a long non-streaming answer)\n"
+    "                   sends a keepalive, default 5000 (keep it under nginx's muse_idle_timeout)\n"
     "  --kv-blocks N    full-attention KV blocks of 16 positions in the pool; default: enough for\n"
     "                   every stream's whole context plus the prompt cache budget\n"
     "  --backend script replays token ids from --script FILE (a JSON array of id arrays) instead\n"
@@ -77,6 +79,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                          {"reserve-gib", 1, 0, 'R'},
                                          {"prompt-cache-gib", 1, 0, 'P'},
                                          {"kv-blocks", 1, 0, 'K'},
+                                         {"keepalive-ms", 1, 0, 'A'},
 #ifdef MUSE_TEST_HOOKS
                                          {"fault-after-tokens", 1, 0, 'F'},
                                          {"fault-stall-after-tokens", 1, 0, 'W'},
@@ -168,6 +171,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         case 'P':
             rc = muse_parse_double("--prompt-cache-gib", optarg, 0, 1 << 20, &f->prompt_cache_gib,
                                    &e);
+            break;
+        case 'A':
+            rc = muse_parse_long("--keepalive-ms", optarg, 10, 3600000, &f->keepalive_ms, &e);
             break;
         case 'K':
             rc = muse_parse_long("--kv-blocks", optarg, 1, INT32_MAX, &f->kv_blocks, &e);
@@ -422,7 +428,8 @@ int muse_cmd_serve(int argc, char **argv)
                          .fault_stall_after_tokens = (long)f.fault_stall_after_tokens,
                          .fault_oom_request = (long)f.fault_oom_request,
                          .fault_sticky_after_tokens = (long)f.fault_sticky_after_tokens,
-                         .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0)};
+                         .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0),
+                         .keepalive_ms = (int)f.keepalive_ms};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
     struct sigaction sa = {.sa_handler = on_signal};

@@ -42,6 +42,7 @@ typedef struct {
     record *out; /* records not yet in the ring */
     size_t n_out, cap_out;
     double t_admit, t_first, t_last;
+    double t_record; /* when the last record went to the ring */
     /* prompt cache: block-chain keys of the prompt and the prefix points still to keep */
     int64_t cached;      /* prompt tokens taken from the cache */
     uint8_t (*keys)[32]; /* keys[i]: the prefix of i + 1 blocks */
@@ -150,6 +151,7 @@ static int flush_lane(muse_sched *s, lane *l)
         int rc = muse_server_emit(s->srv, l->slot, r->type, r->status, r->data, r->len);
         if (rc == 1) break;
         free(r->data); /* sent, or the slot is gone: either way it is done */
+        l->t_record = now_ms();
     }
     memmove(l->out, l->out + i, (l->n_out - i) * sizeof *l->out);
     l->n_out -= i;
@@ -314,17 +316,21 @@ static void lane_finish(muse_sched *s, lane *l, const char *reason)
     l->state = LANE_FINISHING;
 }
 
-/* Prefix points worth keeping: after each end of a message (system block, earlier turns)
- * and the end of the prompt, each rounded down to a block. */
+/* Prefix points worth keeping: after each end of a message (system block, earlier turns),
+ * the end of the prompt, and the last block that leaves a token to read (what the same prompt
+ * sent again resumes from), each rounded down to a block. Ascending, no repeats. */
 static void cache_plan(muse_sched *s, lane *l)
 {
     int64_t n = (int64_t)l->req.n_prompt, last = -1;
-    l->cuts = MUSE_MALLOC((size_t)(n / MUSE_KV_BLOCK + 1) * sizeof *l->cuts);
+    l->cuts = MUSE_MALLOC((size_t)(n / MUSE_KV_BLOCK + 2) * sizeof *l->cuts);
     for (int64_t i = 0; i <= n; i++) {
         bool end = i == n || l->req.prompt[i] == s->ids.eot || l->req.prompt[i] == s->ids.eom;
-        int64_t cut = (i == n ? n : i + 1) / MUSE_KV_BLOCK * MUSE_KV_BLOCK;
-        if (!end || cut <= l->cached || cut == last) continue;
-        l->cuts[l->n_cuts++] = last = cut;
+        if (!end) continue;
+        int64_t cuts[2] = {(n - 1) / MUSE_KV_BLOCK * MUSE_KV_BLOCK,
+                           n / MUSE_KV_BLOCK * MUSE_KV_BLOCK};
+        if (i < n) cuts[0] = cuts[1] = (i + 1) / MUSE_KV_BLOCK * MUSE_KV_BLOCK;
+        for (int k = 0; k < 2; k++)
+            if (cuts[k] > l->cached && cuts[k] > last) l->cuts[l->n_cuts++] = last = cuts[k];
     }
 }
 
@@ -428,7 +434,11 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
         }
     }
     if (s->cache) cache_resume(s, l, rq->scope, rq->scope_len);
-    if (l->req.stream) push_record(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
+    /* the first record tells the module the request is admitted (its queue timer stops) */
+    if (l->req.stream)
+        push_record(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
+    else
+        push_record(l, MUSE_EV_KEEPALIVE, 0, NULL);
     l->state = LANE_PREFILL;
     l->served = 0; /* new lanes go first */
 }
@@ -649,6 +659,19 @@ static long script_round(muse_sched *s)
     return n;
 }
 
+/* A long prompt or a long non-streaming answer sends a keepalive now and then, so nginx
+ * knows the engine is at work (SSE: a ": keepalive" comment). */
+static void keepalives(muse_sched *s)
+{
+    double now = now_ms(), every = s->o.keepalive_ms > 0 ? s->o.keepalive_ms : 5000;
+    for (int i = 0; i < s->o.streams; i++) {
+        lane *l = &s->lanes[i];
+        if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) && !l->n_out &&
+            now - l->t_record >= every)
+            push_record(l, MUSE_EV_KEEPALIVE, 0, NULL);
+    }
+}
+
 static bool flush_all(muse_sched *s)
 {
     bool pending = false;
@@ -681,6 +704,7 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         int admitted = admit(s, draining);
         s->round++;
         long rows = s->fwd ? model_round(s) : script_round(s);
+        keepalives(s);
         bool pending = flush_all(s);
         int run = running(s);
         muse_pcache_stats cs = {0};

@@ -26,6 +26,7 @@ typedef struct {
     long fault_oom_request;         /* test builds: the Nth admitted request runs out of memory */
     long fault_sticky_after_tokens; /* test builds: a sticky device error after this many tokens */
     uint64_t prompt_cache_bytes;    /* 0: no prompt cache */
+    int keepalive_ms;               /* a lane silent this long sends a keepalive record (0: 5000) */
 } muse_sched_opts;
 
 /* muse-engine serve's exit status after a sticky device error (the segment is left FATAL). */

@@ -1,0 +1,423 @@
+/* muse-bench decode and chat: CPU forward tokens/s, and the per-request chat work (rendering,
+ * reply parsing, sampling) next to one decode step. */
+#include <getopt.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "backend.h"
+#include "bench.h"
+#include "bench_table.h"
+#include "chat.h"
+#include "cli.h"
+#include "forward.h"
+#include "model.h"
+#include "muse_common.h"
+#include "pack_random.h"
+#include "reply.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+/* ---- decode step (shared by chat and decode) ---- */
+
+typedef struct {
+    muse_model model;
+    muse_backend *be;
+    muse_forward *fwd;
+    int64_t vocab;
+} engine_ctx;
+
+static int engine_open(engine_ctx *c, const char *dir, long max_rows, int64_t context, int threads,
+                       muse_err *e)
+{
+    memset(c, 0, sizeof *c);
+    if (muse_model_load(dir, &c->model, e)) return -1;
+    muse_backend_opts o = {
+        .max_rows = max_rows, .max_seqs = 1, .context = context, .threads = threads};
+    if (!(c->be = muse_cpu_backend_create(&c->model, &o, e))) {
+        muse_model_free(&c->model);
+        return -1;
+    }
+    c->fwd = muse_forward_create(c->be);
+    c->vocab = c->model.cfg.vocab_size;
+    return 0;
+}
+
+static void engine_close(engine_ctx *c)
+{
+    muse_forward_destroy(c->fwd);
+    muse_cpu_backend_destroy(c->be);
+    muse_model_free(&c->model);
+}
+
+/* Runs `rows` consecutive positions from `pos` (logits of the last row only); seconds taken. */
+static double engine_step(engine_ctx *c, int64_t pos, long rows)
+{
+    int32_t tok[256];
+    int64_t p[256];
+    int32_t seq[256];
+    uint8_t want[256];
+    MUSE_CHECK(rows <= 256);
+    for (long i = 0; i < rows; i++) {
+        tok[i] = (int32_t)((uint64_t)(pos + i) * 2654435761u % (uint64_t)c->vocab);
+        p[i] = pos + i;
+        seq[i] = 0;
+        want[i] = i == rows - 1;
+    }
+    muse_batch b = {rows, tok, p, seq, want};
+    muse_err e = {{0}};
+    MUSE_CHECK(muse_kv_ensure(&c->be->kv, 0, pos + rows) == 0); /* the scheduler's job */
+    double t0 = bench_now_s();
+    const float *logits = muse_forward_run(c->fwd, &b, &e);
+    double t = bench_now_s() - t0;
+    MUSE_CHECK(logits);
+    return t;
+}
+
+/* Median seconds of one 1-row decode step after a short prompt, over `steps` steps. */
+static double decode_step_median(engine_ctx *c, int steps)
+{
+    double *v = MUSE_MALLOC((size_t)steps * sizeof *v);
+    engine_step(c, 0, 16);
+    for (int i = 0; i < steps; i++) v[i] = engine_step(c, 16 + i, 1);
+    double m = bench_quantile(v, (size_t)steps, 0.5);
+    free(v);
+    return m;
+}
+
+int bench_cmd_decode(int argc, char **argv)
+{
+    const char *dirs[4];
+    int ndirs = 0, as_json = 0;
+    long long tokens = 64, prompt = 256, threads = 0;
+    muse_err e = {{0}};
+    static const struct option opts[] = {{"model", 1, 0, 'm'},  {"tokens", 1, 0, 'n'},
+                                         {"prompt", 1, 0, 'p'}, {"threads", 1, 0, 't'},
+                                         {"json", 0, 0, 'j'},   {0, 0, 0, 0}};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int rc = 0;
+        if (ch == 'm') {
+            if (ndirs == 4) return bench_usage_error("decode", "at most 4 --model");
+            dirs[ndirs++] = optarg;
+        } else if (ch == 'n')
+            rc = muse_parse_long("--tokens", optarg, 1, 100000, &tokens, &e);
+        else if (ch == 'p')
+            rc = muse_parse_long("--prompt", optarg, 64, 100000, &prompt, &e);
+        else if (ch == 't')
+            rc = muse_parse_long("--threads", optarg, 0, 1024, &threads, &e);
+        else if (ch == 'j')
+            as_json = 1;
+        else
+            return bench_usage_error("decode", "unknown option");
+        if (rc) return bench_usage_error("decode", e.msg);
+    }
+    if (!ndirs) return bench_usage_error("decode", "--model DIR is required (repeatable)");
+    prompt = prompt / 64 * 64;
+    static const char *const cols[] = {
+        "model",        "vocab",         "threads",      "prompt tok/s (64-row)",
+        "decode tok/s", "decode p50 ms", "decode p99 ms"};
+    bench_table t;
+    char title[128];
+    snprintf(title, sizeof title,
+             "CPU forward: %lld prompt tokens in rows of 64, then %lld decode steps of 1 row",
+             prompt, tokens);
+    bench_table_begin(&t, "decode", title, cols, 7, as_json);
+    int rc = 0;
+    for (int d = 0; d < ndirs; d++) {
+        engine_ctx c;
+        if (engine_open(&c, dirs[d], 64, prompt + tokens + 1, (int)threads, &e)) {
+            fprintf(stderr, "muse-bench decode: %s\n", e.msg);
+            rc = 1;
+            continue;
+        }
+        double tp = 0;
+        for (int64_t pos = 0; pos < prompt; pos += 64) tp += engine_step(&c, pos, 64);
+        double *v = MUSE_MALLOC((size_t)tokens * sizeof *v), td = 0;
+        for (long i = 0; i < tokens; i++) td += v[i] = engine_step(&c, prompt + i, 1);
+        double p50 = bench_quantile(v, (size_t)tokens, 0.5),
+               p99 = bench_quantile(v, (size_t)tokens, 0.99);
+        free(v);
+        int thr = (int)threads > 0 ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        const char *cells[] = {dirs[d],
+                               bench_fmt("%.0f", (double)c.vocab),
+                               bench_fmt("%.0f", thr),
+                               bench_fmt("%.1f", (double)prompt / tp),
+                               bench_fmt("%.1f", (double)tokens / td),
+                               bench_fmt("%.3f", p50 * 1e3),
+                               bench_fmt("%.3f", p99 * 1e3)};
+        bench_table_row(&t, cells);
+        engine_close(&c);
+    }
+    bench_table_end(&t);
+    return rc;
+}
+
+/* ---- chat: rendering, reply parsing and sampling next to a decode step ---- */
+
+static const char chat_request[] =
+    "{\"model\":\"muse-spark\",\"stream\":true,\"max_tokens\":256,\"messages\":["
+    "{\"role\":\"system\",\"content\":\"You are a careful assistant for a small engineering team. "
+    "Answer briefly, cite the file you read, and prefer plain words over jargon.\"},"
+    "{\"role\":\"user\",\"content\":\"What is the weather in Lisbon tomorrow, and should I take "
+    "an umbrella to the harbour walk in the afternoon?\"},"
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"
+    "\"function\",\"function\":{\"name\":\"weather_get\",\"arguments\":\"{\\\"city\\\":"
+    "\\\"Lisbon\\\",\\\"day\\\":\\\"tomorrow\\\"}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"{\\\"city\\\":\\\"Lisbon\\\","
+    "\\\"forecast\\\":\\\"light rain after 14:00, 17 C, wind 20 km/h from the north west\\\"}\"},"
+    "{\"role\":\"user\",\"content\":\"Thanks. Also summarise that in one sentence for my "
+    "calendar note, please.\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"weather_get\",\"description\":"
+    "\"Get the forecast for a city\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"city\":{\"type\":\"string\"},\"day\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}]}";
+
+static const char reply_reasoning[] =
+    "The user wants a one-sentence summary of the forecast for a calendar note. The tool said "
+    "light rain after 14:00, 17 C and a north-west wind of 20 km/h, so an umbrella is sensible "
+    "for an afternoon walk by the harbour.";
+static const char reply_content[] =
+    "Lisbon tomorrow: light rain from 2 pm, 17 C, breezy from the north west, so take an "
+    "umbrella for the harbour walk.";
+
+typedef struct {
+    const muse_tokenizer *tk;
+    size_t bytes;
+} reply_ctx;
+
+static const uint8_t *reply_token_bytes(void *ctx, int32_t id, size_t *len)
+{
+    return muse_tokenizer_token_bytes(((reply_ctx *)ctx)->tk, id, len);
+}
+
+static void reply_emit(void *ctx, const muse_reply_ev *ev)
+{
+    ((reply_ctx *)ctx)->bytes += ev->len;
+}
+
+static int append_text(const muse_tokenizer *tk, const char *s, int32_t **ids, size_t *n,
+                       size_t *cap, muse_err *e)
+{
+    return muse_tokenize(tk, s, strlen(s), ids, n, cap, e);
+}
+
+static void append_id(int32_t id, int32_t **ids, size_t *n, size_t *cap)
+{
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *ids = realloc(*ids, *cap * sizeof **ids);
+        MUSE_CHECK(*ids);
+    }
+    (*ids)[(*n)++] = id;
+}
+
+/* The ids a model writes after <|start|>assistant: a reasoning message, then the answer. */
+static int reply_tokens(const muse_tokenizer *tk, const muse_chat_ids *ci, int32_t **ids, size_t *n,
+                        muse_err *e)
+{
+    size_t cap = 0;
+    *ids = NULL;
+    *n = 0;
+    if (append_text(tk, " to=self", ids, n, &cap, e)) return -1;
+    append_id(ci->message, ids, n, &cap);
+    if (append_text(tk, reply_reasoning, ids, n, &cap, e)) return -1;
+    append_id(ci->eom, ids, n, &cap);
+    append_id(ci->start, ids, n, &cap);
+    if (append_text(tk, "assistant to=user", ids, n, &cap, e)) return -1;
+    append_id(ci->message, ids, n, &cap);
+    if (append_text(tk, reply_content, ids, n, &cap, e)) return -1;
+    append_id(ci->eot, ids, n, &cap);
+    return 0;
+}
+
+/* Mean seconds per call of a bench body run for >= min_s (at most max_calls). */
+#define TIME_LOOP(min_s, max_calls, out_s, body)                                                   \
+    do {                                                                                           \
+        long calls_ = 0;                                                                           \
+        double t0_ = bench_now_s(), t_;                                                            \
+        do {                                                                                       \
+            body;                                                                                  \
+            calls_++;                                                                              \
+            t_ = bench_now_s() - t0_;                                                              \
+        } while (t_ < (min_s) && calls_ < (max_calls));                                            \
+        (out_s) = t_ / (double)calls_;                                                             \
+    } while (0)
+
+typedef struct {
+    double parse_s, render_s, reply_tok_s, greedy_s, sampled_s;
+    size_t prompt_tokens, reply_ntok, reply_bytes;
+} chat_costs;
+
+static int measure_chat(const muse_tokenizer *tk, double min_s, chat_costs *c, muse_err *e)
+{
+    muse_chat_ids ci;
+    if (muse_chat_ids_from_tokenizer(tk, &ci, e)) return -1;
+    volatile size_t sink = 0;
+    TIME_LOOP(min_s, 1000000, c->parse_s, {
+        cJSON *r = cJSON_Parse(chat_request);
+        MUSE_CHECK(r);
+        sink += (size_t)cJSON_GetArraySize(cJSON_GetObjectItem(r, "messages"));
+        cJSON_Delete(r);
+    });
+    cJSON *req = cJSON_Parse(chat_request);
+    MUSE_CHECK(req);
+    const cJSON *msgs = cJSON_GetObjectItem(req, "messages"),
+                *tools = cJSON_GetObjectItem(req, "tools");
+    int rc = 0;
+    TIME_LOOP(min_s, 1000000, c->render_s, {
+        muse_chat_render r;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        rc |= muse_chat_render_messages(msgs, tools, NULL, &ci, &r, e);
+        if (rc == 0) rc |= muse_chat_render_tokens(&r, tk, &ids, &n, e);
+        c->prompt_tokens = n;
+        free(ids);
+        muse_chat_render_free(&r);
+        if (rc) break;
+    });
+    cJSON_Delete(req);
+    if (rc) return -1;
+    int32_t *rids;
+    size_t rn;
+    if (reply_tokens(tk, &ci, &rids, &rn, e)) return -1;
+    reply_ctx rx = {tk, 0};
+    muse_reply_config rcfg = {.ids = ci,
+                              .parallel_tool_calls = 1,
+                              .token_bytes = reply_token_bytes,
+                              .token_ctx = &rx,
+                              .emit = reply_emit,
+                              .emit_ctx = &rx};
+    muse_reply *rp;
+    if (muse_reply_create(&rcfg, &rp, e)) {
+        free(rids);
+        return -1;
+    }
+    double per_reply;
+    uint64_t seed = 0;
+    TIME_LOOP(min_s, 1000000, per_reply, {
+        muse_reply_reset(rp, seed++);
+        rx.bytes = 0;
+        for (size_t i = 0; i < rn; i++)
+            if (muse_reply_push(rp, rids[i])) break;
+        if (!muse_reply_done(rp)) muse_reply_finish(rp, "length");
+    });
+    c->reply_tok_s = per_reply / (double)rn;
+    c->reply_ntok = rn;
+    c->reply_bytes = rx.bytes;
+    muse_reply_destroy(rp);
+    free(rids);
+    /* Sampler at the demo vocabulary. */
+    const int64_t V = 202048;
+    float *logits = MUSE_MALLOC((size_t)V * sizeof *logits);
+    for (int64_t i = 0; i < V; i++) logits[i] = (float)(3.0 * muse_normal(11, (uint64_t)i));
+    muse_sampler *s = muse_sampler_create(V);
+    MUSE_CHECK(s);
+    muse_sampling greedy = {.temperature = 0, .top_p = 1, .seed = 1};
+    muse_sampling sampled = {.temperature = 0.7f, .top_k = 0, .top_p = 0.9f, .min_p = 0, .seed = 1};
+    int64_t pos = 0;
+    TIME_LOOP(min_s, 1000000, c->greedy_s, sink += (size_t)muse_sample(s, logits, &greedy, pos++));
+    TIME_LOOP(min_s, 1000000, c->sampled_s,
+              sink += (size_t)muse_sample(s, logits, &sampled, pos++));
+    muse_sampler_destroy(s);
+    free(logits);
+    (void)sink;
+    return 0;
+}
+
+int bench_cmd_chat(int argc, char **argv)
+{
+    const char *tok_path = NULL, *dirs[4];
+    int ndirs = 0, as_json = 0;
+    long long threads = 0;
+    double min_s = 0.5;
+    muse_err e = {{0}};
+    static const struct option opts[] = {{"tokenizer", 1, 0, 'T'}, {"model", 1, 0, 'm'},
+                                         {"threads", 1, 0, 't'},   {"min-s", 1, 0, 's'},
+                                         {"json", 0, 0, 'j'},      {0, 0, 0, 0}};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int rc = 0;
+        if (ch == 'T')
+            tok_path = optarg;
+        else if (ch == 'm') {
+            if (ndirs == 4) return bench_usage_error("chat", "at most 4 --model");
+            dirs[ndirs++] = optarg;
+        } else if (ch == 't')
+            rc = muse_parse_long("--threads", optarg, 0, 1024, &threads, &e);
+        else if (ch == 's')
+            rc = muse_parse_double("--min-s", optarg, 0.01, 60, &min_s, &e);
+        else if (ch == 'j')
+            as_json = 1;
+        else
+            return bench_usage_error("chat", "unknown option");
+        if (rc) return bench_usage_error("chat", e.msg);
+    }
+    if (!tok_path || !ndirs)
+        return bench_usage_error("chat",
+                                 "--tokenizer FILE (with Muse's control tokens) and --model DIR "
+                                 "(repeatable) are required");
+    double step_s[4];
+    for (int d = 0; d < ndirs; d++) {
+        engine_ctx c;
+        if (engine_open(&c, dirs[d], 16, 4096, (int)threads, &e)) {
+            fprintf(stderr, "muse-bench chat: %s\n", e.msg);
+            return 1;
+        }
+        step_s[d] = decode_step_median(&c, 64);
+        engine_close(&c);
+    }
+    muse_tokenizer *tk;
+    if (muse_tokenizer_load(tok_path, &tk, &e)) {
+        fprintf(stderr, "muse-bench chat: %s\n", e.msg);
+        return 1;
+    }
+    chat_costs cc = {0};
+    int rc = measure_chat(tk, min_s, &cc, &e);
+    muse_tokenizer_free(tk);
+    if (rc) {
+        fprintf(stderr, "muse-bench chat: %s\n", e.msg);
+        return 1;
+    }
+    const char *cols[7] = {"what", "us", "per"};
+    char colname[4][96];
+    for (int d = 0; d < ndirs; d++) {
+        snprintf(colname[d], sizeof colname[d], "%% of step %s", dirs[d]);
+        cols[3 + d] = colname[d];
+    }
+    bench_table t;
+    bench_table_begin(&t, "chat",
+                      "Request rendering and reply parsing (one core) next to one CPU decode step "
+                      "(1 row, median of 64)",
+                      cols, 3 + ndirs, as_json);
+    char per_render[64], per_reply[64];
+    snprintf(per_render, sizeof per_render, "request (%zu tokens)", cc.prompt_tokens);
+    snprintf(per_reply, sizeof per_reply, "reply (%zu tokens)", cc.reply_ntok);
+    struct {
+        const char *what, *per;
+        double s;
+    } items[] = {{"parse request JSON", "request", cc.parse_s},
+                 {"render + tokenize", per_render, cc.render_s},
+                 {"reply parser push", "token", cc.reply_tok_s},
+                 {"reply parser push", per_reply, cc.reply_tok_s * (double)cc.reply_ntok},
+                 {"sampler greedy V=202048", "token", cc.greedy_s},
+                 {"sampler T0.7 p0.9 V=202048", "token", cc.sampled_s}};
+    for (size_t i = 0; i < sizeof items / sizeof *items; i++) {
+        const char *cells[7] = {items[i].what, bench_fmt("%.2f", items[i].s * 1e6), items[i].per};
+        for (int d = 0; d < ndirs; d++)
+            cells[3 + d] = bench_fmt("%.3f", 100.0 * items[i].s / step_s[d]);
+        bench_table_row(&t, cells);
+    }
+    for (int d = 0; d < ndirs; d++) {
+        const char *cells[7] = {"decode step (1 row)", bench_fmt("%.2f", step_s[d] * 1e6), dirs[d]};
+        for (int j = 0; j < ndirs; j++)
+            cells[3 + j] = bench_fmt("%.1f", 100.0 * step_s[d] / step_s[j]);
+        bench_table_row(&t, cells);
+    }
+    char rnote[96];
+    snprintf(rnote, sizeof rnote, "%zu tokens (reasoning + answer), %zu bytes emitted",
+             cc.reply_ntok, cc.reply_bytes);
+    bench_table_note(&t, "reply", rnote);
+    bench_table_note(&t, "target", "rendering + parsing < 1% of a decode step");
+    bench_table_end(&t);
+    return 0;
+}
