@@ -515,6 +515,10 @@ static int emit_record(muse_server *s, uint32_t slot, uint32_t type, int http_st
             fprintf(stderr, "muse-engine: slot %u: worker wrote a corrupt tail; cancelling\n",
                     slot);
             atomic_store(&p->cancelled, 1);
+            /* the worker learns at once (EOF on its doorbell), the IO thread sees it go */
+            pthread_mutex_lock(&p->mu);
+            if (p->fd >= 0) shutdown(p->fd, SHUT_RDWR);
+            pthread_mutex_unlock(&p->mu);
         }
         return -1;
     }

@@ -392,9 +392,10 @@ if (case_on(28)) {
     my $dt = time - $t_bad;
     close $s;
     my $res = parse($pre->[0] . $rest->[0]);
-    # the engine cancels the slot but keeps its doorbell open, so the worker learns at
-    # muse_idle_timeout (1.5 s on /short), not at once
+    # the engine cancels the slot and shuts its doorbell: the worker learns at once, long
+    # before muse_idle_timeout (1.5 s on /short)
     like(last_event($res), qr/^data: \{"error":/, sprintf('28: the request ends with an error event (%.2f s later)', $dt));
+    ok($dt < 0.75, '28: at once, not at the idle timeout');
     ok($rest->[1], '28: and closes');
     like($n->engine_log, qr/corrupt tail/, '28: the engine logs the corrupt tail');
     ok(drained(3), '28: lanes free');
