@@ -172,9 +172,15 @@ static void accept_claim(muse_server *s, int fd, const muse_claim_msg *m)
     p->fd = fd;
     p->ev = event_new(s->evb, fd, EV_READ | EV_PERSIST, on_doorbell, p);
     MUSE_CHECK(p->ev && event_add(p->ev, NULL) == 0);
-    /* The worker may still scribble on the shared area: decode a private copy. */
-    memcpy(p->request, muse_ring_request_area(sl), s->hdr->request_bytes);
-    if (muse_request_decode(p->request, s->hdr->request_bytes, p->generation, &p->view, &why)) {
+    /* The worker may still scribble on the shared area: decode a private copy, of only the
+     * bytes the header claims (bounded by the area; decode checks them against that length) */
+    const uint8_t *area = muse_ring_request_area(sl);
+    muse_request_record rec;
+    memcpy(&rec, area, sizeof rec);
+    uint64_t used = (uint64_t)sizeof rec + rec.scope_len + rec.body_len;
+    size_t n = used < s->hdr->request_bytes ? (size_t)used : s->hdr->request_bytes;
+    memcpy(p->request, area, n);
+    if (muse_request_decode(p->request, n, p->generation, &p->view, &why)) {
         reject_slot(s, i, why);
         return;
     }
