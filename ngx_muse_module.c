@@ -1301,13 +1301,19 @@ ngx_muse_submit(ngx_http_request_t *r, ngx_muse_ctx_t *ctx, ngx_str_t *body,
 static ngx_int_t
 ngx_muse_start_output(ngx_muse_ctx_t *ctx)
 {
-    ngx_http_request_t  *r = ctx->request;
-    ngx_int_t            rc;
+    ngx_http_request_t        *r = ctx->request;
+    ngx_http_core_loc_conf_t  *clcf;
+    ngx_int_t                  rc;
 
     r->headers_out.status = NGX_HTTP_OK;
     r->headers_out.content_length_n = -1;
     if (ctx->stream) {
         ngx_str_set(&r->headers_out.content_type, "text/event-stream");
+        /* small events must not wait for Nagle, as with unbuffered proxying */
+        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+        if (clcf->tcp_nodelay && ngx_tcp_nodelay(r->connection) != NGX_OK) {
+            return NGX_ERROR;
+        }
         if (ngx_muse_add_header(r, "Cache-Control", "no-cache") != NGX_OK
             || ngx_muse_add_header(r, "X-Accel-Buffering", "no") != NGX_OK)
         {
