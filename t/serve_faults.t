@@ -22,7 +22,6 @@ my %C = %MuseNginx::CTL;
 my $JSON = JSON::PP->new->canonical;
 my $DELAY_MS = 20;
 sub bytes_of { map { ord } split //, $_[0] }
-sub sha_ids { sha256_hex(pack 'l<*', @_) }
 
 my $LONG_TEXT = join ' ', map { "w$_" } 1 .. 20;    # 79 bytes: about 1.8 s at 20 ms a token
 my @S = ([bytes_of(' to=user'), $C{message}, bytes_of($LONG_TEXT), $C{eot}],
@@ -41,30 +40,10 @@ sub chat_body {
     return $JSON->encode({ messages => [{ role => 'user', content => 'hi' }], seed => $seed, %extra });
 }
 sub open_chat { my ($seed, %extra) = @_; $n->open_post('/v1/chat/completions', chat_body($seed, %extra)) }
-sub health { $n->request('GET', '/health') }
-# Waits until /health shows no running or queued stream; the page, or undef.
-sub drained {
-    my ($secs) = @_;
-    return MuseNginx::wait_until($secs // 3, sub {
-        my $h = health()->{json};
-        $h && $h->{streams}{running} == 0 && $h->{streams}{queued} == 0 ? $h : undef;
-    });
-}
-sub content_of {
-    my ($res) = @_;
-    return join '', map { (($_->{choices}[0] // {})->{delta} // {})->{content} // '' } @{ MuseNginx::sse_chunks($res) };
-}
-sub finish_sha {
-    my ($res) = @_;
-    my ($f) = grep { ($_->{choices}[0] // {})->{finish_reason} } @{ MuseNginx::sse_chunks($res) };
-    return $f ? $f->{muse}{token_sha} : '';
-}
-sub last_event { my ($res) = @_; my $e = $res->{events}; @$e ? $e->[-1]{text} : '' }
-sub read_all { my ($s, $secs) = @_; my $x = MuseNginx::read_some($s, $secs // 10); close $s; MuseNginx::parse_response([[0, $x->[0]]]) }
 sub complete_ok {
     my ($res, $seed, $name) = @_;
-    ok($res->{status} == 200 && content_of($res) eq ($seed ? 'ok' : $LONG_TEXT)
-       && finish_sha($res) eq sha_ids(@{ $S[$seed] }) && last_event($res) eq 'data: [DONE]',
+    ok($res->{status} == 200 && MuseNginx::content_of($res) eq ($seed ? 'ok' : $LONG_TEXT)
+       && MuseNginx::finish_sha($res) eq MuseNginx::sha_ids(@{ $S[$seed] }) && MuseNginx::last_event($res) eq 'data: [DONE]',
        "$name: complete, right text and token_sha, [DONE]");
 }
 
@@ -83,13 +62,13 @@ SKIP: {
     my $err = eval { decode_json(substr($ev[-1]{text}, 6)) } // {};
     is($err->{error}{code}, 'engine_fault', '20: error code from the engine');
     ok(!grep({ $_->{text} eq 'data: [DONE]' } @ev), '20: no [DONE] after the error');
-    is(content_of($r), substr($LONG_TEXT, 0, 12 - 9), '20: the deltas before the fault arrived');
+    is(MuseNginx::content_of($r), substr($LONG_TEXT, 0, 12 - 9), '20: the deltas before the fault arrived');
     ok($t20_end < 2, sprintf('20: stream closed by the server (%.2f s)', $t20_end));
     $r = $n->chat(chat_body(0));
     is($r->{status}, 500, '20: non-streaming: the engine error status');
     is($r->{json}{error}{type}, 'server_error', '20: non-streaming: JSON error body');
     my $h = MuseNginx::wait_until(3, sub {
-        my $x = health()->{json};
+        my $x = $n->health->{json};
         $x && $x->{streams}{running} == 0 && $x->{counters}{errors} >= 2 ? $x : undef;
     });
     ok($h, '20: both counted as errors, lanes free');
@@ -103,49 +82,49 @@ $n->start_real_engine(backend => 'script', script => \@S,
 $n->start_nginx;
 
 # ---- 21a: disconnect mid-stream; the other stream is unaffected ----
-my $c0 = health()->{json}{counters};
+my $c0 = $n->health->{json}{counters};
 my $gone = open_chat(0, stream => JSON::PP::true);
 my $witness = open_chat(0, stream => JSON::PP::true);
 my $got = MuseNginx::read_some($gone, 3, qr/"content":"1"/);
 ok($got->[0] =~ /"content":"1"/, '21 mid-stream: deltas flowing');
 close $gone;
 my $t_close = time;
-my $h = MuseNginx::wait_until(2, sub { my $x = health()->{json}; $x && $x->{streams}{running} == 1 ? $x : undef });
+my $h = MuseNginx::wait_until(2, sub { my $x = $n->health->{json}; $x && $x->{streams}{running} == 1 ? $x : undef });
 ok($h, sprintf('21 mid-stream: its lane freed at once (%.2f s)', time - $t_close));
-complete_ok(read_all($witness), 0, '21 mid-stream: the other stream');
-$h = drained();
+complete_ok(MuseNginx::read_all($witness), 0, '21 mid-stream: the other stream');
+$h = $n->drained();
 ok($h, '21 mid-stream: running back to 0');
 is($h && $h->{counters}{cancelled} - $c0->{cancelled}, 1, '21 mid-stream: one cancel counted');
 after_case('21 mid-stream');
 
 # ---- 21b: disconnect while queued ----
-$c0 = health()->{json}{counters};
+$c0 = $n->health->{json}{counters};
 my @run = map { open_chat(0, stream => JSON::PP::true) } 1 .. 2;
 sleep 0.15;
 my $queued = open_chat(1, stream => JSON::PP::true);
 $h = MuseNginx::wait_until(1.5, sub {    # the page is republished every 250 ms
-    my $x = health()->{json};
+    my $x = $n->health->{json};
     $x && $x->{streams}{running} == 2 && $x->{streams}{queued} == 1 ? $x : undef;
 });
 ok($h, '21 queued: two running, one queued');
 close $queued;
-my @res = map { read_all($_) } @run;
+my @res = map { MuseNginx::read_all($_) } @run;
 complete_ok($res[$_], 0, "21 queued: running stream $_") for 0 .. 1;
-$h = drained();
+$h = $n->drained();
 ok($h, '21 queued: running and queued back to 0');
 ok($h && $h->{counters}{requests} - $c0->{requests} <= 3, '21 queued: the queued request never ran to the end');
 is($h && $h->{counters}{tokens_out} - $c0->{tokens_out}, 2 * @{ $S[0] }, '21 queued: no tokens generated for it');
 after_case('21 queued');
 
 # ---- 21c: non-streaming client goes away ----
-$c0 = health()->{json}{counters};
+$c0 = $n->health->{json}{counters};
 my $ns = open_chat(0);
 $witness = open_chat(1, stream => JSON::PP::true);
 sleep 0.3;
 close $ns;
 $t_close = time;
-complete_ok(read_all($witness), 1, '21 non-streaming: the other stream');
-$h = drained(2);
+complete_ok(MuseNginx::read_all($witness), 1, '21 non-streaming: the other stream');
+$h = $n->drained(2);
 my $took = time - $t_close;
 ok($h, sprintf('21 non-streaming: lane freed %.2f s after the close (the reply needs ~%.1f s)', $took, @{ $S[0] } * $DELAY_MS / 1000));
 ok($took < 1.2, '21 non-streaming: cancelled, not run to the end');
@@ -160,7 +139,7 @@ my ($served, $refused, $other, $hung, $bad_refusal) = (0, 0, 0, 0, 0);
 for my $r (@$all) {
     $hung++ unless defined $r->{t_end};
     if ($r->{status} == 200) {
-        $served++ if content_of($r) eq 'ok' && last_event($r) eq 'data: [DONE]';
+        $served++ if MuseNginx::content_of($r) eq 'ok' && MuseNginx::last_event($r) eq 'data: [DONE]';
     } elsif ($r->{status} == 429 || $r->{status} == 503) {
         $refused++;
         $bad_refusal++ unless ($r->{headers}{'retry-after'} // '') =~ /^\d+$/ && $r->{json} && $r->{json}{error};
@@ -173,7 +152,7 @@ is($served + $refused, 100, "24: $served served completely, $refused refused, $o
 ok($served >= 6, '24: at least lanes + queue served');
 ok($refused >= 1, '24: the overflow refused');
 is($bad_refusal, 0, '24: every refusal is JSON with Retry-After');
-$h = drained();
+$h = $n->drained();
 ok($h, '24: running and queued back to 0');
 $r = $n->chat(chat_body(1));
 is($r->{status}, 200, '24: served normally afterwards');
@@ -191,14 +170,14 @@ my @after = map { my $x = MuseNginx::read_some($_, 3); close $_; [$x, time - $t_
 $after[$_][0][0] = $pre[$_] . $after[$_][0][0] for 0 .. 2;
 for my $i (0 .. 1) {
     my $res = MuseNginx::parse_response([[0, $after[$i][0][0]]]);
-    like(last_event($res), qr/^data: \{"error":/, "29: live stream $i ends with an error event") or diag($after[$i][0][0]);
+    like(MuseNginx::last_event($res), qr/^data: \{"error":/, "29: live stream $i ends with an error event") or diag($after[$i][0][0]);
     ok($after[$i][0][1] && $after[$i][1] < 1.5, sprintf('29: live stream %d closed %.2f s after the kill', $i, $after[$i][1]));
 }
 my $wres = MuseNginx::parse_response([[0, $after[2][0][0]]]);
 ok(($wres->{status} == 503 && $wres->{json} && $wres->{json}{error})
-   || last_event($wres) =~ /^data: \{"error":/, '29: the queued one gets a 503 or an error event');
+   || MuseNginx::last_event($wres) =~ /^data: \{"error":/, '29: the queued one gets a 503 or an error event');
 ok($after[2][1] < 1.5, sprintf('29: queued one answered %.2f s after the kill', $after[2][1]));
-$r = health();
+$r = $n->health;
 is($r->{status}, 503, '29: /health 503');
 $r = $n->chat(chat_body(1));
 is($r->{status}, 503, '29: new request 503');
@@ -208,10 +187,10 @@ after_case('29 killed', killed => 1);
 $n->start_real_engine(backend => 'script', script => \@S,
                       args => ['--script-delay-ms', $DELAY_MS, '--streams', 2, '--queue', 4]);
 isnt($n->engine_pid, $pid, '29: a new engine');
-$r = MuseNginx::wait_until(3, sub { my $x = health(); $x->{status} == 200 ? $x : undef });
+$r = MuseNginx::wait_until(3, sub { my $x = $n->health; $x->{status} == 200 ? $x : undef });
 ok($r, '29: /health 200 again');
 $r = $n->chat(chat_body(1, stream => JSON::PP::true));
-ok($r->{status} == 200 && content_of($r) eq 'ok', '29: serves again after the restart');
+ok($r->{status} == 200 && MuseNginx::content_of($r) eq 'ok', '29: serves again after the restart');
 after_case('29 restarted');
 
 # ---- 30: kill -STOP: stale heartbeat -> 503; CONT recovers ----
@@ -220,20 +199,20 @@ my $pre30 = MuseNginx::read_some($stream, 2, qr/"content":"1"/)->[0];
 kill 'STOP', $n->engine_pid;
 my $t_stop = time;
 my $late = open_chat(1);
-$r = MuseNginx::wait_until(6, sub { my $x = health(); $x->{status} == 503 ? $x : undef });
+$r = MuseNginx::wait_until(6, sub { my $x = $n->health; $x->{status} == 503 ? $x : undef });
 my $stale_after = time - $t_stop;
 ok($r, sprintf('30: /health 503 %.1f s after STOP', $stale_after));
 ok($r && $r->{json}{engine}{heartbeat_age_ms} >= 3000, '30: heartbeat_age_ms shows the stale heartbeat');
 my $rest = MuseNginx::read_some($stream, 6);
 close $stream;
 my $sres = MuseNginx::parse_response([[0, $pre30 . $rest->[0]]]);
-like(last_event($sres), qr/^data: \{"error":/, '30: the live stream ends with an error event (idle timeout)');
-my $lres = read_all($late, 6);
+like(MuseNginx::last_event($sres), qr/^data: \{"error":/, '30: the live stream ends with an error event (idle timeout)');
+my $lres = MuseNginx::read_all($late, 6);
 ok($lres->{status} >= 500 && $lres->{json} && $lres->{json}{error}, "30: a request sent while stopped gets an error ($lres->{status})");
 kill 'CONT', $n->engine_pid;
-$r = MuseNginx::wait_until(3, sub { my $x = health(); $x->{status} == 200 ? $x : undef });
+$r = MuseNginx::wait_until(3, sub { my $x = $n->health; $x->{status} == 200 ? $x : undef });
 ok($r, '30: /health 200 after CONT');
-$h = drained(3);
+$h = $n->drained(3);
 ok($h, '30: the timed-out requests were cancelled: running back to 0');
 $r = $n->chat(chat_body(1));
 is($r->{status}, 200, '30: serves again after CONT');

@@ -38,7 +38,6 @@ my $JSON = JSON::PP->new->canonical;
 my $HOOKS = MuseNginx::hooks_engine_path();
 my $BURST_N = $ENV{MUSE_BURST_N} // 1000;    # TESTPLAN says 5000; 1000 keeps CI quick
 sub bytes_of { map { ord } split //, $_[0] }
-sub sha_ids { sha256_hex(pack 'l<*', @_) }
 
 my $LONG_TEXT = join ' ', map { "w$_" } 1 .. 20;    # 79 bytes: about 1.6 s at 20 ms a token
 my $HUGE_TEXT = 'x' x 6000;                         # about 1 MB of SSE events
@@ -73,33 +72,13 @@ sub chat_body {
     return $JSON->encode({ messages => [{ role => 'user', content => 'hi' }], seed => $seed, %extra });
 }
 sub open_chat { my ($seed, %extra) = @_; $n->open_post('/v1/chat/completions', chat_body($seed, %extra)) }
-sub health { $n->request('GET', '/health') }
-sub counters { my $h = health()->{json}; $h ? $h->{counters} : {} }
-# Waits until /health shows no running or queued stream; the page, or undef.
-sub drained {
-    my ($secs) = @_;
-    return MuseNginx::wait_until($secs // 3, sub {
-        my $h = health()->{json};
-        $h && $h->{streams}{running} == 0 && $h->{streams}{queued} == 0 ? $h : undef;
-    });
-}
-sub content_of {
-    my ($res) = @_;
-    return join '', map { (($_->{choices}[0] // {})->{delta} // {})->{content} // '' } @{ MuseNginx::sse_chunks($res) };
-}
-sub finish_sha {
-    my ($res) = @_;
-    my ($f) = grep { ($_->{choices}[0] // {})->{finish_reason} } @{ MuseNginx::sse_chunks($res) };
-    return $f ? $f->{muse}{token_sha} : '';
-}
-sub last_event { my ($res) = @_; my $e = $res->{events}; @$e ? $e->[-1]{text} : '' }
+sub counters { my $h = $n->health->{json}; $h ? $h->{counters} : {} }
 sub parse { MuseNginx::parse_response([[0, $_[0]]]) }
-sub read_all { my ($s, $secs) = @_; my $x = MuseNginx::read_some($s, $secs // 10); close $s; parse($x->[0]) }
 sub complete_ok {
     my ($res, $seed, $name) = @_;
     my $text = ($LONG_TEXT, 'ok', $HUGE_TEXT)[$seed];
-    ok($res->{status} == 200 && content_of($res) eq $text && finish_sha($res) eq sha_ids(@{ $S[$seed] })
-       && last_event($res) eq 'data: [DONE]', "$name: complete, right text and token_sha, [DONE]")
+    ok($res->{status} == 200 && MuseNginx::content_of($res) eq $text && MuseNginx::finish_sha($res) eq MuseNginx::sha_ids(@{ $S[$seed] })
+       && MuseNginx::last_event($res) eq 'data: [DONE]', "$name: complete, right text and token_sha, [DONE]")
         or diag(substr($res->{raw}, 0, 600));
 }
 sub script_engine {
@@ -144,9 +123,9 @@ if (case_on(21)) {
     my $dt = time - $t_close;
     ok($c1, sprintf('21 long prompt: cancelled %.2f s after the close (a round is ~40 ms; /health every 250 ms)', $dt));
     ok($dt < 1.0, '21 long prompt: within a round or two (< 1 s including the health period)');
-    my $w = read_all($ws, 20)->{json};
+    my $w = MuseNginx::read_all($ws, 20)->{json};
     is($w && $w->{muse}{token_sha}, $alone->{muse}{token_sha}, '21 long prompt: the witness served meanwhile equals alone (token_sha)');
-    my $h = drained(3);
+    my $h = $n->drained(3);
     ok($h, '21 long prompt: running back to 0');
     is($h && $h->{counters}{tokens_out} - $c0->{tokens_out}, $alone->{usage}{completion_tokens},
        '21 long prompt: tokens_out counts only the witness (none for the cancelled one)');
@@ -208,11 +187,11 @@ if (case_on(22)) {
     close $s;
     ok($rest->[1], '22: the slow client sees the connection closed');
     my $res = parse($received . $rest->[0]);
-    my $text = content_of($res);
+    my $text = MuseNginx::content_of($res);
     ok($res->{status} == 200 && length($text) > 0 && $text eq substr($HUGE_TEXT, 0, length $text)
        && length($text) < length($HUGE_TEXT), sprintf('22: it got a clean prefix (%d of %d chars), no [DONE]', length $text, length $HUGE_TEXT));
     like($n->error_log, qr/timed out/, '22: error.log names the timeout');
-    ok(drained(3), '22: running back to 0');
+    ok($n->drained(3), '22: running back to 0');
     after_case('22');
 
     # a reader that is slow but keeps reading: backed up longer than muse_idle_timeout (1.5 s
@@ -229,11 +208,11 @@ if (case_on(22)) {
     }
     close $s;
     my $part = parse($received);
-    $text = content_of($part);
+    $text = MuseNginx::content_of($part);
     ok($part->{status} == 200 && length($text) > 100 && $text eq substr($HUGE_TEXT, 0, length $text) && $received !~ /"error"/,
        sprintf('22 steady slow reader: %d chars in 3 s, no error', length $text));
     unlike(substr($n->error_log, $log_at), qr/idle past muse_idle_timeout/, '22 steady slow reader: not taken for an idle engine');
-    ok(drained(3), '22 steady slow reader: cancelled on close');
+    ok($n->drained(3), '22 steady slow reader: cancelled on close');
     after_case('22 steady slow reader');
     $took{22} = time - $t0;
 }
@@ -304,7 +283,7 @@ if (case_on(25)) {
     complete_ok($n->chat(chat_body(1, stream => JSON::PP::true)), 1, '25 warm-up');
     # every slot taken (2 lanes + 4 queued, until muse_queue_timeout 3 s) by long streams
     my @hold = map { open_chat(2, stream => JSON::PP::true) } 1 .. 6;
-    MuseNginx::wait_until(2, sub { my $h = health()->{json}; $h && $h->{streams}{running} == 2 && $h->{streams}{queued} == 4 });
+    MuseNginx::wait_until(2, sub { my $h = $n->health->{json}; $h && $h->{streams}{running} == 2 && $h->{streams}{queued} == 4 });
     # after every slot was used once: the engine copies each slot's request area on first use
     my ($wrss0, $erss0) = (status_kb($wpid, 'VmRSS'), status_kb($n->engine_pid, 'VmRSS'));
     my $tb = time;
@@ -333,7 +312,7 @@ if (case_on(25)) {
     ok($erss1 - $erss0 < 4096, "25: engine memory bounded (VmRSS $erss0 -> $erss1 KiB)");
     my $active = MuseNginx::wait_until(3, sub { my $b = $n->request('GET', '/nginx_status')->{body}; $b =~ /Active connections: 1\b/ ? $b : undef });
     ok($active, '25: every connection closed (stub_status: 1 active, this one)');
-    ok(drained(3), '25: slots back to baseline');
+    ok($n->drained(3), '25: slots back to baseline');
     complete_ok($n->chat(chat_body(1, stream => JSON::PP::true)), 1, '25: served normally afterwards');
     after_case('25');
     $took{25} = time - $t0;
@@ -347,16 +326,16 @@ if (case_on(27)) {
     my $c0 = counters();
     my $s = $n->open_post('/short/v1/chat/completions', chat_body(0, stream => JSON::PP::true));
     my $pre = MuseNginx::read_some($s, 1, qr/"content":" "/);
-    is(content_of(parse($pre->[0])), 'w1 ', '27: the stream started (12 tokens, then the lane stalls)');
+    is(MuseNginx::content_of(parse($pre->[0])), 'w1 ', '27: the stream started (12 tokens, then the lane stalls)');
     my ($cpu0, $ecpu0, $ts) = (MuseNginx::proc_cpu_s($wpid), MuseNginx::proc_cpu_s($n->engine_pid), time);
     my $rest = MuseNginx::read_some($s, 4);
     my $waited = time - $ts;
     my ($cpu, $ecpu) = (MuseNginx::proc_cpu_s($wpid) - $cpu0, MuseNginx::proc_cpu_s($n->engine_pid) - $ecpu0);
     close $s;
     my $res = parse($pre->[0] . $rest->[0]);
-    like(last_event($res), qr/^data: \{"error":/, sprintf('27: an error event after the idle timeout (%.2f s, muse_idle_timeout 1.5 s)', $waited));
+    like(MuseNginx::last_event($res), qr/^data: \{"error":/, sprintf('27: an error event after the idle timeout (%.2f s, muse_idle_timeout 1.5 s)', $waited));
     ok($rest->[1] && $waited > 1.2 && $waited < 2.5, '27: the wait is bounded by muse_idle_timeout');
-    is(content_of($res), 'w1 ', '27: what came before is intact');
+    is(MuseNginx::content_of($res), 'w1 ', '27: what came before is intact');
     ok($cpu < 0.05, sprintf('27: the worker does not spin while waiting (%.3f CPU s)', $cpu));
     ok($ecpu < 0.2, sprintf('27: nor does the engine (%.3f CPU s)', $ecpu));
     my $t1 = time;
@@ -364,7 +343,7 @@ if (case_on(27)) {
     # admitted (the engine's first keepalive), then silent: the idle timer ends it
     is($r->{status}, 503, sprintf('27: non-streaming: 503 after %.2f s (muse_idle_timeout 1.5 s)', time - $t1));
     is($r->{json} && $r->{json}{error}{code}, 'engine_unavailable', '27: non-streaming: code engine_unavailable');
-    my $h = drained(3);
+    my $h = $n->drained(3);
     ok($h && $h->{counters}{cancelled} - $c0->{cancelled} == 2, '27: both cancelled in the engine, lanes free');
     after_case('27');
     $took{27} = time - $t0;
@@ -394,11 +373,11 @@ if (case_on(28)) {
     my $res = parse($pre->[0] . $rest->[0]);
     # the engine cancels the slot and shuts its doorbell: the worker learns at once, long
     # before muse_idle_timeout (1.5 s on /short)
-    like(last_event($res), qr/^data: \{"error":/, sprintf('28: the request ends with an error event (%.2f s later)', $dt));
+    like(MuseNginx::last_event($res), qr/^data: \{"error":/, sprintf('28: the request ends with an error event (%.2f s later)', $dt));
     ok($dt < 0.75, '28: at once, not at the idle timeout');
     ok($rest->[1], '28: and closes');
     like($n->engine_log, qr/corrupt tail/, '28: the engine logs the corrupt tail');
-    ok(drained(3), '28: lanes free');
+    ok($n->drained(3), '28: lanes free');
     complete_ok($n->chat(chat_body(1, stream => JSON::PP::true)), 1, '28: the next request is served');
     after_case('28');
     $took{28} = time - $t0;
@@ -427,14 +406,14 @@ if (case_on(31)) {
     close $s;
     my $res = parse($x->[0]);
     is($res->{status}, 200, '31 sticky: the stream had started');
-    is(content_of($res), 'w1 ', '31 sticky: the tokens before the fault arrived');
-    like(last_event($res), qr/^data: \{"error":/, '31 sticky: then an error event, no [DONE]');
+    is(MuseNginx::content_of($res), 'w1 ', '31 sticky: the tokens before the fault arrived');
+    like(MuseNginx::last_event($res), qr/^data: \{"error":/, '31 sticky: then an error event, no [DONE]');
     my $exited = MuseNginx::wait_until(2, sub { waitpid($pid, WNOHANG) == $pid ? [$?] : undef });
     ok($exited, '31 sticky: the engine exited at once');
     is($exited && $exited->[0] >> 8, 3, '31 sticky: exit status 3 (MUSE_EXIT_DEVICE_FATAL)');
     delete $n->{engine_pid};
     like($n->engine_log, qr/sticky device error.*FATAL/, '31 sticky: the engine says why');
-    my $hr = health();
+    my $hr = $n->health;
     is($hr->{status}, 503, '31 sticky: /health 503');
     is($hr->{json} && $hr->{json}{reason}, 'engine reported a fatal error', '31 sticky: /health names the fatal state');
     my $after = $n->chat(chat_body(1));
@@ -458,7 +437,7 @@ if (case_on(32)) {
     my $r = $n->chat(chat_body(1, stream => JSON::PP::true));
     complete_ok($r, 1, '32 reload: a new request served');
     is($r->{headers}{'x-worker-pid'}, $new[0], '32 reload: by the new worker');
-    my @res = map { my $x = read_all($live[$_], 5); parse($pre[$_] . $x->{raw}) } 0 .. 1;
+    my @res = map { my $x = MuseNginx::read_all($live[$_], 5); parse($pre[$_] . $x->{raw}) } 0 .. 1;
     complete_ok($res[$_], 0, "32 reload: live stream $_ finished") for 0 .. 1;
     ok(!grep({ ($_->{headers}{'x-worker-pid'} // '') ne $old } @res), '32 reload: on the old worker');
     ok(MuseNginx::wait_until(3, sub { !kill(0, $old) }), '32 reload: the old worker exits after them');
@@ -475,7 +454,7 @@ if (case_on(32)) {
     close $s;
     ok($gone->[1], '32 kill: the client sees the connection end');
     my $h = MuseNginx::wait_until(3, sub {
-        my $x = health()->{json};
+        my $x = $n->health->{json};
         $x && $x->{streams}{running} == 0 && $x->{streams}{queued} == 0 && $x->{counters}{cancelled} > $c0->{cancelled} ? $x : undef;
     });
     ok($h, sprintf('32 kill: the engine cancelled the dead worker\'s stream (%.2f s)', time - $t_kill));

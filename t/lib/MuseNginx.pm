@@ -641,4 +641,44 @@ sub wait_until {
     return $v;
 }
 
+# ---- helpers the end-to-end tests share ----
+
+# token_sha of token ids: SHA-256 of them as int32 little-endian (API.md's muse block).
+sub sha_ids { require Digest::SHA; Digest::SHA::sha256_hex(pack 'l<*', @_) }
+
+# /health as parsed by request().
+sub health { $_[0]->request('GET', '/health') }
+
+# Waits until /health shows no running or queued stream; the page, or undef.
+sub drained {
+    my ($self, $secs) = @_;
+    return wait_until($secs // 3, sub {
+        my $h = $self->health->{json};
+        $h && $h->{streams}{running} == 0 && $h->{streams}{queued} == 0 ? $h : undef;
+    });
+}
+
+# The concatenated content deltas of an SSE chat response.
+sub content_of {
+    my ($res) = @_;
+    return join '', map { (($_->{choices}[0] // {})->{delta} // {})->{content} // '' } @{ sse_chunks($res) };
+}
+
+# The token_sha of an SSE response's finish chunk, or ''.
+sub finish_sha {
+    my ($res) = @_;
+    my ($f) = grep { ($_->{choices}[0] // {})->{finish_reason} } @{ sse_chunks($res) };
+    return $f ? $f->{muse}{token_sha} : '';
+}
+
+sub last_event { my ($res) = @_; my $e = $res->{events}; @$e ? $e->[-1]{text} : '' }
+
+# Reads an open_post socket to EOF (at most $secs) and parses the response.
+sub read_all {
+    my ($s, $secs) = @_;
+    my $x = read_some($s, $secs // 10);
+    close $s;
+    return parse_response([[0, $x->[0]]]);
+}
+
 1;
