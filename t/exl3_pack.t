@@ -25,6 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "t", "ref"))
 import exl3_ref  # noqa: E402
 import muse_ref  # noqa: E402
+from tap import diag, ok  # noqa: E402
+import tap  # noqa: E402
 
 BUILD = os.environ.get("BUILD", "build")
 PACK_BIN, ENGINE_BIN, QUANT_BIN = (os.path.join(ROOT, BUILD, b) for b in ("muse-pack", "muse-engine", "muse-quant"))
@@ -37,22 +39,6 @@ QUANT_REL_RMS_ALL, QUANT_REL_RMS_ONE, QUANT_REL_RMS_HEAD = 0.14, 0.15, 0.03
 N_TOKENS = 30
 TIMEOUT_S = 600
 
-_count = 0
-_failed = 0
-
-
-def ok(cond, name):
-    global _count, _failed
-    _count += 1
-    if not cond:
-        _failed += 1
-    print(f"{'ok' if cond else 'not ok'} {_count} - {name}", flush=True)
-    return bool(cond)
-
-
-def diag(msg):
-    for line in str(msg).splitlines() or [""]:
-        print(f"# {line}", flush=True)
 
 
 def run(cmd):
@@ -279,8 +265,8 @@ def check_corrupt(pack, tmp):
 def main():
     for b in (PACK_BIN, ENGINE_BIN, QUANT_BIN):
         ok(os.access(b, os.X_OK), f"{os.path.relpath(b, ROOT)} exists (make it first)")
-    if _failed:
-        print(f"1..{_count}")
+    if tap.failed:
+        print(f"1..{tap.count}")
         return 1
     with tempfile.TemporaryDirectory(prefix="muse-exl3-pack-") as tmp:
         packs = random_packs(tmp)
@@ -288,8 +274,7 @@ def main():
             dequant_cli(packs[2][1], tmp)
             check_corrupt(packs[2][1], tmp)
         check_quant(tmp)
-    print(f"1..{_count}")
-    return 1 if _failed else 0
+    return tap.done()
 
 
 if __name__ == "__main__":

@@ -12,23 +12,12 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "t", "ref"))
 import exl3_ref  # noqa: E402
+import tap  # noqa: E402
+from tap import ok  # noqa: E402
 
 BIN = os.path.join(ROOT, os.environ.get("BUILD", "build"), "t", "test_exl3")
-n_tests = 0
-failed = 0
-
-
-def ok(cond, msg):
-    global n_tests, failed
-    n_tests += 1
-    if not cond:
-        failed += 1
-    print("%sok %d - %s" % ("" if cond else "not ", n_tests, msg))
-
-
-if not os.access(BIN, os.X_OK):
-    print("1..0 # SKIP %s not built (make)" % BIN)
-    sys.exit(0)
+if not ok(os.access(BIN, os.X_OK), "%s is built (make)" % BIN):
+    sys.exit(tap.done())
 
 tmp = tempfile.mkdtemp(prefix="exl3_tables.")
 
@@ -105,5 +94,4 @@ for name in os.listdir(tmp):
     else:
         os.unlink(p)
 os.rmdir(tmp)
-print("1..%d" % n_tests)
-sys.exit(1 if failed else 0)
+sys.exit(tap.done())

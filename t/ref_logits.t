@@ -16,29 +16,13 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "t", "ref"))
 import muse_ref  # noqa: E402
+from tap import diag, ok  # noqa: E402
+import tap  # noqa: E402
 
 PACKS = os.environ.get("MUSE_REF_PACKS", "conf/packs/tiny.json,conf/packs/tiny-flip.json").split(",")
 REL_L2_BOUND = 2e-3
 N_TOKENS = 41
 TIMEOUT_S = 300
-
-_count = 0
-_failed = 0
-
-
-def ok(cond, name):
-    global _count, _failed
-    _count += 1
-    if not cond:
-        _failed += 1
-    print(f"{'ok' if cond else 'not ok'} {_count} - {name}", flush=True)
-    return cond
-
-
-def diag(msg):
-    for line in str(msg).splitlines() or [""]:
-        print(f"# {line}", flush=True)
-
 
 def run(cmd):
     """Run a command; (True, '') on exit 0, else (False, why)."""
@@ -116,8 +100,7 @@ def main():
         for conf in PACKS:
             if ok(os.path.exists(os.path.join(ROOT, conf)), f"{conf} exists"):
                 check_pack(build, conf, tmp)
-    print(f"1..{_count}")
-    return 1 if _failed else 0
+    return tap.done()
 
 
 if __name__ == "__main__":
