@@ -122,10 +122,9 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
     const muse_config *c = &s->model.cfg;
     for (size_t i = 0; i < s->n; i++)
         if (s->ids[i] >= c->vocab_size) {
-            fprintf(
-                stderr,
-                "muse-engine %s: --tokens: entry %zu (%d) is outside the vocabulary 0 .. %lld\n",
-                cmd, i + 1, s->ids[i], (long long)c->vocab_size - 1);
+            fprintf(stderr,
+                    "muse-engine %s: prompt token %zu (%d) is outside the vocabulary 0 .. %lld\n",
+                    cmd, i + 1, s->ids[i], (long long)c->vocab_size - 1);
             return 2;
         }
     long long context = (long long)s->n + extra;
@@ -494,7 +493,16 @@ int muse_cmd_chat(int argc, char **argv)
     char **fn = NULL;
     size_t nfn = 0;
     rc = chat_prompt(&f, tok, &s, &fn, &nfn);
+    /* the tokenizer must fit the model: its ids go straight into the embedding */
+    int64_t tok_vocab = muse_tokenizer_vocab_size(tok);
     if (rc == 0) rc = session_start("chat", &f, f.max_tokens, &s);
+    if (rc < 0 && tok_vocab > s.model.cfg.vocab_size) {
+        fprintf(stderr,
+                "muse-engine chat: the tokenizer has %lld ids but config.json's vocab_size is "
+                "%lld; use the pack's own tokenizer.json\n",
+                (long long)tok_vocab, (long long)s.model.cfg.vocab_size);
+        rc = 2;
+    }
     if (rc >= 0) goto out;
     chat_out o = {0};
     muse_reply_config rcfg = {.function_names = (const char *const *)fn,
@@ -519,15 +527,13 @@ int muse_cmd_chat(int argc, char **argv)
                    .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
                               (uint64_t)f.seed},
                    .position = (int64_t)s.n};
-    rc = 0;
-    bool stopped = f.max_tokens == 0 || feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e);
-    for (long long i = 0; !stopped && i < f.max_tokens; i++) {
+    rc = f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e) ? 1 : 0;
+    for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
         if (muse_reply_push(reply, g.next)) break;
         if (i + 1 == f.max_tokens) break;
         int32_t tok_id = g.next;
         g.position++;
         if (feed(&s, &tok_id, 1, g.position - 1, 0, sample_last, &g, &e)) rc = 1;
-        stopped = rc != 0;
     }
     muse_reply_finish(reply, "length");
     cJSON *msg = cJSON_CreateObject();

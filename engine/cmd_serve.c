@@ -3,10 +3,12 @@
 #include "cmd_serve.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <getopt.h>
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -188,6 +190,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     }
     if (optind < argc) return bad("unexpected argument");
     if (!f->listen) return bad("--listen SOCKET is required");
+    for (const char *p = f->model_id; p && *p; p++) /* it goes into JSON and headers as is */
+        if (!(isalnum((unsigned char)*p) || strchr("-_.:/", *p)))
+            return bad("--model-id may hold letters, digits and - _ . : / only");
     bool script = strcmp(f->backend, "script") == 0;
     if (!script && strcmp(f->backend, "cpu") != 0) return bad("--backend must be cpu or script");
     if (script && !f->script) return bad("--backend script needs --script FILE");
@@ -250,8 +255,10 @@ typedef struct {
     const muse_model *model;
     const muse_backend *be;
     double started;
-    volatile int state; /* 0 starting, 1 ok, 2 down */
-    volatile int quit;
+    /* 0 starting, 1 ok, 2 down. The pointers above are set before state becomes 1 (release)
+     * and read only after it is seen (acquire). */
+    _Atomic int state;
+    _Atomic int quit;
 } health_ctx;
 
 static double now_s(void)
@@ -280,21 +287,27 @@ static uint64_t proc_kb(const char *path, const char *key)
 
 static void publish_health(health_ctx *h)
 {
+    int state = atomic_load(&h->state);
+    bool up = state != 0; /* the model, backend and scheduler exist */
     muse_sched_stats st = {0};
-    if (h->sched) muse_sched_stats_get(h->sched, &st);
+    if (up) muse_sched_stats_get(h->sched, &st);
     const serve_flags *f = h->f;
     uint64_t total = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t weights = h->model && h->model->st ? muse_st_total_bytes(h->model->st) : 0;
-    uint64_t kv = h->be ? h->be->kv_bytes : 0, ws = h->be ? h->be->workspace_bytes : 0;
+    uint64_t weights = up && h->model && h->model->st ? muse_st_total_bytes(h->model->st) : 0;
+    uint64_t kv = up && h->be ? h->be->kv_bytes : 0, ws = up && h->be ? h->be->workspace_bytes : 0;
     uint64_t reserve = (uint64_t)(f->reserve_gib * 1073741824.0);
     uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable:");
-    /* KV is held per lane from the start, so a free lane is memory a new stream can have */
-    uint64_t per_lane = f->streams ? kv / (uint64_t)f->streams : 0;
-    uint64_t left = per_lane * (uint64_t)(st.max - st.running);
+    /* what admission can still hand out: free pool blocks, and the rings of the free lanes */
+    uint64_t left = 0;
+    if (up && h->be) {
+        uint64_t pool = (uint64_t)h->be->kv.n_blocks * h->be->kv_block_bytes;
+        uint64_t rings = kv > pool && f->streams ? (kv - pool) / (uint64_t)f->streams : 0;
+        left = st.kv_free_blocks * h->be->kv_block_bytes + rings * (uint64_t)(st.max - st.running);
+    }
     int busy = h->srv ? muse_server_busy_slots(h->srv) : 0;
-    const char *status = h->state == 0   ? "starting"
-                         : h->state == 2 ? "down"
-                                         : (avail && avail < reserve ? "degraded" : "ok");
+    const char *status = state == 0   ? "starting"
+                         : state == 2 ? "down"
+                                      : (avail && avail < reserve ? "degraded" : "ok");
     char json[8192], hist[2][1024];
     if (muse_hist_json(&st.ttft_seconds, "ttft_seconds", hist[0], sizeof hist[0]) < 0 ||
         muse_hist_json(&st.decode_tokens_per_second, "decode_tokens_per_second", hist[1],
@@ -316,12 +329,13 @@ static void publish_health(health_ctx *h)
         "\"cancelled\":%llu},"
         "\"histograms\":{%s%s%s}}",
         status, f->model_id, (int)getpid(), MUSE_VERSION, now_s() - h->started, f->backend,
-        st.running, busy > st.running ? busy - st.running : 0, st.max, (long long)f->context,
-        h->sched && st.cache_budget ? f->prompt_cache_gib : 0.0, (unsigned long long)st.cache_bytes,
-        (unsigned long long)st.cache_entries, (unsigned long long)st.cache_hits,
-        (unsigned long long)st.cache_misses, (unsigned long long)total, (unsigned long long)weights,
-        (unsigned long long)kv, (unsigned long long)st.cache_bytes, (unsigned long long)ws,
-        (unsigned long long)reserve, (unsigned long long)avail, (unsigned long long)left,
+        st.running, busy > st.running ? busy - st.running : 0, st.max,
+        (long long)(up ? f->context : 0), st.cache_budget ? f->prompt_cache_gib : 0.0,
+        (unsigned long long)st.cache_bytes, (unsigned long long)st.cache_entries,
+        (unsigned long long)st.cache_hits, (unsigned long long)st.cache_misses,
+        (unsigned long long)total, (unsigned long long)weights, (unsigned long long)kv,
+        (unsigned long long)st.cache_bytes, (unsigned long long)ws, (unsigned long long)reserve,
+        (unsigned long long)avail, (unsigned long long)left,
         (unsigned long long)proc_kb("/proc/self/status", "VmHWM:"), (unsigned long long)st.requests,
         (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
         (unsigned long long)st.errors, (unsigned long long)st.cancelled, hist[0],
@@ -333,7 +347,7 @@ static void publish_health(health_ctx *h)
 static void *health_main(void *p)
 {
     health_ctx *h = p;
-    while (!h->quit) {
+    while (!atomic_load(&h->quit)) {
         publish_health(h);
         struct timespec ts = {0, 250000000L};
         nanosleep(&ts, NULL);
@@ -437,17 +451,17 @@ int muse_cmd_serve(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     muse_server_set_state(srv, MUSE_ENGINE_SERVING);
-    h.state = 1;
+    atomic_store(&h.state, 1);
     fprintf(stderr,
             "muse-engine serve: serving %s on %s (%lld streams, context %lld, %s backend)\n",
             f.model_id, f.listen, f.streams, f.context, f.backend);
     muse_sched_run(sched, &stopping, (int)f.drain_ms);
-    h.state = 2;
+    atomic_store(&h.state, 2);
     fprintf(stderr, "muse-engine serve: drained, shutting down\n");
     rc = 0;
 fail:
     if (rc) fprintf(stderr, "muse-engine serve: %s\n", e.msg);
-    h.quit = 1;
+    atomic_store(&h.quit, 1);
     if (health_running) pthread_join(health_tid, NULL);
     if (srv) muse_server_set_state(srv, rc ? MUSE_ENGINE_FATAL : MUSE_ENGINE_DOWN);
     muse_server_stop(srv);

@@ -217,11 +217,14 @@ static int parse_eos(const cJSON *v, muse_config *c, const char *where, muse_err
     const cJSON *it;
     if (cJSON_IsNumber(v)) {
         it = v;
+        if (it->valuedouble != floor(it->valuedouble))
+            return muse_fail(e, "%s: 'eos_token_id' must be an integer id", where);
         c->eos_ids[c->n_eos++] = (int64_t)it->valuedouble;
     } else if (cJSON_IsArray(v)) {
         cJSON_ArrayForEach(it, v)
         {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || c->n_eos >= MUSE_MAX_EOS)
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || c->n_eos >= MUSE_MAX_EOS ||
+                it->valuedouble != floor(it->valuedouble))
                 return muse_fail(e, "%s: 'eos_token_id' must be an id or a list of at most %d ids",
                                  where, MUSE_MAX_EOS);
             c->eos_ids[c->n_eos++] = (int64_t)it->valuedouble;
@@ -390,6 +393,11 @@ int muse_config_parse(const char *json, size_t len, muse_config *c, muse_err *e)
         get_num(&s, "output_multiplier", 1.0, -INFINITY, &c->output_multiplier, e) ||
         get_int(&s, "bos_token_id", false, -1, 0, &c->bos_token_id, e))
         goto out;
+    if (c->bos_token_id >= c->vocab_size) {
+        muse_fail(e, "config.json: bos_token_id %lld is outside the vocabulary (vocab_size %lld)",
+                  (long long)c->bos_token_id, (long long)c->vocab_size);
+        goto out;
+    }
     if (parse_eos(field(&s, "eos_token_id"), c, "config.json", e)) goto out;
     if (parse_quant(&s, c, e)) goto out;
     c->gen_temperature = c->gen_top_p = -1;

@@ -483,6 +483,13 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
         return muse_fail(e, "config.json: head_dim %lld exceeds the CPU backend's limit of 512",
                          (long long)cfg->head_dim),
                NULL;
+    /* the router keeps a row and the expert scores on the stack */
+    if (cfg->hidden_size > 16384 || cfg->num_experts > 4096)
+        return muse_fail(e,
+                         "config.json: hidden_size %lld or num_experts %lld exceeds the CPU "
+                         "backend's limits (16384, 4096)",
+                         (long long)cfg->hidden_size, (long long)cfg->num_experts),
+               NULL;
     cpu_backend *c = MUSE_CALLOC(1, sizeof *c);
     c->base.ops = &cpu_ops;
     c->base.model = m;

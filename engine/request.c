@@ -46,7 +46,8 @@ static int parse_stops(const cJSON *root, muse_gen_request *r, muse_api_error *e
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (!v || cJSON_IsNull(v)) return 0;
     if (cJSON_IsString(v)) {
-        if (!v->valuestring[0]) return bad(err, "stop", "'%s' must not be empty", "stop");
+        if (!v->valuestring[0] || strlen(v->valuestring) > 256)
+            return bad(err, "stop", "'%s' must be a non-empty string of at most 256 bytes", "stop");
         r->stops[r->n_stops++] = strdup(v->valuestring);
         return 0;
     }

@@ -139,7 +139,19 @@ static void push_record(lane *l, uint32_t type, int status, char *data)
         l->out = realloc(l->out, l->cap_out * sizeof *l->out);
         MUSE_CHECK(l->out);
     }
-    l->out[l->n_out++] = (record){type, status, data, data ? strlen(data) : 0};
+    size_t len = data ? strlen(data) : 0;
+    if (len > muse_server_max_payload(l->sched->srv)) { /* it could never enter the ring */
+        muse_api_error err = {.status = 500, .type = "server_error", .code = "event_too_large"};
+        snprintf(
+            err.message, sizeof err.message,
+            "an event of this reply is larger than the engine's output ring; raise the ring size");
+        free(data);
+        data = muse_oa_error(&err);
+        type = MUSE_EV_ERROR;
+        status = 500;
+        len = strlen(data);
+    }
+    l->out[l->n_out++] = (record){type, status, data, len};
 }
 
 /* Moves queued records into the ring; 1 when everything went (else back-pressure). */
@@ -344,7 +356,8 @@ static void cache_resume(muse_sched *s, lane *l, const char *scope, size_t scope
     const muse_pcache_entry *hit = NULL;
     for (int64_t b = ((int64_t)l->req.n_prompt - 1) / MUSE_KV_BLOCK; b > 0 && !hit; b--)
         hit = muse_pcache_find(s->cache, l->keys[b - 1]);
-    muse_pcache_count(s->cache, hit != NULL);
+    if (((int64_t)l->req.n_prompt - 1) / MUSE_KV_BLOCK > 0)
+        muse_pcache_count(s->cache, hit != NULL);
     if (hit) {
         muse_kv_share(&s->be->kv, seq, hit->blocks, hit->n_blocks);
         l->cached = l->fed = hit->n_blocks * MUSE_KV_BLOCK;
@@ -474,6 +487,7 @@ static void lane_token(muse_sched *s, lane *l, int32_t tok)
     } else {
         long n = muse_detok_push(s->tok, &l->detok, tok, s->detok_buf, s->detok_cap);
         stop = completion_text(l, s->detok_buf, n > 0 ? (size_t)n : 0, false);
+        if (stop) l->detok.nheld = 0; /* nothing after a stop string, not even a held byte */
     }
     if (stop) {
         lane_finish(s, l, "stop");
@@ -716,6 +730,7 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         s->stats.cache_entries = cs.entries;
         s->stats.cache_hits = cs.hits;
         s->stats.cache_misses = cs.misses;
+        s->stats.kv_free_blocks = s->be ? (uint64_t)s->be->kv.n_free : 0;
         pthread_mutex_unlock(&s->stats_mu);
         if (draining && (run == 0 || now_ms() > drain_deadline)) break;
         /* idle, or waiting on readers; lanes admitted this round (their first records were just
@@ -752,6 +767,13 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     if (!fwd && o->n_script == 0)
         return muse_fail(e, "the script backend needs --script FILE with at least one token list"),
                NULL;
+    int64_t vocab = cfg ? cfg->vocab_size : muse_tokenizer_vocab_size(tok);
+    if (cfg && muse_tokenizer_vocab_size(tok) > vocab)
+        return muse_fail(e,
+                         "the tokenizer has %lld ids but config.json's vocab_size is %lld; use the "
+                         "pack's own tokenizer.json",
+                         (long long)muse_tokenizer_vocab_size(tok), (long long)vocab),
+               NULL;
     muse_sched *s = MUSE_CALLOC(1, sizeof *s);
     s->o = *o;
     s->fwd = fwd;
@@ -767,9 +789,8 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
         if (o->prompt_cache_bytes)
             s->cache = muse_pcache_create(o->prompt_cache_bytes, &s->be->kv, s->be->kv_block_bytes);
     }
-    s->sampler = muse_sampler_create(muse_tokenizer_vocab_size(tok) > (cfg ? cfg->vocab_size : 0)
-                                         ? muse_tokenizer_vocab_size(tok)
-                                         : cfg->vocab_size);
+    s->sampler = muse_sampler_create(vocab);
+    MUSE_CHECK(s->sampler);
     s->detok_cap = 3 * (muse_tokenizer_max_token_bytes(tok) + 4) + 16;
     s->detok_buf = MUSE_MALLOC(s->detok_cap);
     s->lanes = MUSE_CALLOC((size_t)o->streams, sizeof *s->lanes);

@@ -48,6 +48,7 @@ typedef struct {
     uint64_t requests, tokens_in, tokens_out, errors, cancelled;
     muse_hist ttft_seconds, decode_tokens_per_second;
     uint64_t cache_budget, cache_bytes, cache_entries, cache_hits, cache_misses;
+    uint64_t kv_free_blocks; /* full-attention KV blocks no stream or cache entry holds */
 } muse_sched_stats;
 
 /* Writes `"name":{"le":[..],"counts":[..],"sum":x,"count":n}` into buf; returns bytes or -1. */

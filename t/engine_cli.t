@@ -75,7 +75,7 @@ my @bad = (
     [[qw(logits --model), "$tmp/tiny", qw(--tokens), '', '--out', "$tmp/x"], qr/--tokens is empty/, 'an empty --tokens'],
     [[qw(logits --model), "$tmp/tiny", qw(--tokens 1,x,3 --out), "$tmp/x"], qr/--tokens: entry 2/, 'a token that is not a number'],
     [[qw(logits --model), "$tmp/tiny", qw(--tokens 1,-3 --out), "$tmp/x"], qr/--tokens: entry 2/, 'a negative token id'],
-    [[qw(logits --model), "$tmp/tiny", qw(--tokens 1,1024 --out), "$tmp/x"], qr/entry 2 \(1024\) is outside the vocabulary/, 'a token id past the vocabulary'],
+    [[qw(logits --model), "$tmp/tiny", qw(--tokens 1,1024 --out), "$tmp/x"], qr/token 2 \(1024\) is outside the vocabulary/, 'a token id past the vocabulary'],
     [[qw(logits --model), $tmp, qw(--tokens 1 --out), "$tmp/x"], qr/not a model pack/, 'a directory that is not a pack'],
     [[qw(logits --model /nonexistent --tokens 1 --out), "$tmp/x"], qr/not a model pack/, 'a missing directory'],
     [[qw(generate --model), "$tmp/tiny", qw(--tokens 1 --temperature 3)], qr/--temperature must be/, 'a temperature out of range'],

@@ -99,6 +99,10 @@ int main(void)
                   "a string where an integer belongs");
     refuses_extra("\"eos_token_id\":[99999],", "outside the vocabulary",
                   "an eos id outside the vocabulary");
+    refuses_extra("\"eos_token_id\":2.5,", "'eos_token_id' must be an integer",
+                  "a fractional eos id");
+    refuses_extra("\"bos_token_id\":512,", "bos_token_id 512 is outside the vocabulary",
+                  "a bos id outside the vocabulary");
     refuses_extra("\"norm_topk_prob\":1,", "'norm_topk_prob' must be true or false",
                   "a number where a bool belongs");
     const char *no_window =
