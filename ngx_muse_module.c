@@ -37,6 +37,7 @@
  * request lets go. */
 typedef struct ngx_muse_map_s {
     u_char                 *base;
+    muse_ring_header        lay;    /* the checked layout: never re-read from the segment */
     size_t                  size;
     dev_t                   dev;
     ino_t                   ino;
@@ -458,6 +459,7 @@ ngx_muse_attach(ngx_muse_engine_t *eng, ngx_log_t *log)
     void             *base;
     const char       *why;
     ngx_muse_map_t   *m;
+    muse_ring_header  lay;
     muse_ring_header *h;
 
     fd = shm_open((char *) eng->shm_name.data, O_RDWR, 0);
@@ -492,7 +494,9 @@ ngx_muse_attach(ngx_muse_engine_t *eng, ngx_log_t *log)
                       &eng->shm_name);
         return NULL;
     }
-    h = base;
+    /* check a private copy: the shared header could change between check and use */
+    ngx_memcpy(&lay, base, sizeof(lay));
+    h = &lay;
     if (muse_ring_check_header(h, st.st_size, &why) != 0) {
         if (h->magic == MUSE_RING_MAGIC && h->abi_version != MUSE_RING_ABI_VERSION) {
             ngx_log_error(NGX_LOG_ERR, log, 0,
@@ -512,6 +516,7 @@ ngx_muse_attach(ngx_muse_engine_t *eng, ngx_log_t *log)
         return NULL;
     }
     m->base = base;
+    m->lay = lay;
     m->size = st.st_size;
     m->dev = st.st_dev;
     m->ino = st.st_ino;
@@ -1224,13 +1229,16 @@ ngx_muse_submit(ngx_http_request_t *r, ngx_muse_ctx_t *ctx, ngx_str_t *body,
     if (atomic_load(&h->state) != MUSE_ENGINE_SERVING) {
         return *why = "the engine is starting or stopping; retry later", NGX_DECLINED;
     }
-    if (muse_request_record_bytes(scope->len, body->len) > h->request_bytes) {
+    if ((ngx_muse_mono_ns() - atomic_load(&h->heartbeat_ns)) / 1000000 > NGX_MUSE_STALE_MS) {
+        return *why = "the engine is not answering; retry later", NGX_DECLINED;
+    }
+    if (muse_request_record_bytes(scope->len, body->len) > ctx->map->lay.request_bytes) {
         return *why = "too large", NGX_ABORT;
     }
     start = (ngx_uint_t) ngx_pid + (ngx_uint_t) ngx_random();
-    for (i = 0; i < h->slot_count; i++) {
-        ctx->slot = (uint32_t) ((start + i) % h->slot_count);
-        sl = muse_ring_slot_at(ctx->map->base, h, ctx->slot);
+    for (i = 0; i < ctx->map->lay.slot_count; i++) {
+        ctx->slot = (uint32_t) ((start + i) % ctx->map->lay.slot_count);
+        sl = muse_ring_slot_at(ctx->map->base, &ctx->map->lay, ctx->slot);
         want = MUSE_SLOT_FREE;
         if (atomic_compare_exchange_strong(&sl->state, &want, MUSE_SLOT_CLAIMED)) {
             break;
@@ -1240,14 +1248,14 @@ ngx_muse_submit(ngx_http_request_t *r, ngx_muse_ctx_t *ctx, ngx_str_t *body,
     if (sl == NULL) {
         return *why = "all engine slots are busy; retry later", NGX_DECLINED;
     }
-    ctx->seg_generation = h->generation;
+    ctx->seg_generation = ctx->map->lay.generation;
     ctx->slot_generation = atomic_fetch_add(&sl->generation, 1) + 1;
     atomic_store(&sl->owner_pid, (uint32_t) ngx_pid);
     atomic_store(&sl->claim_ns, ngx_muse_mono_ns());
     atomic_store(&sl->head, 0);
     atomic_store(&sl->tail, 0);
     atomic_store(&sl->wake, 0);
-    if (muse_request_encode(muse_ring_request_area(sl), h->request_bytes, ctx->slot_generation,
+    if (muse_request_encode(muse_ring_request_area(sl), ctx->map->lay.request_bytes, ctx->slot_generation,
                             kind, (uint32_t) flags, scope->data, scope->len, body->data,
                             body->len) != 0)
     {
@@ -1376,6 +1384,10 @@ ngx_muse_fail_stream(ngx_muse_ctx_t *ctx, const char *code, const char *message)
                                                      : NGX_HTTP_SERVICE_UNAVAILABLE,
                                    "server_error", NULL, code, message);
     }
+    if (!ctx->stream) {
+        /* half a JSON body must not end like a whole one: abort the connection */
+        return NGX_ERROR;
+    }
     b = ngx_muse_get_buf(ctx, &last, 256 + ngx_strlen(message));
     if (b == NULL) {
         return NGX_ERROR;
@@ -1393,13 +1405,25 @@ ngx_muse_fail_stream(ngx_muse_ctx_t *ctx, const char *code, const char *message)
 static void
 ngx_muse_client_write(ngx_http_request_t *r);
 
+/* Output is backed up: wait for the client, under send_timeout. 0, or NGX_ERROR. */
+static ngx_int_t
+ngx_muse_wait_client(ngx_http_request_t *r)
+{
+    ngx_connection_t          *c = r->connection;
+    ngx_http_core_loc_conf_t  *clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (!c->write->ready && !c->write->timer_set) {
+        ngx_add_timer(c->write, clcf->send_timeout);
+    }
+    return ngx_handle_write_event(c->write, clcf->send_lowat) == NGX_OK ? NGX_OK : NGX_ERROR;
+}
+
 /* Takes records from the ring while nginx's output keeps up; stops when it backs up. */
 static void
 ngx_muse_drain(ngx_muse_ctx_t *ctx)
 {
     ngx_http_request_t   *r = ctx->request;
     ngx_connection_t     *c = r->connection;
-    ngx_http_core_loc_conf_t *clcf;
     muse_ring_header     *h;
     muse_ring_slot       *sl;
     muse_event_header     ev;
@@ -1415,12 +1439,16 @@ ngx_muse_drain(ngx_muse_ctx_t *ctx)
         return;
     }
     h = ngx_muse_hdr(ctx->map);
-    sl = muse_ring_slot_at(ctx->map->base, h, ctx->slot);
-    ring = muse_ring_event_area(sl, h);
+    sl = muse_ring_slot_at(ctx->map->base, &ctx->map->lay, ctx->slot);
+    ring = muse_ring_event_area(sl, &ctx->map->lay);
 
     for ( ;; ) {
         if (c->buffered || ctx->busy) {
-            return;   /* back-pressure: the client write handler resumes us */
+            /* back-pressure: the client write handler resumes us */
+            if (ngx_muse_wait_client(r) != NGX_OK) {
+                ngx_muse_finish(ctx, NGX_ERROR);
+            }
+            return;
         }
         if (h->generation != ctx->seg_generation
             || atomic_load(&sl->generation) != ctx->slot_generation)
@@ -1435,7 +1463,7 @@ ngx_muse_drain(ngx_muse_ctx_t *ctx)
         for (n = 0; n < NGX_MUSE_BATCH && !end; n++) {
             head = atomic_load(&sl->head);
             tail = atomic_load(&sl->tail);
-            rc = muse_ring_peek(ring, h->ring_bytes, head, tail, ctx->slot_generation, &ev,
+            rc = muse_ring_peek(ring, ctx->map->lay.ring_bytes, head, tail, ctx->slot_generation, &ev,
                                 &why);
             if (rc == 0) {
                 break;
@@ -1454,13 +1482,18 @@ ngx_muse_drain(ngx_muse_ctx_t *ctx)
                 ctx->last_event = ngx_current_msec;
                 continue;
             }
+            if (ev.type == MUSE_EV_ERROR && ctx->headers_sent && !ctx->stream) {
+                /* a non-streaming body already began: it cannot turn into an error now */
+                ngx_muse_finish(ctx, NGX_ERROR);
+                return;
+            }
             if (ev.type == MUSE_EV_ERROR && !ctx->headers_sent) {
                 u_char *p = ngx_pnalloc(r->pool, ev.length);
                 if (p == NULL) {
                     ngx_muse_finish(ctx, NGX_ERROR);
                     return;
                 }
-                muse_ring_copy_out(ring, h->ring_bytes, tail + sizeof(ev), p, ev.length);
+                muse_ring_copy_out(ring, ctx->map->lay.ring_bytes, tail + sizeof(ev), p, ev.length);
                 atomic_store(&sl->tail, tail + muse_event_record_bytes(ev.length));
                 ctx->headers_sent = 1;
                 ngx_muse_finish(ctx, ngx_muse_send_body(r, ev.http_status, "application/json",
@@ -1490,7 +1523,7 @@ ngx_muse_drain(ngx_muse_ctx_t *ctx)
                 if (ctx->stream) {
                     b->last = ngx_cpymem(b->last, "data: ", 6);
                 }
-                muse_ring_copy_out(ring, h->ring_bytes, tail + sizeof(ev), b->last, ev.length);
+                muse_ring_copy_out(ring, ctx->map->lay.ring_bytes, tail + sizeof(ev), b->last, ev.length);
                 b->last += ev.length;
                 if (ctx->stream) {
                     b->last = ngx_cpymem(b->last, "\n\n", 2);
@@ -1521,11 +1554,7 @@ ngx_muse_drain(ngx_muse_ctx_t *ctx)
             return;
         }
         if (c->buffered || ctx->busy) {
-            clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-            if (!c->write->ready) {
-                ngx_add_timer(c->write, clcf->send_timeout);
-            }
-            if (ngx_handle_write_event(c->write, clcf->send_lowat) != NGX_OK) {
+            if (ngx_muse_wait_client(r) != NGX_OK) {
                 ngx_muse_finish(ctx, NGX_ERROR);
             }
             return;
@@ -1606,8 +1635,15 @@ ngx_muse_body_handler(ngx_http_request_t *r)
     if (mcf->scope_index >= 0) {
         vv = ngx_http_get_indexed_variable(r, mcf->scope_index);
         if (vv && !vv->not_found) {
+            if (vv->len > MUSE_RING_MAX_SCOPE) {
+                /* cutting it could merge two tenants' caches: refuse instead */
+                ngx_http_finalize_request(r, ngx_muse_send_error(r, NGX_HTTP_BAD_REQUEST,
+                    "invalid_request_error", NULL, "cache_scope_too_long",
+                    "the prompt-cache scope of this request is longer than 256 bytes"));
+                return;
+            }
             scope.data = vv->data;
-            scope.len = vv->len > MUSE_RING_MAX_SCOPE ? MUSE_RING_MAX_SCOPE : vv->len;
+            scope.len = vv->len;
         }
     }
     ctx = ngx_pcalloc(r->pool, sizeof(ngx_muse_ctx_t));
@@ -1707,9 +1743,9 @@ ngx_muse_health_json(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, ngx_uint_t
         return root;
     }
     h = ngx_muse_hdr(m);
-    text = ngx_pnalloc(r->pool, h->health_bytes + 1);
-    if (text && muse_health_read(muse_ring_health(m->base, h), h->health_bytes, text,
-                                 h->health_bytes, &len) == 0)
+    text = ngx_pnalloc(r->pool, m->lay.health_bytes + 1);
+    if (text && muse_health_read(muse_ring_health(m->base, &m->lay), m->lay.health_bytes, text,
+                                 m->lay.health_bytes, &len) == 0)
     {
         text[len] = '\0';
         root = cJSON_ParseWithOpts((char *) text, NULL, 1);

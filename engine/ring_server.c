@@ -45,7 +45,8 @@ struct muse_server {
     uint32_t abi_version;
     int shm_fd, listen_fd, stop_fd;
     uint8_t *base;
-    muse_ring_header *hdr;
+    muse_ring_header *hdr; /* shared: only state, heartbeat and magic are written there */
+    muse_ring_header lay;  /* the layout as created: a worker may scribble on the shared copy */
     slot_priv *slots;
     struct event_base *evb;
     struct event *listen_ev, *stop_ev, *reap_ev;
@@ -66,7 +67,7 @@ static uint64_t now_ns(clockid_t c)
 
 static muse_ring_slot *shm_slot(muse_server *s, uint32_t i)
 {
-    return muse_ring_slot_at(s->base, s->hdr, i);
+    return muse_ring_slot_at(s->base, &s->lay, i);
 }
 
 /* ---- slot ownership ---- */
@@ -105,7 +106,9 @@ static void ring_doorbell(muse_server *s, uint32_t i)
     slot_priv *p = &s->slots[i];
     if (atomic_exchange(&shm_slot(s, i)->wake, 1u) != 0) return;
     pthread_mutex_lock(&p->mu);
-    if (p->fd >= 0) (void)!send(p->fd, "e", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    /* a full socket buffer already holds a wake-up; any other failure must not eat this one */
+    if (p->fd >= 0 && send(p->fd, "e", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN)
+        atomic_store(&shm_slot(s, i)->wake, 0u);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -116,7 +119,7 @@ static void on_doorbell(evutil_socket_t fd, short what, void *arg);
 static void queue_push(muse_server *s, uint32_t i)
 {
     pthread_mutex_lock(&s->qmu);
-    uint32_t n = s->hdr->slot_count;
+    uint32_t n = s->lay.slot_count;
     s->queue[(s->qhead + s->qcount) % n] = i;
     s->qcount++;
     pthread_cond_signal(&s->qcv);
@@ -132,6 +135,7 @@ static void reject_slot(muse_server *s, uint32_t i, const char *why)
                      "\"type\":\"server_error\",\"param\":null,\"code\":\"bad_record\"}}",
                      why);
     fprintf(stderr, "muse-engine: slot %u: request record rejected: %s\n", i, why);
+    if (n < 0 || (size_t)n >= sizeof msg) n = (int)strlen(msg);
     muse_server_emit(s, i, MUSE_EV_ERROR, 500, msg, (size_t)n);
     muse_server_finish(s, i);
 }
@@ -143,15 +147,16 @@ static int claim_is_valid(muse_server *s, int fd, const muse_claim_msg *m, const
     muse_ring_slot *sl;
     if (m->magic != MUSE_CLAIM_MAGIC) return *why = "bad claim magic", 0;
     if (m->abi_version != s->abi_version) return *why = "claim ABI version mismatch", 0;
-    if (m->segment_generation != s->hdr->generation) return *why = "stale segment generation", 0;
+    if (m->segment_generation != s->lay.generation) return *why = "stale segment generation", 0;
     if (!(sl = shm_slot(s, m->slot))) return *why = "slot index out of range", 0;
     if (s->slots[m->slot].fd >= 0 || atomic_load(&s->slots[m->slot].sides) != 0)
         return *why = "slot already has a doorbell", 0;
     if (atomic_load(&sl->state) != MUSE_SLOT_SUBMITTED) return *why = "slot not submitted", 0;
     if (atomic_load(&sl->generation) != m->slot_generation)
         return *why = "stale slot generation", 0;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 &&
-        (uint32_t)cred.pid != atomic_load(&sl->owner_pid))
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0)
+        return *why = "cannot tell who the claimer is", 0;
+    if ((uint32_t)cred.pid != atomic_load(&sl->owner_pid))
         return *why = "claimer is not the slot owner", 0;
     return 1;
 }
@@ -178,7 +183,7 @@ static void accept_claim(muse_server *s, int fd, const muse_claim_msg *m)
     muse_request_record rec;
     memcpy(&rec, area, sizeof rec);
     uint64_t used = (uint64_t)sizeof rec + rec.scope_len + rec.body_len;
-    size_t n = used < s->hdr->request_bytes ? (size_t)used : s->hdr->request_bytes;
+    size_t n = used < s->lay.request_bytes ? (size_t)used : s->lay.request_bytes;
     memcpy(p->request, area, n);
     if (muse_request_decode(p->request, n, p->generation, &p->view, &why)) {
         reject_slot(s, i, why);
@@ -264,7 +269,7 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
     muse_server *s = arg;
     uint64_t now = now_ns(CLOCK_MONOTONIC);
     (void)fd, (void)what;
-    for (uint32_t i = 0; i < s->hdr->slot_count; i++) {
+    for (uint32_t i = 0; i < s->lay.slot_count; i++) {
         muse_ring_slot *sl = shm_slot(s, i);
         uint32_t st = atomic_load(&sl->state);
         if (st != MUSE_SLOT_CLAIMED && st != MUSE_SLOT_SUBMITTED) continue;
@@ -366,6 +371,7 @@ static int make_segment(muse_server *s, const muse_server_opts *o, muse_err *e)
     h.started_unix_ns = now_ns(CLOCK_REALTIME);
     h.magic = 0;
     memcpy(s->hdr, &h, sizeof h);
+    memcpy(&s->lay, &h, sizeof h);
     atomic_store(&s->hdr->state, MUSE_ENGINE_STARTING);
     atomic_store(&s->hdr->heartbeat_ns, now_ns(CLOCK_MONOTONIC));
     atomic_thread_fence(memory_order_release);
@@ -413,7 +419,7 @@ int muse_server_start(const muse_server_opts *o, muse_server **out, muse_err *e)
         muse_server_stop(s);
         return -1;
     }
-    uint32_t n = s->hdr->slot_count;
+    uint32_t n = s->lay.slot_count;
     s->queue = MUSE_CALLOC(n, sizeof *s->queue);
     s->slots = MUSE_CALLOC(n, sizeof *s->slots);
     for (uint32_t i = 0; i < n; i++) {
@@ -421,7 +427,7 @@ int muse_server_start(const muse_server_opts *o, muse_server **out, muse_err *e)
         s->slots[i].index = i;
         s->slots[i].fd = -1;
         pthread_mutex_init(&s->slots[i].mu, NULL);
-        s->slots[i].request = MUSE_MALLOC(s->hdr->request_bytes + 1);
+        s->slots[i].request = MUSE_MALLOC(s->lay.request_bytes + 1);
     }
     if (make_loop(s, e)) {
         muse_server_stop(s);
@@ -463,7 +469,7 @@ int muse_server_next_request(muse_server *s, muse_request *out)
             return 0;
         }
         i = s->queue[s->qhead];
-        s->qhead = (s->qhead + 1) % s->hdr->slot_count;
+        s->qhead = (s->qhead + 1) % s->lay.slot_count;
         s->qcount--;
         pthread_mutex_unlock(&s->qmu);
         slot_priv *p = &s->slots[i];
@@ -485,7 +491,7 @@ int muse_server_next_request(muse_server *s, muse_request *out)
 
 int muse_server_is_cancelled(muse_server *s, uint32_t slot)
 {
-    if (slot >= s->hdr->slot_count) return 1;
+    if (slot >= s->lay.slot_count) return 1;
     return atomic_load(&s->slots[slot].cancelled) != 0 ||
            (atomic_load(&s->slots[slot].sides) & SIDE_DONE) != 0;
 }
@@ -493,7 +499,7 @@ int muse_server_is_cancelled(muse_server *s, uint32_t slot)
 size_t muse_server_max_payload(const muse_server *s)
 {
     /* one record plus the reserved END record must fit */
-    return s->hdr->ring_bytes - 2 * sizeof(muse_event_header);
+    return s->lay.ring_bytes - 2 * sizeof(muse_event_header);
 }
 
 static int emit_record(muse_server *s, uint32_t slot, uint32_t type, int http_status,
@@ -501,7 +507,7 @@ static int emit_record(muse_server *s, uint32_t slot, uint32_t type, int http_st
 {
     muse_event_header h;
     uint64_t new_head;
-    if (slot >= s->hdr->slot_count) return -1;
+    if (slot >= s->lay.slot_count) return -1;
     slot_priv *p = &s->slots[slot];
     muse_ring_slot *sl = shm_slot(s, slot);
     if (atomic_load(&p->sides) & SIDE_DONE) return -1;
@@ -514,10 +520,10 @@ static int emit_record(muse_server *s, uint32_t slot, uint32_t type, int http_st
     h.http_status = type == MUSE_EV_ERROR ? (uint16_t)http_status : 0;
     h.generation = p->generation;
     uint64_t tail = atomic_load(&sl->tail);
-    int rc = muse_ring_put(muse_ring_event_area(sl, s->hdr), s->hdr->ring_bytes, p->head, tail,
+    int rc = muse_ring_put(muse_ring_event_area(sl, &s->lay), s->lay.ring_bytes, p->head, tail,
                            reserve, &h, data, &new_head);
     if (rc == -1) {
-        if (!muse_ring_positions_ok(p->head, tail, s->hdr->ring_bytes)) {
+        if (!muse_ring_positions_ok(p->head, tail, s->lay.ring_bytes)) {
             fprintf(stderr, "muse-engine: slot %u: worker wrote a corrupt tail; cancelling\n",
                     slot);
             atomic_store(&p->cancelled, 1);
@@ -544,7 +550,7 @@ int muse_server_emit(muse_server *s, uint32_t slot, uint32_t type, int http_stat
 
 void muse_server_finish(muse_server *s, uint32_t slot)
 {
-    if (slot >= s->hdr->slot_count) return;
+    if (slot >= s->lay.slot_count) return;
     if (atomic_load(&s->slots[slot].sides) & SIDE_DONE) return;
     emit_record(s, slot, MUSE_EV_END, 0, NULL, 0, 0);
     slot_release_side(s, slot, SIDE_DONE);
@@ -558,7 +564,7 @@ void muse_server_heartbeat(muse_server *s)
 void muse_server_set_health(muse_server *s, const char *json, size_t len)
 {
     pthread_mutex_lock(&s->health_mu);
-    muse_health_write(muse_ring_health(s->base, s->hdr), s->hdr->health_bytes, json, len);
+    muse_health_write(muse_ring_health(s->base, &s->lay), s->lay.health_bytes, json, len);
     pthread_mutex_unlock(&s->health_mu);
     muse_server_heartbeat(s);
 }
@@ -570,18 +576,18 @@ void muse_server_set_state(muse_server *s, uint32_t state)
 
 uint64_t muse_server_generation(const muse_server *s)
 {
-    return s->hdr->generation;
+    return s->lay.generation;
 }
 int muse_server_slots(const muse_server *s)
 {
-    return (int)s->hdr->slot_count;
+    return (int)s->lay.slot_count;
 }
 
 int muse_server_busy_slots(const muse_server *s)
 {
     int busy = 0;
-    for (uint32_t i = 0; i < s->hdr->slot_count; i++)
-        busy += atomic_load(&muse_ring_slot_at(s->base, s->hdr, i)->state) != MUSE_SLOT_FREE;
+    for (uint32_t i = 0; i < s->lay.slot_count; i++)
+        busy += atomic_load(&muse_ring_slot_at(s->base, &s->lay, i)->state) != MUSE_SLOT_FREE;
     return busy;
 }
 
@@ -595,7 +601,7 @@ void muse_server_stop(muse_server *s)
         pthread_join(s->io, NULL);
     }
     if (s->slots) {
-        for (uint32_t i = 0; i < s->hdr->slot_count; i++) {
+        for (uint32_t i = 0; i < s->lay.slot_count; i++) {
             slot_close_doorbell(s, i);
             pthread_mutex_destroy(&s->slots[i].mu);
             free(s->slots[i].request);
@@ -610,7 +616,7 @@ void muse_server_stop(muse_server *s)
         unlink(s->socket_path);
     }
     if (s->stop_fd >= 0) close(s->stop_fd);
-    if (s->base) munmap(s->base, s->hdr->total_bytes);
+    if (s->base) munmap(s->base, s->lay.total_bytes);
     if (s->shm_fd >= 0) {
         close(s->shm_fd);
         shm_unlink(s->shm_name);

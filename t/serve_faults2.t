@@ -376,7 +376,7 @@ if (case_on(28)) {
     like(MuseNginx::last_event($res), qr/^data: \{"error":/, sprintf('28: the request ends with an error event (%.2f s later)', $dt));
     ok($dt < 0.75, '28: at once, not at the idle timeout');
     ok($rest->[1], '28: and closes');
-    like($n->engine_log, qr/corrupt tail/, '28: the engine logs the corrupt tail');
+    ok(MuseNginx::wait_until(2, sub { $n->engine_log =~ /corrupt tail/ }), '28: the engine logs the corrupt tail');
     ok($n->drained(3), '28: lanes free');
     complete_ok($n->chat(chat_body(1, stream => JSON::PP::true)), 1, '28: the next request is served');
     after_case('28');
