@@ -39,7 +39,7 @@ my $s = $n->connect_raw;
 my $b = '{"messages":[{"role":"user","content":"HANG"}],"stream":true}';
 print $s "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
     . "Content-Type: application/json\r\nContent-Length: " . length($b) . "\r\n\r\n$b";
-sleep 0.3;
+Time::HiRes::sleep(0.3);
 $n->stop_engine('KILL');
 my ($got, $buf) = ('', '');
 my $t0 = Time::HiRes::time();

@@ -183,11 +183,14 @@ ok($mem->{weights_bytes} > 0.9 * $wbytes && $mem->{weights_bytes} <= $wbytes,
    "health: weights_bytes $mem->{weights_bytes} ~ safetensors size $wbytes");
 ok($mem->{total_bytes} > $mem->{peak_bytes} && $mem->{peak_bytes} > $mem->{weights_bytes},
    'health: total > peak > weights');
-my %c0 = %{ $h->{counters} };
+# the page is republished four times a second: take the baseline from a settled page, and
+# wait until the new request's tokens show
+my %c0 = %{ ($n->drained // $h)->{counters} };
 $n->chat(chat_body('Say hello.', max_tokens => 4));
 my $h1 = MuseNginx::wait_until(3, sub {
     my $x = $n->request('GET', '/health')->{json};
-    $x && $x->{counters}{requests} > $c0{requests} && $x->{streams}{running} == 0 ? $x : undef;
+    $x && $x->{counters}{requests} > $c0{requests} && $x->{streams}{running} == 0
+       && $x->{counters}{tokens_in} >= $c0{tokens_in} + @$ref_ids && $x->{counters}{tokens_out} > $c0{tokens_out} ? $x : undef;
 });
 ok($h1, 'health: counters.requests moves');
 ok($h1 && $h1->{counters}{tokens_in} >= $c0{tokens_in} + @$ref_ids, 'health: counters.tokens_in moves by the prompt');

@@ -49,7 +49,7 @@ sub complete_ok {
 
 # ---- 20: engine-side failure after some tokens ----
 SKIP: {
-    skip 'build/t/muse-engine-test (mk/testengine.mk) not built', 10 unless -x MuseNginx::hooks_engine_path();
+    skip MuseNginx::_in_ci('build/t/muse-engine-test (mk/testengine.mk) not built'), 11 unless -x MuseNginx::hooks_engine_path();
     $n->start_real_engine(engine => MuseNginx::hooks_engine_path(), backend => 'script', script => \@S,
                           args => ['--script-delay-ms', 5, '--fault-after-tokens', 12]);
     $n->start_nginx;

@@ -21,10 +21,10 @@ binmode(Test::More->builder->$_, ':encoding(UTF-8)') for qw(output failure_outpu
 my $why = MuseNginx::missing_real();
 plan skip_all => $why if $why;
 my $root = MuseNginx::root();
-plan skip_all => 'node not installed' unless system('node --version >/dev/null 2>&1') == 0;
+plan skip_all => MuseNginx::_in_ci('node not installed') unless system('node --version >/dev/null 2>&1') == 0;
 unless (-f "$root/t/node/node_modules/openai/package.json") {
     my $npm = `npm ci --prefix '$root/t/node' --no-audit --no-fund --loglevel=error 2>&1`;
-    plan skip_all => "npm ci --prefix t/node failed: $npm" if $?;
+    plan skip_all => MuseNginx::_in_ci("npm ci --prefix t/node failed: $npm") if $?;
 }
 
 my %C = %MuseNginx::CTL;
