@@ -81,5 +81,7 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
 void muse_cpu_backend_destroy(muse_backend *be);
 /* Bytes of KV cache per token of one sequence (all layers, fp16 K and V). */
 uint64_t muse_kv_bytes_per_token(const muse_config *c);
+/* The same for the full-attention layers only: what the paged pool holds a token. */
+uint64_t muse_kv_full_bytes_per_token(const muse_config *c);
 
 #endif

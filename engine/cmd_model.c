@@ -336,9 +336,7 @@ static void print_kv_pool(const muse_model *m)
         .max_rows = 1, .max_seqs = 1, .context = MUSE_KV_BLOCK, .threads = 1, .kv_blocks = 1};
     muse_backend *be = muse_cpu_backend_create(m, &o, &e);
     if (!be) return;
-    uint64_t theory_full = 0, KV = (uint64_t)(c->n_kv_heads * c->head_dim);
-    for (int64_t i = 0; i < c->num_layers; i++)
-        theory_full += c->attn_kind[i] == MUSE_ATTN_FULL ? 2 * KV * 2 : 0;
+    uint64_t theory_full = muse_kv_full_bytes_per_token(c);
     printf("kv pool a token     %llu (full-attention layers, paged in blocks of %d); theory %llu\n",
            (unsigned long long)(be->kv_block_bytes / MUSE_KV_BLOCK), MUSE_KV_BLOCK,
            (unsigned long long)theory_full);

@@ -411,11 +411,7 @@ int muse_cmd_serve(int argc, char **argv)
             goto fail;
         }
         /* the pool holds every stream's context, plus what the prompt cache may keep */
-        uint64_t block_bytes = 0;
-        for (int64_t i = 0; i < model.cfg.num_layers; i++)
-            if (model.cfg.attn_kind[i] == MUSE_ATTN_FULL)
-                block_bytes += 2ull * MUSE_KV_BLOCK *
-                               (uint64_t)(model.cfg.n_kv_heads * model.cfg.head_dim) * 2;
+        uint64_t block_bytes = MUSE_KV_BLOCK * muse_kv_full_bytes_per_token(&model.cfg);
         int64_t per_seq = (f.context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
         int64_t blocks = f.kv_blocks ? f.kv_blocks : f.streams * per_seq;
         if (!f.kv_blocks && block_bytes)

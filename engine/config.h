@@ -44,14 +44,6 @@ int muse_config_parse(const char *json, size_t len, muse_config *c, muse_err *e)
 /* Reads dir/config.json and, when present, dir/generation_config.json (its eos list wins). */
 int muse_config_load(const char *dir, muse_config *c, muse_err *e);
 
-/* Derived sizes. */
-static inline int64_t muse_config_n_moe_layers(const muse_config *c)
-{
-    int64_t n = 0;
-    for (int64_t i = 0; i < c->num_layers; i++) n += c->mlp_kind[i] == MUSE_MLP_MOE;
-    return n;
-}
-
 /* Reads a whole small file (config, index) into a NUL-terminated malloc'd buffer. */
 int muse_read_file(const char *path, size_t max_bytes, char **out, size_t *len, muse_err *e);
 

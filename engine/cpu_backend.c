@@ -450,6 +450,13 @@ uint64_t muse_kv_bytes_per_token(const muse_config *c)
     return (uint64_t)c->num_layers * 2 * (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
 }
 
+uint64_t muse_kv_full_bytes_per_token(const muse_config *c)
+{
+    uint64_t layers = 0;
+    for (int64_t i = 0; i < c->num_layers; i++) layers += c->attn_kind[i] == MUSE_ATTN_FULL;
+    return layers * 2 * (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
+}
+
 static size_t exl3_ws_max(const muse_model *m, long rows)
 {
     size_t best = 0;

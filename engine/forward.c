@@ -10,6 +10,7 @@ struct muse_forward {
     float *y;                           /* [R, H] output of attention or feed-forward, fp32 */
     float *mlp_gate, *mlp_up, *mlp_act; /* [R, I] dense layers */
     float *logits;                      /* [R, V (padded)] */
+    int64_t *last_pos;                  /* [max_seqs] scratch of check_batch */
 };
 
 muse_forward *muse_forward_create(muse_backend *be)
@@ -35,6 +36,7 @@ muse_forward *muse_forward_create(muse_backend *be)
         f->mlp_act = be->ops->alloc(be, R * I);
     }
     f->logits = be->ops->alloc(be, R * V);
+    f->last_pos = MUSE_MALLOC((size_t)be->opts.max_seqs * sizeof *f->last_pos);
     return f;
 }
 
@@ -49,10 +51,12 @@ muse_backend *muse_forward_backend(const muse_forward *f)
     return f->be;
 }
 
-static int check_batch(const muse_forward *f, const muse_batch *b, muse_err *e)
+static int check_batch(muse_forward *f, const muse_batch *b, muse_err *e)
 {
     const muse_config *c = &f->m->cfg;
     const muse_backend_opts *o = &f->be->opts;
+    for (long r = 0; r < b->rows; r++)
+        if (b->seqs[r] >= 0 && b->seqs[r] < o->max_seqs) f->last_pos[b->seqs[r]] = -1;
     if (b->rows <= 0 || b->rows > o->max_rows)
         return muse_fail(e, "batch of %ld rows: must be 1 .. %ld (max rows a round)", b->rows,
                          o->max_rows);
@@ -67,14 +71,11 @@ static int check_batch(const muse_forward *f, const muse_batch *b, muse_err *e)
             return muse_fail(e, "sequence slot %d at row %ld is outside 0 .. %d", b->seqs[r], r,
                              o->max_seqs - 1);
         /* a later row of the same sequence must be the next position (the KV rings rely on it) */
-        for (long p = r - 1; p >= 0; p--)
-            if (b->seqs[p] == b->seqs[r]) {
-                if (b->positions[r] != b->positions[p] + 1)
-                    return muse_fail(
-                        e, "rows %ld and %ld of sequence %d are not consecutive positions", p, r,
-                        b->seqs[r]);
-                break;
-            }
+        int64_t *last = &f->last_pos[b->seqs[r]];
+        if (*last >= 0 && b->positions[r] != *last + 1)
+            return muse_fail(e, "row %ld of sequence %d is position %lld, not the next one (%lld)",
+                             r, b->seqs[r], (long long)b->positions[r], (long long)*last + 1);
+        *last = b->positions[r];
     }
     return 0;
 }

@@ -43,6 +43,7 @@ typedef struct {
     size_t n_out, cap_out;
     double t_admit, t_first, t_last;
     double t_record; /* when the last record went to the ring */
+    bool kv_wait;    /* sat out the last round for want of KV blocks */
     /* prompt cache: block-chain keys of the prompt and the prefix points still to keep */
     int64_t cached;      /* prompt tokens taken from the cache */
     uint8_t (*keys)[32]; /* keys[i]: the prefix of i + 1 blocks */
@@ -573,15 +574,13 @@ static bool kv_reserve(muse_sched *s, int seq, int64_t end)
 }
 
 /* Every runnable lane waits for KV blocks that only running lanes could free: the newest
- * lane gives its blocks back with an error, so the others can go on. */
+ * waiting lane gives its blocks back with an error, so the others can go on. */
 static void refuse_kv_starved(muse_sched *s)
 {
     lane *newest = NULL;
     for (int i = 0; i < s->o.streams; i++) {
         lane *l = &s->lanes[i];
-        if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) &&
-            (!newest || l->t_admit > newest->t_admit))
-            newest = l;
+        if (l->kv_wait && (!newest || l->t_admit > newest->t_admit)) newest = l;
     }
     if (!newest) return;
     muse_api_error err = {.status = 503, .type = "server_error", .code = "kv_cache_full"};
@@ -615,8 +614,10 @@ static long model_round(muse_sched *s)
             l->state == LANE_PREFILL ? l->fed + take : (int64_t)l->req.n_prompt + l->generated;
         if (!kv_reserve(s, (int)order[k], end)) {
             waiting++;
+            l->kv_wait = true;
             continue;
         }
+        l->kv_wait = false;
         for (long r = 0; r < take; r++) {
             int64_t pos =
                 l->state == LANE_PREFILL ? l->fed + r : (int64_t)l->req.n_prompt + l->generated - 1;
