@@ -207,7 +207,10 @@ static void on_pending(evutil_socket_t fd, short what, void *arg)
     muse_server *s = pc->s;
     muse_claim_msg m;
     const char *why;
-    (void)what;
+    if (what & EV_TIMEOUT) { /* connected but never said which slot: not a worker */
+        pending_free(pc, 1);
+        return;
+    }
     ssize_t n = recv(fd, pc->buf + pc->got, sizeof pc->buf - pc->got, 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
@@ -240,12 +243,28 @@ static void on_doorbell(evutil_socket_t fd, short what, void *arg)
     slot_release_side(p->server, p->index, SIDE_GONE);
 }
 
+static void relisten(evutil_socket_t fd, short what, void *arg)
+{
+    muse_server *s = arg;
+    (void)fd, (void)what;
+    event_add(s->listen_ev, NULL);
+}
+
 static void on_accept(evutil_socket_t fd, short what, void *arg)
 {
     muse_server *s = arg;
     (void)what;
     for (int k = 0; k < 64; k++) {
         int c = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS)) {
+            /* out of descriptors: a level-triggered listener would spin; listen again in 1 s */
+            static const struct timeval one_s = {1, 0};
+            fprintf(stderr, "muse-engine: accept: %s; pausing the listener for 1 s\n",
+                    strerror(errno));
+            event_del(s->listen_ev);
+            event_base_once(s->evb, -1, EV_TIMEOUT, relisten, s, &one_s);
+            return;
+        }
         if (c < 0) return;
         pending_conn *pc = calloc(1, sizeof *pc);
         if (!pc) {
@@ -254,8 +273,9 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
         }
         pc->s = s;
         pc->fd = c;
+        static const struct timeval claim_within = {2, 0};
         pc->ev = event_new(s->evb, c, EV_READ | EV_PERSIST, on_pending, pc);
-        if (!pc->ev || event_add(pc->ev, NULL) != 0) {
+        if (!pc->ev || event_add(pc->ev, &claim_within) != 0) {
             if (pc->ev) event_free(pc->ev);
             close(c);
             free(pc);

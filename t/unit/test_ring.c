@@ -390,6 +390,15 @@ static void test_server(void)
     close(fd);
     ok(wait_free(s, 2000), "slot freed");
 
+    /* a connection that never claims a slot is closed after 2 s, not held forever */
+    int idle = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un ia = {.sun_family = AF_UNIX};
+    snprintf(ia.sun_path, sizeof ia.sun_path, "%s", sock);
+    ok(connect(idle, (struct sockaddr *)&ia, sizeof ia) == 0, "a silent connection is accepted");
+    char ib;
+    ok(wait_readable(idle, 4000) && read(idle, &ib, 1) == 0, "and closed by the engine within 4 s");
+    close(idle);
+
     /* stop: header says DOWN, names unlinked */
     uint64_t g = muse_server_generation(s);
     muse_server_stop(s);
