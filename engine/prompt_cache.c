@@ -6,6 +6,7 @@
 /* Open addressing over entry slots; a slot is live when blocks != NULL. */
 struct muse_pcache {
     muse_kv_pool *kv;
+    uint32_t *held; /* [n_blocks] entries holding each block: a block is charged once */
     uint64_t block_bytes, budget, used, clock, hits, misses;
     size_t cap, live, tombs;
     muse_pcache_entry *slots;
@@ -16,6 +17,7 @@ muse_pcache *muse_pcache_create(uint64_t budget_bytes, muse_kv_pool *kv, uint64_
 {
     muse_pcache *pc = MUSE_CALLOC(1, sizeof *pc);
     pc->kv = kv;
+    pc->held = MUSE_CALLOC((size_t)(kv->n_blocks > 0 ? kv->n_blocks : 1), sizeof *pc->held);
     pc->block_bytes = block_bytes;
     pc->budget = budget_bytes;
     pc->cap = 64;
@@ -27,7 +29,10 @@ muse_pcache *muse_pcache_create(uint64_t budget_bytes, muse_kv_pool *kv, uint64_
 static void drop(muse_pcache *pc, size_t i)
 {
     muse_pcache_entry *e = &pc->slots[i];
-    for (int64_t b = 0; b < e->n_blocks; b++) muse_kv_unref(pc->kv, e->blocks[b]);
+    for (int64_t b = 0; b < e->n_blocks; b++) {
+        if (--pc->held[e->blocks[b]] == 0) pc->used -= pc->block_bytes;
+        muse_kv_unref(pc->kv, e->blocks[b]);
+    }
     free(e->blocks);
     free(e->sliding);
     pc->used -= e->bytes;
@@ -44,6 +49,7 @@ void muse_pcache_destroy(muse_pcache *pc)
         if (pc->slots[i].blocks) drop(pc, i);
     free(pc->slots);
     free(pc->tomb);
+    free(pc->held);
     free(pc);
 }
 
@@ -131,13 +137,20 @@ int muse_pcache_evict_one(muse_pcache *pc)
 int muse_pcache_insert(muse_pcache *pc, const uint8_t key[32], int64_t n_blocks,
                        const int32_t *blocks, void *sliding, size_t sliding_bytes)
 {
-    uint64_t bytes =
-        (uint64_t)n_blocks * pc->block_bytes + sliding_bytes + sizeof(muse_pcache_entry);
-    if (n_blocks <= 0 || bytes > pc->budget || lookup(pc, key) != SIZE_MAX) {
+    /* an entry costs its snapshot and bookkeeping; its blocks cost only where no other entry
+     * (a shorter prefix of the same prompt, say) holds them already */
+    uint64_t bytes = sliding_bytes + sizeof(muse_pcache_entry);
+    if (n_blocks <= 0 || bytes + (uint64_t)n_blocks * pc->block_bytes > pc->budget ||
+        lookup(pc, key) != SIZE_MAX) {
         free(sliding);
         return 0;
     }
-    while (pc->used + bytes > pc->budget && muse_pcache_evict_one(pc)) continue;
+    for (;;) {
+        uint64_t fresh = 0; /* recounted: an eviction may let go of blocks this entry shares */
+        for (int64_t b = 0; b < n_blocks; b++) fresh += pc->held[blocks[b]] == 0;
+        if (pc->used + bytes + fresh * pc->block_bytes <= pc->budget || !muse_pcache_evict_one(pc))
+            break;
+    }
     if (2 * (pc->live + pc->tombs + 1) > pc->cap)
         rehash(pc, 2 * (pc->live + 1) > pc->cap / 2 ? pc->cap * 2 : pc->cap);
     size_t i = home(pc, key);
@@ -152,6 +165,7 @@ int muse_pcache_insert(muse_pcache *pc, const uint8_t key[32], int64_t n_blocks,
     e->blocks = MUSE_MALLOC((size_t)n_blocks * sizeof *e->blocks);
     for (int64_t b = 0; b < n_blocks; b++) {
         muse_kv_ref(pc->kv, blocks[b]);
+        if (pc->held[blocks[b]]++ == 0) pc->used += pc->block_bytes;
         e->blocks[b] = blocks[b];
     }
     e->sliding = sliding;

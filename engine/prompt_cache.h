@@ -1,7 +1,8 @@
 /* The prompt cache: KV blocks (shared through the pool's reference counts) and the
  * sliding-window state at block-aligned prefix points, keyed by a SHA-256 chain over the
  * cache scope and the token blocks, so two scopes never share an entry. LRU within a byte
- * budget; an entry's bytes count its blocks and its sliding snapshot. */
+ * budget; the used bytes count every held block once (nested prefixes of one prompt share
+ * blocks) plus each entry's sliding snapshot and bookkeeping. */
 #ifndef MUSE_PROMPT_CACHE_H
 #define MUSE_PROMPT_CACHE_H
 
@@ -16,7 +17,7 @@ typedef struct {
     int32_t *blocks;
     void *sliding; /* the backend's sliding-window snapshot at the prefix end */
     size_t sliding_bytes;
-    uint64_t bytes, last_used;
+    uint64_t bytes, last_used; /* bytes: the snapshot and bookkeeping, not the shared blocks */
 } muse_pcache_entry;
 
 typedef struct muse_pcache muse_pcache;

@@ -79,6 +79,16 @@ int main(void)
            "an entry larger than the whole budget is not kept");
     while (muse_pcache_evict_one(pc)) continue;
     is_int(kv.n_free, 40, "an empty cache holds no block");
+
+    /* nested prefixes of one prompt share blocks: each block is charged once */
+    muse_kv_ensure(&kv, 0, 48);
+    muse_pcache_insert(pc, ka[1], 2, muse_kv_table(&kv, 0), snapshot(100), 100);
+    muse_pcache_insert(pc, ka[2], 3, muse_kv_table(&kv, 0), snapshot(100), 100);
+    muse_kv_release(&kv, 0);
+    muse_pcache_stats_get(pc, &st);
+    is_int(st.used_bytes, 3 * block_bytes + 2 * (100 + entry_overhead),
+           "prefixes of 2 and 3 blocks cost 3 blocks and two snapshots");
+    while (muse_pcache_evict_one(pc)) continue;
     muse_pcache_count(pc, 1);
     muse_pcache_count(pc, 0);
     muse_pcache_count(pc, 0);
