@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Starts muse-engine and nginx (with ngx_muse_module) on 127.0.0.1:$PORT as background
-# processes, waits for /health, and streams one chat reply. Called by `make run`.
+# processes, waits for /health, and (unless DEMO=0) streams one chat reply. Called by
+# `make run`, and by t/tools/bench_serve.sh for benchmarks. mk/stop.sh stops both by pid.
+# Optional: ENGINE_ARGS (serve flags; default --streams 4 --queue 16), IDLE_TIMEOUT (nginx's
+# muse_idle_timeout), KEEPALIVE_REQUESTS (nginx's keepalive_requests).
 set -euo pipefail
 : "${PORT:?}" "${MODEL:?}" "${RUN_DIR:?}" "${BUILD:?}"
 mkdir -p "$RUN_DIR"/logs "$RUN_DIR"/conf "$RUN_DIR"/tmp
@@ -15,8 +18,9 @@ chgrp "$group" "$RUN_DIR" && chmod 0750 "$RUN_DIR"
 sock="$RUN_DIR/engine.sock"
 shm="/muse-run-$PORT"
 
+# shellcheck disable=SC2086 # ENGINE_ARGS is a list of flags
 "$BUILD/muse-engine" serve --model "$MODEL" --listen "$sock" --shm "$shm" --group "$group" \
-    --streams 4 --queue 16 --model-id muse-spark >"$RUN_DIR/logs/engine.log" 2>&1 &
+    --model-id muse-spark ${ENGINE_ARGS:---streams 4 --queue 16} >"$RUN_DIR/logs/engine.log" 2>&1 &
 echo $! >"$RUN_DIR/engine.pid"
 
 cat >"$RUN_DIR/conf/nginx.conf" <<CONF
@@ -34,8 +38,10 @@ http {
     uwsgi_temp_path $RUN_DIR/tmp/uwsgi;
     scgi_temp_path $RUN_DIR/tmp/scgi;
     client_max_body_size 8m;
+    ${KEEPALIVE_REQUESTS:+keepalive_requests $KEEPALIVE_REQUESTS;}
     muse_engine $sock $shm;
     muse_model_id muse-spark;
+    ${IDLE_TIMEOUT:+muse_idle_timeout $IDLE_TIMEOUT;}
     server {
         listen 127.0.0.1:$PORT;
         location = /v1/chat/completions { muse_serve chat; }
@@ -52,12 +58,17 @@ url="http://127.0.0.1:$PORT"
 for _ in $(seq 1 600); do
     if curl -fs "$url/health" >/dev/null 2>&1; then break; fi
     if ! kill -0 "$(cat "$RUN_DIR/engine.pid")" 2>/dev/null; then
-        echo "muse-engine exited; its log:" >&2; tail -20 "$RUN_DIR/logs/engine.log" >&2; exit 1
+        echo "muse-engine exited; its log:" >&2; tail -20 "$RUN_DIR/logs/engine.log" >&2
+        RUN_DIR=$RUN_DIR "$(dirname "$0")/stop.sh" >/dev/null; exit 1
     fi
     sleep 0.2
 done
 curl -fs "$url/health" >/dev/null || { echo "no healthy /health after 120 s; see $RUN_DIR/logs" >&2; exit 1; }
 
+if [ "${DEMO:-1}" = 0 ]; then
+    echo "muse up on $url (engine pid $(cat "$RUN_DIR/engine.pid"), nginx pid $(cat "$RUN_DIR/nginx.pid"))"
+    exit 0
+fi
 echo "muse is up on $url (model pack: $MODEL). One streamed chat reply:"
 echo
 curl -sN "$url/v1/chat/completions" -H 'Content-Type: application/json' \
