@@ -27,6 +27,7 @@
 #define NGX_MUSE_SERVE_METRICS     5
 
 #define NGX_MUSE_STALE_MS     3000
+#define NGX_MUSE_MAX_KEY_LEN  256    /* API keys are compared over this many bytes */
 #define NGX_MUSE_MAX_KEYS     16
 #define NGX_MUSE_BATCH        64
 #define NGX_MUSE_BUF_SIZE     4096
@@ -292,6 +293,9 @@ ngx_muse_api_key_file(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
         if (mcf->api_keys->nelts >= NGX_MUSE_MAX_KEYS) {
             return "has more than 16 keys";
+        }
+        if (e - s > NGX_MUSE_MAX_KEY_LEN) {
+            return "has a key longer than 256 bytes";
         }
         key = ngx_array_push(mcf->api_keys);
         key->data = s;
@@ -1697,11 +1701,14 @@ ngx_muse_check_key(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
     }
     tok.data = auth->value.data + 7;
     tok.len = auth->value.len - 7;
+    if (tok.len > NGX_MUSE_MAX_KEY_LEN) {
+        return NGX_DECLINED;   /* the client's own length: no secret in refusing it early */
+    }
     keys = mcf->api_keys->elts;
     for (i = 0; i < mcf->api_keys->nelts; i++) {
-        size_t n = tok.len > keys[i].len ? tok.len : keys[i].len;
+        /* always the same number of steps: the time tells nothing of the keys' lengths */
         diff = tok.len ^ keys[i].len;
-        for (k = 0; k < n; k++) {
+        for (k = 0; k < NGX_MUSE_MAX_KEY_LEN; k++) {
             diff |= (k < tok.len ? tok.data[k] : 0) ^ (k < keys[i].len ? keys[i].data[k] : 0);
         }
         match |= (diff == 0);
