@@ -1263,10 +1263,15 @@ ngx_muse_submit(ngx_http_request_t *r, ngx_muse_ctx_t *ctx, ngx_str_t *body,
                             kind, (uint32_t) flags, scope->data, scope->len, body->data,
                             body->len) != 0)
     {
-        atomic_store(&sl->state, MUSE_SLOT_FREE);
+        want = MUSE_SLOT_CLAIMED;
+        atomic_compare_exchange_strong(&sl->state, &want, MUSE_SLOT_FREE);
         return *why = "request record does not fit", NGX_ABORT;
     }
-    atomic_store(&sl->state, MUSE_SLOT_SUBMITTED);
+    /* only from CLAIMED: the engine's reaper may have taken back a slot it thought dead */
+    want = MUSE_SLOT_CLAIMED;
+    if (!atomic_compare_exchange_strong(&sl->state, &want, MUSE_SLOT_SUBMITTED)) {
+        return *why = "the engine took the slot back; retry", NGX_DECLINED;
+    }
 
     fd = socket(AF_UNIX, SOCK_STREAM|SOCK_NONBLOCK|SOCK_CLOEXEC, 0);
     ngx_memzero(&sa, sizeof(sa));

@@ -30,6 +30,9 @@ typedef struct {
     uint64_t head;       /* authoritative head; the shared one is only published */
     uint8_t *request;    /* private copy of the request record (request_bytes + 1) */
     muse_request_view view;
+    /* the reaper's own view of a claimed slot: what it saw and when it first saw it */
+    uint64_t seen_gen, seen_ns;
+    uint32_t seen_pid;
 } slot_priv;
 
 typedef struct pending_conn {
@@ -292,11 +295,25 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
     for (uint32_t i = 0; i < s->lay.slot_count; i++) {
         muse_ring_slot *sl = shm_slot(s, i);
         uint32_t st = atomic_load(&sl->state);
-        if (st != MUSE_SLOT_CLAIMED && st != MUSE_SLOT_SUBMITTED) continue;
-        if (s->slots[i].fd >= 0) continue;
+        slot_priv *p = &s->slots[i];
+        if (st != MUSE_SLOT_CLAIMED && st != MUSE_SLOT_SUBMITTED) {
+            p->seen_ns = 0;
+            continue;
+        }
+        if (p->fd >= 0) continue;
+        /* judge only a claim seen unchanged since the last pass: a worker that just won the
+         * slot may not have written its pid and generation yet (times are the reaper's own) */
         uint32_t pid = atomic_load(&sl->owner_pid);
+        uint64_t gen = atomic_load(&sl->generation);
+        if (!p->seen_ns || p->seen_gen != gen || p->seen_pid != pid) {
+            p->seen_ns = now;
+            p->seen_gen = gen;
+            p->seen_pid = pid;
+            continue;
+        }
         int dead = pid != 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-        if (dead || now - atomic_load(&sl->claim_ns) > REAP_AFTER_NS) {
+        if (dead || now - p->seen_ns > REAP_AFTER_NS) {
+            p->seen_ns = 0;
             if (atomic_compare_exchange_strong(&sl->state, &st, MUSE_SLOT_FREE))
                 fprintf(stderr, "muse-engine: slot %u reclaimed from %s worker %u\n", i,
                         dead ? "dead" : "silent", pid);
