@@ -33,6 +33,8 @@
 #define NGX_MUSE_BUF_SIZE     4096
 #define NGX_MUSE_PATH_LEN     96
 #define NGX_MUSE_MAX_DEPTH    64
+#define NGX_MUSE_MAX_NESTING  200        /* any JSON in a request body */
+#define NGX_MUSE_MAX_JSON_VALUES  1048576 /* items: a 524288-id prompt fits twice */
 
 /* One mapping of the engine's segment in this worker; retired mappings live until their last
  * request lets go. */
@@ -61,6 +63,7 @@ typedef struct {
     ngx_msec_t              idle_timeout;
     ngx_array_t            *api_keys;     /* of ngx_str_t */
     ngx_int_t               scope_index;
+    ngx_uint_t              max_json_values;
 } ngx_muse_loc_conf_t;
 
 typedef struct {
@@ -126,6 +129,10 @@ static ngx_command_t ngx_muse_commands[] = {
     { ngx_string("muse_cache_scope"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_muse_cache_scope, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL },
+    { ngx_string("muse_max_json_values"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_muse_loc_conf_t, max_json_values), NULL },
     ngx_null_command
 };
 
@@ -154,6 +161,7 @@ ngx_muse_create_loc_conf(ngx_conf_t *cf)
     mcf->serve = NGX_CONF_UNSET_UINT;
     mcf->engine = NGX_CONF_UNSET_PTR;
     mcf->queue_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->max_json_values = NGX_CONF_UNSET_UINT;
     mcf->idle_timeout = NGX_CONF_UNSET_MSEC;
     mcf->api_keys = NGX_CONF_UNSET_PTR;
     mcf->scope_index = NGX_CONF_UNSET;
@@ -173,6 +181,8 @@ ngx_muse_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_msec_value(conf->idle_timeout, prev->idle_timeout, 60000);
     ngx_conf_merge_ptr_value(conf->api_keys, prev->api_keys, NULL);
     ngx_conf_merge_value(conf->scope_index, prev->scope_index, -1);
+    ngx_conf_merge_uint_value(conf->max_json_values, prev->max_json_values,
+                              NGX_MUSE_MAX_JSON_VALUES);
 
     if (conf->serve != 0 && conf->serve != NGX_MUSE_SERVE_MODELS && conf->engine == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -1015,6 +1025,59 @@ ngx_muse_has_nul_escape(const u_char *p, size_t n)
     return 0;
 }
 
+/* Counts the items (values and object keys) and the nesting of a JSON text without building
+ * it, so a body of millions of tiny items or a 100k-deep one is refused before cJSON spends
+ * its ~64 bytes an item on it. */
+static ngx_int_t
+ngx_muse_json_shape(ngx_muse_loc_conf_t *mcf, u_char *p, size_t len, ngx_muse_verr_t *err)
+{
+    u_char      *end = p + len;
+    ngx_uint_t   items = 0, depth = 0, in_string = 0, expect = 1;
+
+    for ( /* void */ ; p < end; p++) {
+        if (in_string) {
+            if (*p == '\\' && p + 1 < end) {
+                p++;    /* the escaped character, maybe a quote */
+            } else if (*p == '"') {
+                in_string = 0;
+            }
+            continue;
+        }
+        if (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') {
+            continue;
+        }
+        if (expect && *p != ']' && *p != '}' && ++items > mcf->max_json_values) {
+            return ngx_muse_bad(err, NULL,
+                                "the request has more JSON items (values and keys) than "
+                                "muse_max_json_values allows; send less, or raise "
+                                "muse_max_json_values");
+        }
+        expect = 0;
+        switch (*p) {
+        case '"':
+            in_string = 1;
+            break;
+        case '[':
+        case '{':
+            if (++depth > NGX_MUSE_MAX_NESTING) {
+                return ngx_muse_bad(err, NULL,
+                                    "the request nests JSON deeper than 200 levels");
+            }
+            expect = 1;
+            break;
+        case ']':
+        case '}':
+            depth -= depth > 0;
+            break;
+        case ',':
+        case ':':
+            expect = 1;
+            break;
+        }
+    }
+    return NGX_OK;
+}
+
 /* Parses and validates; on success *out is the compact JSON in r->pool. */
 static ngx_int_t
 ngx_muse_parse(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, u_char *body, size_t len,
@@ -1029,6 +1092,9 @@ ngx_muse_parse(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, u_char *body, si
     }
     if (ngx_strlchr(body, body + len, '\0') != NULL || ngx_muse_has_nul_escape(body, len)) {
         return ngx_muse_bad(err, NULL, "NUL characters are not allowed in the request");
+    }
+    if (ngx_muse_json_shape(mcf, body, len, err) != NGX_OK) {
+        return NGX_ERROR;
     }
     root = cJSON_ParseWithOpts((char *) body, NULL, 1);
     if (root == NULL) {

@@ -1,5 +1,5 @@
 #!/usr/bin/perl
-# ngx_muse_module request validation (TESTPLAN 1-7, 9, 11, 13, 14, 16, 17): JSON errors
+# ngx_muse_module request validation (TESTPLAN 1-7, 9, 11, 13, 14, 16, 17; 2 also at full scale): JSON errors
 # with param, before the engine is touched.
 use strict;
 use warnings;
@@ -7,6 +7,7 @@ use FindBin;
 use lib "$FindBin::Bin/lib";
 use MuseNginx;
 use Test::More;
+use Time::HiRes ();
 
 my $why = MuseNginx::missing();
 plan skip_all => $why if $why;
@@ -141,5 +142,57 @@ is($k->chat("{$MSG}", Authorization => 'Bearer sk-test-onex')->{status}, 401, 'l
 is($k->chat("{$MSG}", Authorization => 'Bearer sk-test-one')->{status}, 200, 'key one: 200');
 is($k->chat("{$MSG}", Authorization => 'Bearer sk-test-two')->{status}, 200, 'key two: 200');
 is(join("\n", $k->bad_log_lines), '', 'no [alert]/[crit] in error.log');
+
+# 2 at the plan's scale, under a 32 MB body limit: refused by counting, before the JSON parser
+# allocates for it; the worker's peak memory shows it
+my $big_n = MuseNginx->new;
+$big_n->start_engine;
+$big_n->start_nginx(locations => <<'EOF');
+        client_max_body_size 32m;
+        client_body_buffer_size 64k;
+        location = /v1/chat/completions { muse_serve chat; }
+        location = /small { muse_serve chat; muse_max_json_values 10; }
+EOF
+my ($worker) = $big_n->worker_pids;
+sub peak_kb {
+    my ($pid) = @_;
+    open my $fh, '<', "/proc/$pid/status" or return 0;
+    while (<$fh>) { return $1 + 0 if /^VmHWM:\s+(\d+)/ }
+    return 0;
+}
+sub big_err {
+    my ($body, $status, $like, $name) = @_;
+    my $t0 = Time::HiRes::time();
+    my $r = $big_n->chat($body);
+    my $took = Time::HiRes::time() - $t0;
+    is($r->{status}, $status, "$name: status $status");
+    like($r->{json} && $r->{json}{error} ? $r->{json}{error}{message} : $r->{body}, $like, "$name: the message says why");
+    ok($took < 3, sprintf('%s: answered in %.2f s', $name, $took));
+}
+$big_n->chat("{$MSG}");    # the worker's ordinary peak first
+my $peak0 = peak_kb($worker);
+big_err(('[' x 100000) . (']' x 100000), 400, qr/deeper than 200 levels/, '100k-deep nesting');
+big_err(('{"a":' x 100000) . '1' . ('}' x 100000), 400, qr/deeper than 200 levels/, '100k-deep objects');
+my $keys = '{' . join(',', map { "\"k$_\":1" } 1 .. 1_000_000) . ",$MSG}";
+big_err($keys, 400, qr/muse_max_json_values/, sprintf('1M keys (%.1f MB)', length($keys) / 1e6));
+big_err('[' . join(',', (1) x 2_000_000) . ']', 400, qr/muse_max_json_values/, '2M tiny values');
+my $peak1 = peak_kb($worker);
+# the bodies are 4-14 MB and held once; the parser's ~64 bytes a value would add 64+ MB
+ok($peak1 - $peak0 < 40 * 1024, "2: worker peak memory bounded (VmHWM $peak0 -> $peak1 KiB)");
+my $huge = "{$MSG,\"user\":\"" . ('a' x (20 << 20)) . '"}';
+my $r2 = $big_n->chat($huge);
+ok(($r2->{status} == 200 || $r2->{status} == 413) && $r2->{json},
+   "one 20 MB string under the body limit: served or 413 JSON ($r2->{status})");
+is($r2->{status} == 413 ? $r2->{json}{error}{code} : 'served', $r2->{status} == 413 ? 'request_too_large' : 'served',
+   'a 413 says request_too_large');
+# the limit is the directive's: 10 items (values and keys) pass, 11 do not
+my $ten = '{"messages":[{"role":"user","content":"hi"}],"stop":[]}';
+is($big_n->request('POST', '/small', $ten)->{status}, 200, 'muse_max_json_values 10: 10 items pass');
+(my $eleven = $ten) =~ s/\[\]/["x"]/;
+my $r11 = $big_n->request('POST', '/small', $eleven);
+is($r11->{status}, 400, 'muse_max_json_values 10: 11 items get 400');
+like($r11->{json} ? $r11->{json}{error}{message} : '', qr/muse_max_json_values/, '... naming the directive');
+is(join("\n", $big_n->bad_log_lines), '', 'no [alert]/[crit] in error.log');
+ok(kill(0, $worker), 'the worker survived');
 
 done_testing();
