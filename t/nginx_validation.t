@@ -115,6 +115,27 @@ is($r->{status}, 400, 'bad chunk size: 400');
 ok($r->{json}, 'bad chunk size: JSON error page');
 $r = $n->raw("GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " . ('a' x 20000) . "\r\n\r\n");
 ok($r->{status} == 400 || $r->{status} == 494, "huge header: $r->{status}");
+$r = $n->raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: gzip\r\n\r\nxx");
+is($r->{status}, 501, 'unknown Transfer-Encoding: 501');
+ok($r->{json} && $r->{json}{error}, '501: JSON error page') or diag(substr($r->{body} // '', 0, 200));
+$r = $n->raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+             . "ffffffffffffffffffff\r\n");
+ok($r->{status} == 400 || $r->{status} == 413, "chunk size past 2^64: $r->{status}");
+$r = $n->raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n12345");
+is($r->{status}, 400, 'two Content-Lengths: 400');
+# the worker's memory stays flat over many rounds of the abuse above
+my @abuse = ("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: gzip\r\n\r\nxx",
+             "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: " . ('a' x 20000) . "\r\n\r\n",
+             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+             . "8000\r\n" . ('{' x 0x8000) . "\r\n0\r\n\r\n");
+my ($w17) = $n->worker_pids;
+$n->raw($_) for (@abuse) x 20;    # warm the worker's pools and caches
+my $rss17a = MuseNginx::proc_rss_kb($w17);
+$n->raw($_) for (@abuse) x 200;
+my $rss17b = MuseNginx::proc_rss_kb($w17);
+ok($rss17b - $rss17a < 512, "17: worker memory flat over 1000 abusive requests (VmRSS $rss17a -> $rss17b KiB)");
 # 405, models
 $r = $n->request('GET', '/v1/chat/completions');
 is($r->{status}, 405, 'GET on chat: 405');

@@ -352,6 +352,7 @@ sub default_locations {
         error_page 413 /_muse_error_413;
         error_page 414 /_muse_error_414;
         error_page 494 /_muse_error_494;
+        error_page 501 /_muse_error_501;
         error_page 500 502 504 /_muse_error_5xx;
         location = /_muse_error_400 { internal; default_type application/json;
             return 400 '{"error":{"message":"bad request","type":"invalid_request_error","param":null,"code":null}}'; }
@@ -361,6 +362,8 @@ sub default_locations {
             return 414 '{"error":{"message":"request URI too long","type":"invalid_request_error","param":null,"code":null}}'; }
         location = /_muse_error_494 { internal; default_type application/json;
             return 400 '{"error":{"message":"request headers too large","type":"invalid_request_error","param":null,"code":null}}'; }
+        location = /_muse_error_501 { internal; default_type application/json;
+            return 501 '{"error":{"message":"not implemented: send the body plainly or with Transfer-Encoding: chunked","type":"invalid_request_error","param":null,"code":null}}'; }
         location = /_muse_error_5xx { internal; default_type application/json;
             return 500 '{"error":{"message":"internal error","type":"server_error","param":null,"code":null}}'; }
         location = /v1/chat/completions { muse_serve chat; muse_cache_scope $http_x_tenant; }
