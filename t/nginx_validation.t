@@ -194,6 +194,9 @@ $big_n->chat("{$MSG}");    # the worker's ordinary peak first
 my $peak0 = peak_kb($worker);
 big_err(('[' x 100000) . (']' x 100000), 400, qr/deeper than 200 levels/, '100k-deep nesting');
 big_err(('{"a":' x 100000) . '1' . ('}' x 100000), 400, qr/deeper than 200 levels/, '100k-deep objects');
+my $deep10k = ('{"type":"object","properties":{"a":' x 10000) . '{}' . ('}}' x 10000);
+big_err("{$MSG,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":$deep10k}}]}",
+        400, qr/deeper than 200 levels/, '14: 10k-deep tool schema');
 my $keys = '{' . join(',', map { "\"k$_\":1" } 1 .. 1_000_000) . ",$MSG}";
 big_err($keys, 400, qr/muse_max_json_values/, sprintf('1M keys (%.1f MB)', length($keys) / 1e6));
 big_err('[' . join(',', (1) x 2_000_000) . ']', 400, qr/muse_max_json_values/, '2M tiny values');

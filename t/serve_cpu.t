@@ -220,6 +220,16 @@ $r = $n->request('POST', '/v1/completions', $JSON->encode({ prompt => [(72) x ($
 is($r->{status}, 400, 'case 8: completions context+1 ids with stream: 400');
 is($r->{json}{error}{code}, 'context_length_exceeded', 'case 8: completions code');
 unlike($r->{body}, qr/^data:/m, 'case 8: completions no SSE byte');
+# ---- TESTPLAN 14 (huge): a tool schema just under the body limit renders past the context ----
+my %props = map { ("p$_" => { type => 'string', description => 'x' x 20 }) } 1 .. 1000;
+my $huge_tools = [{ type => 'function', function => { name => 'f', parameters => { type => 'object', properties => \%props } } }];
+my $huge_body = chat_body('hi', stream => JSON::PP::true, tools => $huge_tools);
+ok(length($huge_body) > 50000 && length($huge_body) < 65536, sprintf('case 14: a %d-byte tool schema, under the 64k body limit', length $huge_body));
+$r = $n->chat($huge_body);
+is($r->{status}, 400, 'case 14: huge tool schema: 400 at admission');
+is($r->{json} && $r->{json}{error}{code}, 'context_length_exceeded', 'case 14: the rendered tools exceed the context');
+unlike($r->{body}, qr/^data:/m, 'case 14: no SSE byte');
+ok($n->engine_alive, 'case 14: engine alive');
 $r = $n->chat(chat_body('~' x ($fill - 2), stream => JSON::PP::true, temperature => 0));
 is($r->{status}, 200, 'case 8: context-1 tokens still served');
 $chunks = MuseNginx::sse_chunks($r);
