@@ -115,6 +115,15 @@ is($a1->{usage}{prompt_tokens_details}{cached_tokens}, 0, 'scope alpha: the firs
 ok($a2->{usage}{prompt_tokens_details}{cached_tokens} > 0, 'scope alpha: the second finds its own prefix');
 is($b1->{usage}{prompt_tokens_details}{cached_tokens}, 0, 'scope beta: the same prompt finds nothing of alpha');
 is(sha($a1), sha($b1), 'both scopes get the same tokens');
+# TTFT shows it too (TESTPLAN 35): alpha's repeats start from its cache, every new tenant reads
+# the whole prompt (~16x slower on the tiny pack); medians of three keep one hiccup out
+my (@hit_ms, @miss_ms);
+for my $t (qw(gamma delta epsilon)) {
+    push @hit_ms, together('/v1/chat/completions', [$chat], 'X-Tenant' => 'alpha')->[0]{muse}{ttft_ms} // 1e9;
+    push @miss_ms, together('/v1/chat/completions', [$chat], 'X-Tenant' => $t)->[0]{muse}{ttft_ms} // 0;
+}
+my ($hit_med, $miss_med) = map { (sort { $a <=> $b } @$_)[1] } \@hit_ms, \@miss_ms;
+ok($miss_med > 3 * $hit_med, sprintf('TTFT: a new scope reads the whole prompt (median %.1f ms), a repeat in alpha does not (%.1f ms)', $miss_med, $hit_med));
 
 # the budget: fill a small cache many times over; used bytes never exceed it
 start('--prompt-cache-gib', '0.0002');
