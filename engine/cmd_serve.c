@@ -20,6 +20,7 @@ typedef struct {
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms;
+    bool fault_heap_overflow;
     double reserve_gib, prompt_cache_gib;
 } serve_flags;
 
@@ -87,6 +88,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                          {"fault-stall-after-tokens", 1, 0, 'W'},
                                          {"fault-oom-request", 1, 0, 'O'},
                                          {"fault-sticky-after-tokens", 1, 0, 'X'},
+                                         {"fault-heap-overflow", 0, 0, 'H'},
 #endif
                                          {"help", 0, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -162,6 +164,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         case 'O':
             rc = muse_parse_long("--fault-oom-request", optarg, 1, 1 << 30, &f->fault_oom_request,
                                  &e);
+            break;
+        case 'H':
+            f->fault_heap_overflow = true;
             break;
         case 'X':
             rc = muse_parse_long("--fault-sticky-after-tokens", optarg, 1, 1 << 30,
@@ -386,6 +391,15 @@ int muse_cmd_serve(int argc, char **argv)
     health_ctx h = {.f = &f, .started = now_s()};
     bool health_running = false;
     rc = 1;
+#ifdef MUSE_TEST_HOOKS
+    if (f.fault_heap_overflow) { /* test builds: proves the sanitizer build reports */
+        volatile size_t past = 16;
+        char *small = MUSE_MALLOC(16);
+        memset(small, 1, 16);
+        fprintf(stderr, "muse-engine serve: read %d past a 16-byte block\n", small[past]);
+        free(small);
+    }
+#endif
 
     muse_server_opts so = {.shm_name = f.shm,
                            .socket_path = f.listen,

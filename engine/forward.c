@@ -40,9 +40,11 @@ muse_forward *muse_forward_create(muse_backend *be)
     return f;
 }
 
-/* The buffers belong to the backend. */
+/* The tensors belong to the backend; the plan's own bookkeeping goes here. */
 void muse_forward_destroy(muse_forward *f)
 {
+    if (!f) return;
+    free(f->last_pos);
     free(f);
 }
 

@@ -66,6 +66,7 @@ sub after_case {
     my @bad = grep { !$o{allow} || $_ !~ $o{allow} } $n->bad_log_lines;
     is(join("\n", @bad), '', "$name: no [alert]/[crit] in error.log" . ($o{allow} ? ' (but the expected one)' : ''));
     ok($n->engine_alive, "$name: engine alive") unless $o{killed};
+    is(join("\n", $n->sanitizer_lines), '', "$name: no sanitizer report in the engine's log");
 }
 sub chat_body {
     my ($seed, %extra) = @_;
@@ -98,10 +99,20 @@ sub slow_client {
     return $s;
 }
 
+# ================= the sanitizer build reports: a deliberate overflow is caught =========
+if ($ENV{MUSE_ENGINE_ASAN}) {
+    eval { script_engine(20, '--fault-heap-overflow'); 1 };
+    my @rep = $n->sanitizer_lines;
+    ok(@rep && $rep[0] =~ /heap-buffer-overflow|AddressSanitizer|runtime error/, 'asan: a read past a block is reported (the check can fail)')
+        or diag($n->engine_log);
+    $n->stop_engine;
+    unlink $n->dir . '/logs/engine.log';    # the cases below start from a clean log
+}
+
 # ================= 21: a client gone during a long prompt (cpu backend) =================
 if (case_on(21)) {
     my $t0 = time;
-    $n->start_real_engine(args => ['--streams', 2, '--queue', 2, '--context', 2304, '--max-rows', 16,
+    $n->start_real_engine(engine => $HOOKS, args => ['--streams', 2, '--queue', 2, '--context', 2304, '--max-rows', 16,
                                    '--prompt-cache-gib', 0]);
     $n->start_nginx(%NGINX);
     my $long = $JSON->encode({ prompt => [map { ($_ * 37 + 11) % 990 } 1 .. 2000], max_tokens => 4,
@@ -470,5 +481,9 @@ if (case_on(32)) {
     $took{32} = time - $t0;
 }
 
+# the last engine exits on SIGTERM: under ASan its leak check runs now
+$n->stop_engine;
+is(join("\n", $n->sanitizer_lines), '', 'no sanitizer report after the engine exits (leaks included)');
+is($n->{engine_status}, 0, 'the engine exits 0 on SIGTERM');
 diag(sprintf('serve_faults2: %.1f s (%s)', time - $t_start, join ', ', map { sprintf '%s: %.1f s', $_, $took{$_} } sort keys %took));
 done_testing();

@@ -19,7 +19,8 @@ $BUILD = "$ROOT/$BUILD" unless $BUILD =~ m{^/};
 sub module_path { "$BUILD/nginx/ngx_muse_module.so" }
 sub engine_path { "$BUILD/t/muse-test-engine" }
 sub real_engine_path { "$BUILD/muse-engine" }
-sub hooks_engine_path { "$BUILD/t/muse-engine-test" }    # built with -DMUSE_TEST_HOOKS
+# built with -DMUSE_TEST_HOOKS; MUSE_ENGINE_ASAN=1 picks the same with ASan and UBSan
+sub hooks_engine_path { $ENV{MUSE_ENGINE_ASAN} ? "$BUILD/t/muse-engine-asan" : "$BUILD/t/muse-engine-test" }
 sub pack_tool_path { "$BUILD/muse-pack" }
 sub root { $ROOT }
 
@@ -198,6 +199,13 @@ sub engine_alive {
 }
 
 sub engine_log { $_[0]->slurp("$_[0]{dir}/logs/engine.log") }
+
+# Sanitizer reports (ASan, UBSan, LeakSanitizer) in the engine's log, one line each.
+sub sanitizer_lines {
+    my ($self) = @_;
+    return grep { /ERROR: (?:Address|Leak)Sanitizer|runtime error:|SUMMARY: \w+Sanitizer/ }
+        split /\n/, $self->engine_log // '';
+}
 
 # Writes the conf: $o{locations} (server-level text), $o{http} (http-level text), $o{main}
 # (main-context text, e.g. worker_shutdown_timeout), $o{events} (the events block's text,
