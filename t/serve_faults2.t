@@ -482,8 +482,10 @@ if (case_on(32)) {
 }
 
 # the last engine exits on SIGTERM: under ASan its leak check runs now
-$n->stop_engine;
-is(join("\n", $n->sanitizer_lines), '', 'no sanitizer report after the engine exits (leaks included)');
-is($n->{engine_status}, 0, 'the engine exits 0 on SIGTERM');
+if ($n->engine_pid) {
+    $n->stop_engine;
+    is(join("\n", $n->sanitizer_lines), '', 'no sanitizer report after the engine exits (leaks included)');
+    is($n->{engine_status}, 0, 'the engine exits 0 on SIGTERM');
+}
 diag(sprintf('serve_faults2: %.1f s (%s)', time - $t_start, join ', ', map { sprintf '%s: %.1f s', $_, $took{$_} } sort keys %took));
 done_testing();
