@@ -139,6 +139,8 @@ ok($max_used > 0 && $max_used <= $budget, "the prompt cache stays within its bud
 # a KV pool too small for every stream: 12 blocks of 16 positions, four streams of ~70
 start('--kv-blocks', '12', '--prompt-cache-gib', '0', '--max-rows', '16');
 my @long = map { my $r = $_; completion_body([map { ($_ * 7 + $r * 31) % 990 } 0 .. 55 + $r], max => 8) } 0 .. 3;
+my $kv0 = MuseNginx::wait_until(3, sub { $n->kv_left });
+ok($kv0 && $kv0 > 0, "the KV pool's free bytes at rest ($kv0)");
 my @alone = map { together('/v1/completions', [$_])->[0] } @long;
 ok(!grep({ !$_->{muse} } @alone), 'each long request alone fits the small pool');
 my $got = together('/v1/completions', \@long);
@@ -152,5 +154,6 @@ is($wrong, 0, "with too little KV, streams wait or are refused with kv_cache_ful
 ok($fine >= 1, 'at least one stream finishes');
 ok(MuseNginx::wait_until(3, sub { ($n->request('GET', '/health')->{json}{streams}{running} // -1) == 0 }),
    'lanes back to baseline after the KV squeeze') or diag($n->request('GET', '/health')->{body});
+is($n->kv_back_to($kv0), $kv0, 'KV back to baseline after the squeeze (every block returned)');
 is(join("\n", $n->bad_log_lines), '', 'no [alert]/[crit] in error.log');
 done_testing();

@@ -122,6 +122,7 @@ if (case_on(21)) {
     ok($alone && $alone->{muse}{token_sha}, '21 long prompt: the witness alone');
     # the page is republished every 250 ms: wait until it counts the run alone
     my $c0 = MuseNginx::wait_until(2, sub { my $c = counters(); ($c->{tokens_out} // 0) > 0 ? $c : undef });
+    my $kv0 = $n->kv_left;
     my $ls = $n->open_post('/v1/completions', $long);
     my $got = MuseNginx::read_some($ls, 3, qr/"text":""/);    # the role chunk: admitted, prompt being read
     ok($got->[0] =~ /^HTTP\/1\.1 200/, '21 long prompt: admitted (stream headers sent)');
@@ -140,6 +141,7 @@ if (case_on(21)) {
     ok($h, '21 long prompt: running back to 0');
     is($h && $h->{counters}{tokens_out} - $c0->{tokens_out}, $alone->{usage}{completion_tokens},
        '21 long prompt: tokens_out counts only the witness (none for the cancelled one)');
+    is($n->kv_back_to($kv0), $kv0, '21 long prompt: KV back to baseline (the cancelled prompt\'s blocks returned)');
     after_case('21 long prompt');
     $took{21} = time - $t0;
 }

@@ -667,6 +667,21 @@ sub sha_ids { require Digest::SHA; Digest::SHA::sha256_hex(pack 'l<*', @_) }
 sub health { $_[0]->request('GET', '/health') }
 
 # Waits until /health shows no running or queued stream; the page, or undef.
+# KV the engine can still hand out (rank 0's left_for_streams_bytes), or undef.
+sub kv_left {
+    my ($self) = @_;
+    my $h = $self->health->{json} or return undef;
+    return $h->{ranks} && $h->{ranks}[0] ? $h->{ranks}[0]{memory}{left_for_streams_bytes} : undef;
+}
+
+# Waits until kv_left is back to $base; returns the last value seen.
+sub kv_back_to {
+    my ($self, $base, $secs) = @_;
+    my $last;
+    wait_until($secs // 3, sub { $last = $self->kv_left; defined $last && $last == $base });
+    return $last;
+}
+
 sub drained {
     my ($self, $secs) = @_;
     return wait_until($secs // 3, sub {
