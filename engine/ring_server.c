@@ -26,9 +26,9 @@ typedef struct {
     struct event *ev;   /* IO thread: EOF watcher */
     _Atomic uint32_t sides;
     _Atomic int cancelled;
-    uint64_t generation; /* the claimed generation (private copy) */
-    uint64_t head;       /* authoritative head; the shared one is only published */
-    uint8_t *request;    /* private copy of the request record (request_bytes + 1) */
+    _Atomic uint64_t generation; /* the claimed generation (private copy); 0 while free */
+    uint64_t head;               /* authoritative head; the shared one is only published */
+    uint8_t *request;            /* private copy of the request record (request_bytes + 1) */
     muse_request_view view;
     /* the reaper's own view of a claimed slot: what it saw and when it first saw it */
     uint64_t seen_gen, seen_ns;
@@ -78,6 +78,7 @@ static muse_ring_slot *shm_slot(muse_server *s, uint32_t i)
 static void slot_free(muse_server *s, uint32_t i)
 {
     slot_priv *p = &s->slots[i];
+    atomic_store(&p->generation, 0); /* first: any handle to the old request is stale now */
     atomic_store(&p->cancelled, 0);
     atomic_store(&p->sides, 0);
     atomic_store(&shm_slot(s, i)->state, MUSE_SLOT_FREE);
@@ -139,8 +140,9 @@ static void reject_slot(muse_server *s, uint32_t i, const char *why)
                      why);
     fprintf(stderr, "muse-engine: slot %u: request record rejected: %s\n", i, why);
     if (n < 0 || (size_t)n >= sizeof msg) n = (int)strlen(msg);
-    muse_server_emit(s, i, MUSE_EV_ERROR, 500, msg, (size_t)n);
-    muse_server_finish(s, i);
+    muse_slot_ref ref = {i, atomic_load(&s->slots[i].generation)};
+    muse_server_emit(s, ref, MUSE_EV_ERROR, 500, msg, (size_t)n);
+    muse_server_finish(s, ref);
 }
 
 static int claim_is_valid(muse_server *s, int fd, const muse_claim_msg *m, const char **why)
@@ -514,8 +516,7 @@ int muse_server_next_request(muse_server *s, muse_request *out)
             slot_release_side(s, i, SIDE_DONE);
             continue;
         }
-        out->slot = i;
-        out->generation = p->generation;
+        out->ref = (muse_slot_ref){i, atomic_load(&p->generation)};
         out->kind = p->view.kind;
         out->flags = p->view.flags;
         out->scope = (const char *)p->view.scope;
@@ -526,11 +527,19 @@ int muse_server_next_request(muse_server *s, muse_request *out)
     }
 }
 
-int muse_server_is_cancelled(muse_server *s, uint32_t slot)
+/* The handle's request still owns its slot and has not finished. Reads sides before the
+ * generation: a slot being reused stores the new generation before it clears sides. */
+static int ref_live(muse_server *s, muse_slot_ref ref)
 {
-    if (slot >= s->lay.slot_count) return 1;
-    return atomic_load(&s->slots[slot].cancelled) != 0 ||
-           (atomic_load(&s->slots[slot].sides) & SIDE_DONE) != 0;
+    if (ref.index >= s->lay.slot_count || ref.generation == 0) return 0;
+    slot_priv *p = &s->slots[ref.index];
+    if (atomic_load(&p->sides) & SIDE_DONE) return 0;
+    return atomic_load(&p->generation) == ref.generation;
+}
+
+int muse_server_is_cancelled(muse_server *s, muse_slot_ref ref)
+{
+    return !ref_live(s, ref) || atomic_load(&s->slots[ref.index].cancelled) != 0;
 }
 
 size_t muse_server_max_payload(const muse_server *s)
@@ -539,15 +548,15 @@ size_t muse_server_max_payload(const muse_server *s)
     return s->lay.ring_bytes - 2 * sizeof(muse_event_header);
 }
 
-static int emit_record(muse_server *s, uint32_t slot, uint32_t type, int http_status,
+static int emit_record(muse_server *s, muse_slot_ref ref, uint32_t type, int http_status,
                        const void *data, size_t len, uint64_t reserve)
 {
     muse_event_header h;
     uint64_t new_head;
-    if (slot >= s->lay.slot_count) return -1;
+    if (!ref_live(s, ref)) return -1;
+    uint32_t slot = ref.index;
     slot_priv *p = &s->slots[slot];
     muse_ring_slot *sl = shm_slot(s, slot);
-    if (atomic_load(&p->sides) & SIDE_DONE) return -1;
     if (type != MUSE_EV_END && atomic_load(&p->cancelled)) return -1;
     if (type == MUSE_EV_ERROR && (http_status < 400 || http_status > 599)) return -1;
     if (len > UINT32_MAX) return -1;
@@ -555,7 +564,7 @@ static int emit_record(muse_server *s, uint32_t slot, uint32_t type, int http_st
     h.length = (uint32_t)len;
     h.type = (uint16_t)type;
     h.http_status = type == MUSE_EV_ERROR ? (uint16_t)http_status : 0;
-    h.generation = p->generation;
+    h.generation = ref.generation;
     uint64_t tail = atomic_load(&sl->tail);
     int rc = muse_ring_put(muse_ring_event_area(sl, &s->lay), s->lay.ring_bytes, p->head, tail,
                            reserve, &h, data, &new_head);
@@ -578,19 +587,18 @@ static int emit_record(muse_server *s, uint32_t slot, uint32_t type, int http_st
     return 0;
 }
 
-int muse_server_emit(muse_server *s, uint32_t slot, uint32_t type, int http_status,
+int muse_server_emit(muse_server *s, muse_slot_ref ref, uint32_t type, int http_status,
                      const void *data, size_t len)
 {
     if (type < MUSE_EV_DATA || type >= MUSE_EV_END) return -1;
-    return emit_record(s, slot, type, http_status, data, len, sizeof(muse_event_header));
+    return emit_record(s, ref, type, http_status, data, len, sizeof(muse_event_header));
 }
 
-void muse_server_finish(muse_server *s, uint32_t slot)
+void muse_server_finish(muse_server *s, muse_slot_ref ref)
 {
-    if (slot >= s->lay.slot_count) return;
-    if (atomic_load(&s->slots[slot].sides) & SIDE_DONE) return;
-    emit_record(s, slot, MUSE_EV_END, 0, NULL, 0, 0);
-    slot_release_side(s, slot, SIDE_DONE);
+    if (!ref_live(s, ref)) return;
+    emit_record(s, ref, MUSE_EV_END, 0, "", 0, 0);
+    slot_release_side(s, ref.index, SIDE_DONE);
 }
 
 void muse_server_heartbeat(muse_server *s)

@@ -32,10 +32,18 @@ typedef struct {
     uint32_t abi_version;    /* 0: MUSE_RING_ABI_VERSION; tests set others */
 } muse_server_opts;
 
+/* A request's handle: its slot and the generation the slot had when the request was handed
+ * out. A stale handle (the request finished, the slot maybe reused) is refused, so it can never
+ * write into another request's ring. */
 typedef struct {
-    uint32_t slot, kind, flags; /* MUSE_KIND_*, MUSE_REQ_* */
+    uint32_t index;
     uint64_t generation;
-    const char *scope; /* not NUL-terminated */
+} muse_slot_ref;
+
+typedef struct {
+    muse_slot_ref ref;
+    uint32_t kind, flags; /* MUSE_KIND_*, MUSE_REQ_* */
+    const char *scope;    /* not NUL-terminated */
     size_t scope_len;
     const char *body; /* compact JSON, NUL-terminated (private copy) */
     size_t body_len;
@@ -49,24 +57,26 @@ int muse_server_start(const muse_server_opts *o, muse_server **out, muse_err *e)
 /* Blocks up to timeout_ms (-1: forever) until a request is queued. 1 one is queued, 0 none. */
 int muse_server_wait(muse_server *s, int timeout_ms);
 
-/* 1 got one (views valid until muse_server_finish of its slot), 0 none queued. */
+/* 1 got one (views valid until muse_server_finish of its ref), 0 none queued. */
 int muse_server_next_request(muse_server *s, muse_request *out);
 
-/* 1 when the worker closed the doorbell (client gone) or the slot is otherwise dead. */
-int muse_server_is_cancelled(muse_server *s, uint32_t slot);
+/* 1 when the worker closed the doorbell (client gone), the slot is otherwise dead, or the
+ * handle is stale. */
+int muse_server_is_cancelled(muse_server *s, muse_slot_ref ref);
 
 /* Appends one record and rings the doorbell. type MUSE_EV_DATA/BODY/ERROR/KEEPALIVE;
  * http_status only for MUSE_EV_ERROR (400..599). 0 ok, 1 ring full (retry next round),
- * -1 slot gone (cancelled, finished, corrupt) or record larger than the ring can ever hold
- * (see muse_server_max_payload). */
-int muse_server_emit(muse_server *s, uint32_t slot, uint32_t type, int http_status,
+ * -1 slot gone (cancelled, finished, corrupt, stale handle) or record larger than the ring can ever
+ * hold (see muse_server_max_payload). */
+int muse_server_emit(muse_server *s, muse_slot_ref ref, uint32_t type, int http_status,
                      const void *data, size_t len);
 
 /* Largest payload one record can carry. */
 size_t muse_server_max_payload(const muse_server *s);
 
-/* Appends the END record (room for it is always reserved) and gives the slot back. */
-void muse_server_finish(muse_server *s, uint32_t slot);
+/* Appends the END record (room for it is always reserved) and gives the slot back; a stale
+ * handle does nothing. */
+void muse_server_finish(muse_server *s, muse_slot_ref ref);
 
 /* Publishes the /health JSON text (seqlock) and beats the heartbeat. */
 void muse_server_set_health(muse_server *s, const char *json, size_t len);

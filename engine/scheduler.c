@@ -25,7 +25,7 @@ typedef struct muse_sched muse_sched;
 typedef struct {
     muse_sched *sched;
     lane_state state;
-    uint32_t slot;
+    muse_slot_ref ref; /* the request's slot handle */
     muse_gen_request req;
     muse_oa_ctx oa;
     int64_t fed;       /* prompt tokens in the KV cache */
@@ -161,7 +161,7 @@ static int flush_lane(muse_sched *s, lane *l)
     size_t i = 0;
     for (; i < l->n_out; i++) {
         record *r = &l->out[i];
-        int rc = muse_server_emit(s->srv, l->slot, r->type, r->status, r->data, r->len);
+        int rc = muse_server_emit(s->srv, l->ref, r->type, r->status, r->data, r->len);
         if (rc == 1) break;
         free(r->data); /* sent, or the slot is gone: either way it is done */
         l->t_record = now_ms();
@@ -260,7 +260,7 @@ static bool is_stop_id(const muse_sched *s, int32_t id)
 
 static void lane_release(muse_sched *s, lane *l)
 {
-    muse_server_finish(s->srv, l->slot);
+    muse_server_finish(s->srv, l->ref);
     if (s->be) muse_kv_release(&s->be->kv, (int)(l - s->lanes));
     free(l->keys);
     free(l->cuts);
@@ -388,7 +388,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
     muse_request_env env = {s->cfg, s->tok, &s->ids, s->o.context,
                             mix_seed(++s->seed_counter, (uint64_t)time(NULL)) >> 11};
     muse_api_error err;
-    l->slot = rq->slot;
+    l->ref = rq->ref;
     l->t_admit = now_ms();
     stat_add(s, &s->stats.requests, 1);
     if (muse_request_parse(&env, (int)rq->kind, rq->flags, rq->body, rq->body_len, &l->req, &err)) {
@@ -409,7 +409,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
     static const char hex[] = "0123456789abcdef";
     snprintf(l->oa.id, sizeof l->oa.id, "%s", rq->kind == MUSE_KIND_CHAT ? "chatcmpl-" : "cmpl-");
     size_t at = strlen(l->oa.id);
-    uint64_t r = mix_seed(env.default_seed, rq->slot);
+    uint64_t r = mix_seed(env.default_seed, rq->ref.index);
     for (int i = 0; i < 24; i++, r = mix_seed(r, (uint64_t)i)) l->oa.id[at++] = hex[r & 15];
     l->oa.id[at] = 0;
     l->oa.model = s->o.model_id;
@@ -524,7 +524,7 @@ static int admit(muse_sched *s, bool draining)
             muse_api_error err = {
                 .status = 503, .type = "server_error", .code = "engine_unavailable"};
             snprintf(err.message, sizeof err.message, "the engine is shutting down; retry shortly");
-            l->slot = rq.slot;
+            l->ref = rq.ref;
             error_record(l, 503, &err);
             l->state = LANE_FINISHING;
             continue;
@@ -538,7 +538,7 @@ static void cancel_gone(muse_sched *s)
 {
     for (int i = 0; i < s->o.streams; i++) {
         lane *l = &s->lanes[i];
-        if (l->state == LANE_FREE || !muse_server_is_cancelled(s->srv, l->slot)) continue;
+        if (l->state == LANE_FREE || !muse_server_is_cancelled(s->srv, l->ref)) continue;
         if (l->state != LANE_FINISHING) stat_add(s, &s->stats.cancelled, 1);
         lane_release(s, l);
     }

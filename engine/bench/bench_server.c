@@ -141,7 +141,8 @@ int bench_cmd_server(int argc, char **argv)
  * machine, one clock). */
 typedef struct {
     int used, step;
-    uint32_t slot, flags;
+    muse_slot_ref ref;
+    uint32_t flags;
     int64_t next_ns;
 } stamp_stream;
 
@@ -161,7 +162,7 @@ static int stamp_step(muse_server *s, stamp_stream *st, long tokens, long gap_us
                      "{\"id\":\"b\",\"object\":\"chat.completion\",\"model\":\"muse-spark\","
                      "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":"
                      "\"x\"},\"finish_reason\":\"stop\"}]}");
-        return muse_server_emit(s, st->slot, MUSE_EV_BODY, 0, buf, (size_t)n) != 1;
+        return muse_server_emit(s, st->ref, MUSE_EV_BODY, 0, buf, (size_t)n) != 1;
     }
     if (st->step < tokens)
         n = snprintf(buf, sizeof buf,
@@ -174,7 +175,7 @@ static int stamp_step(muse_server *s, stamp_stream *st, long tokens, long gap_us
                      "\"delta\":{},\"finish_reason\":\"length\"}]}");
     else
         return 1;
-    int rc = muse_server_emit(s, st->slot, MUSE_EV_DATA, 0, buf, (size_t)n);
+    int rc = muse_server_emit(s, st->ref, MUSE_EV_DATA, 0, buf, (size_t)n);
     if (rc < 0) return 1;
     if (rc == 0) {
         st->step++;
@@ -245,10 +246,10 @@ int bench_cmd_stamp_engine(int argc, char **argv)
         for (int i = 0; i < slots; i++) {
             stamp_stream *st = &sts[i];
             if (!st->used) continue;
-            int done = muse_server_is_cancelled(s, st->slot);
+            int done = muse_server_is_cancelled(s, st->ref);
             if (!done && bench_now_ns() >= st->next_ns) done = stamp_step(s, st, tokens, gap_us);
             if (done) {
-                muse_server_finish(s, st->slot);
+                muse_server_finish(s, st->ref);
                 st->used = 0;
                 continue;
             }
@@ -269,10 +270,10 @@ int bench_cmd_stamp_engine(int argc, char **argv)
             int placed = 0;
             for (int i = 0; i < slots && !placed; i++)
                 if (!sts[i].used) {
-                    sts[i] = (stamp_stream){1, 0, rq.slot, rq.flags, bench_now_ns()};
+                    sts[i] = (stamp_stream){1, 0, rq.ref, rq.flags, bench_now_ns()};
                     placed = 1;
                 }
-            if (!placed) muse_server_finish(s, rq.slot);
+            if (!placed) muse_server_finish(s, rq.ref);
         }
         if (bench_now_ns() - last_health > 200000000) {
             stamp_health(s, running, (int)slots);

@@ -21,7 +21,8 @@ enum { S_DEFAULT, S_CTX, S_ERRMID, S_ECHO, S_HANG };
 
 typedef struct {
     int used, script, step, keepalive;
-    uint32_t slot, flags, kind;
+    muse_slot_ref ref;
+    uint32_t flags, kind;
     long long next_ms;
     char *echo; /* ECHO: JSON string of body + scope */
 } stream;
@@ -61,7 +62,7 @@ static void start_stream(stream *st, const muse_request *rq)
     const char *text = root ? request_text(root) : "";
     memset(st, 0, sizeof *st);
     st->used = 1;
-    st->slot = rq->slot;
+    st->ref = rq->ref;
     st->flags = rq->flags;
     st->kind = rq->kind;
     st->script = strstr(text, "CTX")      ? S_CTX
@@ -102,10 +103,10 @@ static int step_stream(muse_server *s, stream *st, int gap_ms)
                      "tokens. However, you requested 129 tokens.\",\"type\":"
                      "\"invalid_request_error\",\"param\":\"messages\",\"code\":"
                      "\"context_length_exceeded\"}}");
-        return muse_server_emit(s, st->slot, MUSE_EV_ERROR, 400, buf, (size_t)n) != 1;
+        return muse_server_emit(s, st->ref, MUSE_EV_ERROR, 400, buf, (size_t)n) != 1;
     }
     if (st->keepalive) {
-        rc = muse_server_emit(s, st->slot, MUSE_EV_KEEPALIVE, 0, NULL, 0);
+        rc = muse_server_emit(s, st->ref, MUSE_EV_KEEPALIVE, 0, NULL, 0);
         if (rc == 0) st->keepalive = 0;
         return rc < 0;
     }
@@ -123,7 +124,7 @@ static int step_stream(muse_server *s, stream *st, int gap_ms)
                          "\"Hello world!\"},\"finish_reason\":\"stop\"}],\"usage\":"
                          "{\"prompt_tokens\":3,\"completion_tokens\":3,\"total_tokens\":6}}",
                          obj);
-        return muse_server_emit(s, st->slot, MUSE_EV_BODY, 0, buf, (size_t)n) != 1;
+        return muse_server_emit(s, st->ref, MUSE_EV_BODY, 0, buf, (size_t)n) != 1;
     }
     /* streaming: step 0 role, 1..3 words, 4 finish, 5 usage */
     if (st->step == 0) {
@@ -135,7 +136,7 @@ static int step_stream(muse_server *s, stream *st, int gap_ms)
             n = snprintf(buf, sizeof buf,
                          "{\"error\":{\"message\":\"the engine failed during decoding\","
                          "\"type\":\"server_error\",\"param\":null,\"code\":\"engine_error\"}}");
-            rc = muse_server_emit(s, st->slot, MUSE_EV_ERROR, 500, buf, (size_t)n);
+            rc = muse_server_emit(s, st->ref, MUSE_EV_ERROR, 500, buf, (size_t)n);
             return rc != 1;
         }
         const char *w = st->script == S_ECHO && st->step == 1 ? NULL : words[st->step - 1];
@@ -162,7 +163,7 @@ static int step_stream(muse_server *s, stream *st, int gap_ms)
     } else {
         return 1;
     }
-    rc = muse_server_emit(s, st->slot, MUSE_EV_DATA, 0, buf, (size_t)n);
+    rc = muse_server_emit(s, st->ref, MUSE_EV_DATA, 0, buf, (size_t)n);
     if (rc < 0) return 1;
     if (rc == 0) {
         st->step++;
@@ -244,10 +245,10 @@ int main(int argc, char **argv)
             stream *st = &streams[i];
             if (!st->used) continue;
             running++;
-            int done = muse_server_is_cancelled(s, st->slot);
+            int done = muse_server_is_cancelled(s, st->ref);
             if (!done && now_ms() >= st->next_ms) done = step_stream(s, st, gap_ms);
             if (done) {
-                muse_server_finish(s, st->slot);
+                muse_server_finish(s, st->ref);
                 free(st->echo);
                 st->used = 0;
             }

@@ -328,38 +328,49 @@ static void test_server(void)
     int fd = worker_submit(&m, sock, 1, "{\"hello\":1}", &gen, 0);
     ok(fd >= 0, "worker submitted slot 1");
     ok(muse_server_wait(s, 2000) == 1 && muse_server_next_request(s, &rq) == 1, "request out");
-    ok(rq.slot == 1 && rq.generation == gen && rq.kind == MUSE_KIND_CHAT, "slot, gen, kind");
+    ok(rq.ref.index == 1 && rq.ref.generation == gen && rq.kind == MUSE_KIND_CHAT,
+       "slot, gen, kind");
     is_str(rq.body, "{\"hello\":1}", "body NUL-terminated private copy");
     ok(rq.scope_len == 6 && memcmp(rq.scope, "scopeX", 6) == 0, "scope");
     char pay[1000];
     memset(pay, 'x', sizeof pay);
     int emitted = 0, rc;
-    while ((rc = muse_server_emit(s, 1, MUSE_EV_DATA, 0, pay, 500)) == 0) emitted++;
+    muse_slot_ref first = rq.ref;
+    while ((rc = muse_server_emit(s, first, MUSE_EV_DATA, 0, pay, 500)) == 0) emitted++;
     is_int(rc, 1, "ring full -> emit returns 1");
     ok(emitted == 7, "7 records of 516 bytes fit a 4 KiB ring with END reserved (%d)", emitted);
     ok(wait_readable(fd, 1000), "doorbell rang");
     char b[16];
     ok(recv(fd, b, sizeof b, MSG_DONTWAIT) == 1, "one doorbell byte for many records");
     is_int(worker_drain(&m, 1, gen, types, 256, last, sizeof last), emitted, "worker drains all");
-    is_int(muse_server_emit(s, 1, MUSE_EV_DATA, 0, "tail", 4), 0, "emit after drain");
-    ok(muse_server_emit(s, 1, MUSE_EV_ERROR, 200, "{}", 2) == -1, "error record with 200: -1");
-    ok(muse_server_emit(s, 1, MUSE_EV_DATA, 0, pay, 5000) == -1, "payload over ring: -1");
-    muse_server_finish(s, 1);
+    is_int(muse_server_emit(s, first, MUSE_EV_DATA, 0, "tail", 4), 0, "emit after drain");
+    muse_slot_ref wrong_gen = {1, gen + 1}, wrong_index = {2, gen}, past_end = {1u << 30, gen};
+    is_int(muse_server_emit(s, wrong_gen, MUSE_EV_DATA, 0, "x", 1), -1, "another generation: -1");
+    is_int(muse_server_emit(s, wrong_index, MUSE_EV_DATA, 0, "x", 1), -1, "another slot: -1");
+    is_int(muse_server_emit(s, past_end, MUSE_EV_DATA, 0, "x", 1), -1, "index past the table: -1");
+    ok(muse_server_is_cancelled(s, wrong_gen) && !muse_server_is_cancelled(s, first),
+       "a stale handle reads as cancelled, the live one does not");
+    muse_server_finish(s, wrong_gen); /* must not end the live request */
+    ok(muse_server_emit(s, first, MUSE_EV_ERROR, 200, "{}", 2) == -1, "error record with 200: -1");
+    ok(muse_server_emit(s, first, MUSE_EV_DATA, 0, pay, 5000) == -1, "payload over ring: -1");
+    muse_server_finish(s, first);
     ok(wait_readable(fd, 1000), "doorbell rang again");
     int n = worker_drain(&m, 1, gen, types, 256, last, sizeof last);
     ok(n == 2 && types[0] == MUSE_EV_DATA && types[1] == MUSE_EV_END, "DATA then END (%d)", n);
     is_int(muse_server_busy_slots(s), 1, "slot held until the worker closes");
     close(fd);
     ok(wait_free(s, 2000), "slot free after the worker closed");
+    is_int(muse_server_emit(s, first, MUSE_EV_DATA, 0, "x", 1), -1, "the finished handle: -1");
+    ok(muse_server_is_cancelled(s, first), "the finished handle reads as cancelled");
 
     /* cancel: the worker closes first */
     fd = worker_submit(&m, sock, 0, "{}", &gen, 0);
     ok(muse_server_wait(s, 2000) == 1 && muse_server_next_request(s, &rq) == 1, "second request");
     close(fd);
-    for (int t = 0; t < 2000 && !muse_server_is_cancelled(s, rq.slot); t++) usleep(1000);
-    ok(muse_server_is_cancelled(s, rq.slot), "closing the doorbell cancels");
-    is_int(muse_server_emit(s, rq.slot, MUSE_EV_DATA, 0, "x", 1), -1, "emit to cancelled: -1");
-    muse_server_finish(s, rq.slot);
+    for (int t = 0; t < 2000 && !muse_server_is_cancelled(s, rq.ref); t++) usleep(1000);
+    ok(muse_server_is_cancelled(s, rq.ref), "closing the doorbell cancels");
+    is_int(muse_server_emit(s, rq.ref, MUSE_EV_DATA, 0, "x", 1), -1, "emit to cancelled: -1");
+    muse_server_finish(s, rq.ref);
     ok(wait_free(s, 2000), "cancelled slot freed after finish");
 
     /* corrupt record from the worker: error record back, no crash */
@@ -384,9 +395,9 @@ static void test_server(void)
     fd = worker_submit(&m, sock, 1, "{}", &gen, 0);
     ok(muse_server_wait(s, 2000) == 1 && muse_server_next_request(s, &rq) == 1, "request");
     atomic_store(&muse_ring_slot_at(m.base, m.h, 1)->tail, 12345);
-    is_int(muse_server_emit(s, 1, MUSE_EV_DATA, 0, "x", 1), -1, "corrupt tail: -1");
-    ok(muse_server_is_cancelled(s, 1), "and the slot is cancelled");
-    muse_server_finish(s, 1);
+    is_int(muse_server_emit(s, rq.ref, MUSE_EV_DATA, 0, "x", 1), -1, "corrupt tail: -1");
+    ok(muse_server_is_cancelled(s, rq.ref), "and the slot is cancelled");
+    muse_server_finish(s, rq.ref);
     close(fd);
     ok(wait_free(s, 2000), "slot freed");
 
