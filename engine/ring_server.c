@@ -528,7 +528,7 @@ int muse_server_next_request(muse_server *s, muse_request *out)
 }
 
 /* The handle's request still owns its slot and has not finished. Reads sides before the
- * generation: a slot being reused stores the new generation before it clears sides. */
+ * generation: slot_free zeroes the generation before it clears DONE from sides. */
 static int ref_live(muse_server *s, muse_slot_ref ref)
 {
     if (ref.index >= s->lay.slot_count || ref.generation == 0) return 0;
