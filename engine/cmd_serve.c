@@ -44,6 +44,8 @@ static const char serve_help[] =
     "  --queue N        requests waiting behind them, default 16 (more get 503 with Retry-After)\n"
     "  --context N      positions a stream may hold, default min(max_position_embeddings, 4096)\n"
     "  --max-rows N     rows a round (prompt chunks + decode tokens), default 256\n"
+    "  --threads N      threads for matrix products and for drawing the streams' tokens of a\n"
+    "                   round, default one per core\n"
     "  --reserve-gib X  memory reserved for the rest of the machine, shown in /health\n"
     "                   (default: the MUSE_RESERVE_GIB environment variable, else 0)\n"
     "  --drain-ms N     on SIGTERM, how long running streams may finish, default 30000\n"
@@ -453,7 +455,8 @@ int muse_cmd_serve(int argc, char **argv)
                          .fault_oom_request = (long)f.fault_oom_request,
                          .fault_sticky_after_tokens = (long)f.fault_sticky_after_tokens,
                          .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0),
-                         .keepalive_ms = (int)f.keepalive_ms};
+                         .keepalive_ms = (int)f.keepalive_ms,
+                         .sample_threads = (int)f.threads};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
     struct sigaction sa = {.sa_handler = on_signal};

@@ -10,6 +10,7 @@
 #include "reply.h"
 #include "request.h"
 #include "sha256.h"
+#include "threadpool.h"
 
 typedef enum { LANE_FREE, LANE_PREFILL, LANE_DECODE, LANE_FINISHING } lane_state;
 
@@ -58,8 +59,9 @@ struct muse_sched {
     const muse_tokenizer *tok;
     muse_server *srv;
     muse_chat_ids ids;
-    muse_sampler *sampler;
-    char *detok_buf; /* the longest text one token can decode to */
+    muse_pool *sample_pool;  /* draws the lanes of a round in parallel (model backend only) */
+    muse_sampler **samplers; /* one per pool thread: a sampler's scratch is its own */
+    char *detok_buf;         /* the longest text one token can decode to */
     size_t detok_cap;
     muse_backend *be;   /* NULL for the script backend */
     muse_pcache *cache; /* NULL when off */
@@ -72,6 +74,8 @@ struct muse_sched {
     int64_t *b_pos;
     uint8_t *b_want;
     int *b_lane_of_logits; /* lane of each logits row */
+    int32_t *b_drawn;      /* the token drawn from each logits row */
+    const float *b_logits; /* this round's logits, for the sampling threads */
     pthread_mutex_t stats_mu;
     muse_sched_stats stats;
 };
@@ -594,6 +598,19 @@ static void refuse_kv_starved(muse_sched *s)
 }
 
 /* Builds and runs one forward; returns the rows run (0: nothing to do). */
+/* Draws the tokens of logits rows [begin, end) with this thread's sampler. */
+static void draw_rows(void *ctx, long begin, long end, int thread)
+{
+    muse_sched *s = ctx;
+    int64_t V = s->cfg->vocab_size;
+    for (long i = begin; i < end; i++) {
+        const lane *l = &s->lanes[s->b_lane_of_logits[i]];
+        int64_t position = (int64_t)l->req.n_prompt + l->generated; /* of the token drawn */
+        s->b_drawn[i] = (int32_t)muse_sample(s->samplers[thread], s->b_logits + i * V,
+                                             &l->req.sampling, position);
+    }
+}
+
 static long model_round(muse_sched *s)
 {
     int order[4096];
@@ -641,13 +658,11 @@ static long model_round(muse_sched *s)
     MUSE_CHECK(logits); /* the batch is built here from checked requests */
     if (s->cache)
         for (int k = 0; k < n; k++) cache_keep(s, &s->lanes[order[k]]);
-    int64_t V = s->cfg->vocab_size;
-    for (long i = 0; i < nlogits; i++) {
-        lane *l = &s->lanes[s->b_lane_of_logits[i]];
-        int64_t position = (int64_t)l->req.n_prompt + l->generated; /* of the token drawn */
-        int32_t tok = (int32_t)muse_sample(s->sampler, logits + i * V, &l->req.sampling, position);
-        lane_token(s, l, tok);
-    }
+    /* every draw depends only on its own logits, seed and position: the split cannot matter */
+    s->b_logits = logits;
+    muse_pool_run_t(s->sample_pool, draw_rows, s, nlogits);
+    for (long i = 0; i < nlogits; i++)
+        lane_token(s, &s->lanes[s->b_lane_of_logits[i]], s->b_drawn[i]);
     return rows;
 }
 
@@ -790,8 +805,17 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
         if (o->prompt_cache_bytes)
             s->cache = muse_pcache_create(o->prompt_cache_bytes, &s->be->kv, s->be->kv_block_bytes);
     }
-    s->sampler = muse_sampler_create(vocab);
-    MUSE_CHECK(s->sampler);
+    if (fwd) { /* more threads than lanes would never draw */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int threads = o->sample_threads > 0 ? o->sample_threads : cores > 0 ? (int)cores : 1;
+        s->sample_pool = muse_pool_create(threads < o->streams ? threads : o->streams);
+    }
+    int n_samplers = muse_pool_threads(s->sample_pool);
+    s->samplers = MUSE_CALLOC((size_t)n_samplers, sizeof *s->samplers);
+    for (int i = 0; i < n_samplers; i++) {
+        s->samplers[i] = muse_sampler_create(vocab);
+        MUSE_CHECK(s->samplers[i]);
+    }
     s->detok_cap = 3 * (muse_tokenizer_max_token_bytes(tok) + 4) + 16;
     s->detok_buf = MUSE_MALLOC(s->detok_cap);
     s->lanes = MUSE_CALLOC((size_t)o->streams, sizeof *s->lanes);
@@ -802,6 +826,7 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     s->b_pos = MUSE_MALLOC(R * sizeof *s->b_pos);
     s->b_want = MUSE_MALLOC(R * sizeof *s->b_want);
     s->b_lane_of_logits = MUSE_MALLOC(R * sizeof *s->b_lane_of_logits);
+    s->b_drawn = MUSE_MALLOC(R * sizeof *s->b_drawn);
     pthread_mutex_init(&s->stats_mu, NULL);
     s->stats.max = o->streams;
     static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -814,7 +839,10 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
 void muse_sched_destroy(muse_sched *s)
 {
     if (!s) return;
-    muse_sampler_destroy(s->sampler);
+    for (int i = 0; i < muse_pool_threads(s->sample_pool); i++)
+        muse_sampler_destroy(s->samplers[i]);
+    free(s->samplers);
+    muse_pool_destroy(s->sample_pool);
     muse_pcache_destroy(s->cache);
     free(s->detok_buf);
     free(s->lanes);
@@ -823,6 +851,7 @@ void muse_sched_destroy(muse_sched *s)
     free(s->b_pos);
     free(s->b_want);
     free(s->b_lane_of_logits);
+    free(s->b_drawn);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
 }
