@@ -9,7 +9,8 @@ use File::Temp qw(tempdir);
 use JSON::PP;
 
 my $build = $ENV{BUILD} || 'build';
-my ($engine, $pack) = ("$build/muse-engine", "$build/muse-pack");
+# MUSE_ENGINE: another build of muse-engine (t/engine_cli_asan.t: the ASan one)
+my ($engine, $pack) = ($ENV{MUSE_ENGINE} || "$build/muse-engine", "$build/muse-pack");
 my $tmp = tempdir(CLEANUP => 1);
 
 sub run {

@@ -30,6 +30,8 @@ import tap  # noqa: E402
 
 BUILD = os.environ.get("BUILD", "build")
 PACK_BIN, ENGINE_BIN, QUANT_BIN = (os.path.join(ROOT, BUILD, b) for b in ("muse-pack", "muse-engine", "muse-quant"))
+# MUSE_ENGINE: another build of muse-engine (t/exl3_pack_asan.t: the ASan one)
+ENGINE_BIN = os.environ.get("MUSE_ENGINE") or ENGINE_BIN
 CONF = "conf/packs/tiny.json"
 REL_L2_BOUND = 2e-3
 DEQUANT_BOUND = 1e-6
