@@ -156,4 +156,8 @@ ok(MuseNginx::wait_until(3, sub { ($n->request('GET', '/health')->{json}{streams
    'lanes back to baseline after the KV squeeze') or diag($n->request('GET', '/health')->{body});
 is($n->kv_back_to($kv0), $kv0, 'KV back to baseline after the squeeze (every block returned)');
 is(join("\n", $n->bad_log_lines), '', 'no [alert]/[crit] in error.log');
+# every engine above exited on SIGTERM; under ASan (t/serve_exactness_asan.t) each checked its
+# memory, leaks included, into this log
+$n->stop_engine;
+is(join("\n", $n->sanitizer_lines), '', "no sanitizer report in the engines' log");
 done_testing();

@@ -18,7 +18,7 @@ $BUILD = "$ROOT/$BUILD" unless $BUILD =~ m{^/};
 
 sub module_path { "$BUILD/nginx/ngx_muse_module.so" }
 sub engine_path { "$BUILD/t/muse-test-engine" }
-sub real_engine_path { "$BUILD/muse-engine" }
+sub real_engine_path { $ENV{MUSE_ENGINE} || "$BUILD/muse-engine" }    # MUSE_ENGINE: another build
 # built with -DMUSE_TEST_HOOKS; MUSE_ENGINE_ASAN=1 picks the same with ASan and UBSan
 sub hooks_engine_path { $ENV{MUSE_ENGINE_ASAN} ? "$BUILD/t/muse-engine-asan" : "$BUILD/t/muse-engine-test" }
 sub pack_tool_path { "$BUILD/muse-pack" }
