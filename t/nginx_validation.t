@@ -175,12 +175,7 @@ $big_n->start_nginx(locations => <<'EOF');
         location = /small { muse_serve chat; muse_max_json_values 10; }
 EOF
 my ($worker) = $big_n->worker_pids;
-sub peak_kb {
-    my ($pid) = @_;
-    open my $fh, '<', "/proc/$pid/status" or return 0;
-    while (<$fh>) { return $1 + 0 if /^VmHWM:\s+(\d+)/ }
-    return 0;
-}
+sub peak_kb { MuseNginx::proc_status_kb($_[0], 'VmHWM') }
 sub big_err {
     my ($body, $status, $like, $name) = @_;
     my $t0 = Time::HiRes::time();

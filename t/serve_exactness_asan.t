@@ -1,7 +1,7 @@
 #!/usr/bin/perl
-# t/serve_exactness.t again with muse-engine built with AddressSanitizer and UBSan
-# (build/t/muse-engine-asan): lanes, paged KV and the prompt cache under the sanitizers; a
-# report stops the engine (requests fail) and lands in its log, which the test checks at the end.
+# t/serve_exactness.t again against muse-engine built with ASan and UBSan: lanes, paged KV and
+# the prompt cache under the sanitizers; a report stops the engine (requests fail) and lands in
+# its log, which the test checks at the end.
 use strict;
 use warnings;
 use FindBin;
@@ -9,9 +9,4 @@ use lib "$FindBin::Bin/lib";
 use MuseNginx;
 use Test::More;
 
-my $asan = ($ENV{BUILD} || 'build') . '/t/muse-engine-asan';
-plan skip_all => MuseNginx::_in_ci("$asan (mk/testengine.mk) not built") unless -x $asan;
-$ENV{MUSE_ENGINE} = $asan;
-$ENV{ASAN_OPTIONS} = 'halt_on_error=1:detect_leaks=1';
-$ENV{UBSAN_OPTIONS} = 'halt_on_error=1:print_stacktrace=1';
-exec $^X, "$FindBin::Bin/serve_exactness.t" or die "exec: $!";
+MuseNginx::exec_with_asan_engine("$FindBin::Bin/serve_exactness.t");

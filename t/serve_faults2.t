@@ -88,7 +88,7 @@ sub script_engine {
                           args => ['--script-delay-ms', $delay, '--streams', 2, '--queue', 4, '--context', 8192, @more]);
 }
 sub worker { my @w = $n->worker_pids; die "expected one nginx worker, got @w" unless @w == 1; $w[0] }
-sub status_kb { my ($pid, $field) = @_; open my $fh, '<', "/proc/$pid/status" or return 0; while (<$fh>) { return $1 if /^$field:\s+(\d+)/ } 0 }
+sub status_kb { MuseNginx::proc_status_kb(@_) }
 # A client whose receive buffer is tiny (set before connect), so the server backs up at once.
 sub slow_client {
     my ($bytes) = @_;

@@ -302,12 +302,34 @@ sub reload {
     return grep { !$old{$_} } $self->worker_pids;
 }
 
-# Resident set size of a process in KiB (0 when gone).
-sub proc_rss_kb {
-    my ($pid) = @_;
+# A /proc/PID/status figure in KiB (VmRSS, VmHWM, RssAnon...; 0 when gone).
+sub proc_status_kb {
+    my ($pid, $field) = @_;
     open my $fh, '<', "/proc/$pid/status" or return 0;
-    while (<$fh>) { return $1 + 0 if /^VmRSS:\s+(\d+)/ }
+    while (<$fh>) { return $1 + 0 if /^\Q$field\E:\s+(\d+)/ }
     return 0;
+}
+
+# Resident set size of a process in KiB (0 when gone).
+sub proc_rss_kb { proc_status_kb($_[0], 'VmRSS') }
+
+# Runs test script $test in place of this one with the engine built with ASan and UBSan
+# (build/t/muse-engine-asan) as both the real and the hooks engine; skips (fails in CI) when
+# it is not built.
+sub exec_with_asan_engine {
+    my ($test) = @_;
+    my $asan = "$BUILD/t/muse-engine-asan";
+    if (!-x $asan) {
+        require Test::More;
+        Test::More::plan(skip_all => _in_ci("$asan (mk/testengine.mk) not built"));
+        exit 0;
+    }
+    $ENV{MUSE_ENGINE} = $asan;
+    $ENV{MUSE_ENGINE_ASAN} = 1;
+    # a report stops the engine; leaks are reported when it exits
+    $ENV{ASAN_OPTIONS} = 'halt_on_error=1:detect_leaks=1';
+    $ENV{UBSAN_OPTIONS} = 'halt_on_error=1:print_stacktrace=1';
+    exec $test or die "exec $test: $!";
 }
 
 # CPU seconds (user + system) a process has used so far (undef when gone).
