@@ -1741,7 +1741,9 @@ ngx_muse_body_handler(ngx_http_request_t *r)
         ngx_muse_close_peer(ctx);
         ngx_http_finalize_request(r, ngx_muse_send_error(r, NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
                                   "invalid_request_error", NULL, "request_too_large",
-                                  "the request is larger than the engine's request area"));
+                                  "the request is larger than the engine's request area; "
+                                  "send less, or start muse-engine serve with a larger "
+                                  "--request-kib"));
         return;
     }
     if (rc != NGX_OK) {

@@ -19,7 +19,7 @@ typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
-    long long fault_sticky_after_tokens, kv_blocks, keepalive_ms;
+    long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
     bool fault_heap_overflow;
     double reserve_gib, prompt_cache_gib;
 } serve_flags;
@@ -35,7 +35,7 @@ static const char serve_help[] =
     "usage: muse-engine serve --model DIR --listen SOCKET [--shm NAME] [--streams N] [--queue N]\n"
     "                         [--context N] [--max-rows N] [--threads N] [--model-id ID]\n"
     "                         [--group GROUP] [--reserve-gib X] [--drain-ms N]\n"
-    "                         [--prompt-cache-gib X] [--kv-blocks N]\n"
+    "                         [--prompt-cache-gib X] [--kv-blocks N] [--request-kib N]\n"
     "                         [--backend cpu|script] [--tokenizer FILE] [--script FILE]\n"
     "Serves a pack to ngx_muse_module through a shared-memory segment (--shm, default "
     "/muse-engine)\n"
@@ -52,6 +52,9 @@ static const char serve_help[] =
     "  --prompt-cache-gib X  prompt cache budget (KV blocks + sliding state), default 1; 0: off\n"
     "  --keepalive-ms N a stream silent this long (a long prompt, a long non-streaming answer)\n"
     "                   sends a keepalive, default 5000 (keep it under nginx's muse_idle_timeout)\n"
+    "  --request-kib N  largest request (scope + compact JSON body) a slot holds, default 4100\n"
+    "                   (4 MiB + 4 KiB: a prompt of the whole context fits); nginx answers larger\n"
+    "                   ones 413 request_too_large. Keep client_max_body_size at or below it\n"
     "  --kv-blocks N    full-attention KV blocks of 16 positions in the pool; default: enough for\n"
     "                   every stream's whole context plus the prompt cache budget\n"
     "  --backend script replays token ids from --script FILE (a JSON array of id arrays) instead\n"
@@ -85,6 +88,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                          {"prompt-cache-gib", 1, 0, 'P'},
                                          {"kv-blocks", 1, 0, 'K'},
                                          {"keepalive-ms", 1, 0, 'A'},
+                                         {"request-kib", 1, 0, 'Q'},
 #ifdef MUSE_TEST_HOOKS
                                          {"fault-after-tokens", 1, 0, 'F'},
                                          {"fault-stall-after-tokens", 1, 0, 'W'},
@@ -101,6 +105,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .queue = 16,
                        .max_rows = 256,
                        .drain_ms = 30000,
+                       .request_kib = 4100,
                        .prompt_cache_gib = 1,
                        .reserve_gib = env_reserve ? atof(env_reserve) : 0};
     muse_err e = {{0}};
@@ -183,6 +188,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
             break;
         case 'A':
             rc = muse_parse_long("--keepalive-ms", optarg, 10, 3600000, &f->keepalive_ms, &e);
+            break;
+        case 'Q':
+            rc = muse_parse_long("--request-kib", optarg, 1, 65536, &f->request_kib, &e);
             break;
         case 'K':
             rc = muse_parse_long("--kv-blocks", optarg, 1, INT32_MAX, &f->kv_blocks, &e);
@@ -406,6 +414,7 @@ int muse_cmd_serve(int argc, char **argv)
     muse_server_opts so = {.shm_name = f.shm,
                            .socket_path = f.listen,
                            .slots = (int)(f.streams + f.queue),
+                           .request_bytes = (size_t)f.request_kib * 1024,
                            .socket_gid = (int)gid};
     if (muse_server_start(&so, &srv, &e)) goto fail;
     h.srv = srv;

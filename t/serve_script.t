@@ -269,5 +269,20 @@ after_case('15');
 my $h = MuseNginx::wait_until(3, sub { my $x = $n->request('GET', '/health')->{json}; $x && $x->{streams}{running} == 0 ? $x : undef });
 ok($h, 'health: running 0 at the end');
 ok($h && $h->{counters}{requests} >= 20 && $h->{counters}{errors} == 0, 'health: counters requests, no errors');
+# ---- --request-kib: the engine's request area bounds a request; larger ones get 413 ----
+$n->start_real_engine(backend => 'script', script => \@S, args => ['--streams', '2', '--queue', '2', '--request-kib', '4']);
+MuseNginx::wait_until(3, sub { $n->health->{status} == 200 });
+my $fits = $JSON->encode({ messages => [{ role => 'user', content => 'a' x 3000 }], seed => 1 });
+my $over = $JSON->encode({ messages => [{ role => 'user', content => 'a' x 5000 }], seed => 1 });
+is($n->chat($fits)->{status}, 200, '--request-kib 4: a 3 KB request is served');
+$r = $n->chat($over);
+is($r->{status}, 413, '--request-kib 4: a 5 KB request gets 413');
+is($r->{json} && $r->{json}{error}{code}, 'request_too_large', '... code request_too_large');
+like($r->{json} ? $r->{json}{error}{message} : '', qr/--request-kib/, '... naming the setting');
+my $refusal = `'@{[MuseNginx::real_engine_path()]}' serve --request-kib 0 --listen /tmp/x --backend script 2>&1`;
+is($? >> 8, 2, '--request-kib 0 is refused (exit 2)');
+like($refusal, qr/--request-kib must be an integer in 1 \.\. 65536/, '... with the range');
+after_case('request-kib');
+
 diag(sprintf('serve_script: %.1f s', time - $t_start));
 done_testing();
