@@ -1,8 +1,9 @@
 # make run [PORT=8080] [MODEL=DIR]: build, make the demo pack (when MODEL is not given), start
 # the engine and nginx on 127.0.0.1:PORT in the background, stream one chat reply.
-# make stop: stops both by their pids. State lives under run/ (logs, pids, nginx prefix).
+# make stop: stops both by their pids. State lives under RUN_DIR (default run/: logs, pids,
+# nginx prefix).
 PORT     ?= 8080
-RUN_DIR  := $(CURDIR)/run
+RUN_DIR  ?= $(CURDIR)/run
 DEMO_TOK := $(BUILD)/demo/tokenizer.json
 DEMO     := $(BUILD)/demo/pack
 
