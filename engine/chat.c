@@ -49,17 +49,7 @@ void muse_chat_ids_default(muse_chat_ids *ids)
 
 static void put_bytes(muse_chat_render *r, const char *s, size_t n)
 {
-    if (r->len + n + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 4096;
-        while (r->len + n + 1 > cap) cap *= 2;
-        char *nb = realloc(r->buf, cap);
-        MUSE_CHECK(nb != NULL);
-        r->buf = nb;
-        r->cap = cap;
-    }
-    memcpy(r->buf + r->len, s, n);
-    r->len += n;
-    r->buf[r->len] = '\0';
+    muse_buf_add(&r->text, s, n);
 }
 
 static muse_chat_seg *new_seg(muse_chat_render *r)
@@ -83,7 +73,7 @@ static void put_text(muse_chat_render *r, const char *s, size_t n)
     muse_chat_seg *last = r->nsegs ? &r->segs[r->nsegs - 1] : NULL;
     if (!last || last->is_special) {
         last = new_seg(r);
-        last->off = r->len;
+        last->off = r->text.len;
     }
     put_bytes(r, s, n);
     last->len += n;
@@ -99,7 +89,7 @@ static void put_special(muse_chat_render *r, int32_t id)
     muse_chat_seg *s = new_seg(r);
     s->is_special = 1;
     s->id = id;
-    s->off = r->len;
+    s->off = r->text.len;
 }
 
 /* Writes v as a compact JSON value (strings quoted and escaped). */
@@ -657,7 +647,7 @@ int muse_chat_render_messages(const cJSON *messages, const cJSON *tools,
 
 void muse_chat_render_free(muse_chat_render *r)
 {
-    free(r->buf);
+    free(r->text.p);
     free(r->segs);
     for (size_t k = 0; k < r->nfn; k++) free(r->fn_names[k]);
     free(r->fn_names);
@@ -669,7 +659,7 @@ void muse_chat_render_free(muse_chat_render *r)
 int muse_chat_render_flatten(const muse_chat_render *r, muse_chat_tokenize_fn fn, void *ctx,
                              int32_t **ids, size_t *n, muse_err *e)
 {
-    size_t cap = r->len / 3 + r->nsegs + 16;
+    size_t cap = r->text.len / 3 + r->nsegs + 16;
     *ids = MUSE_MALLOC(cap * sizeof **ids);
     *n = 0;
     for (size_t k = 0; k < r->nsegs; k++) {
@@ -682,7 +672,7 @@ int muse_chat_render_flatten(const muse_chat_render *r, muse_chat_tokenize_fn fn
                 *ids = nb;
             }
             (*ids)[(*n)++] = s->id;
-        } else if (fn(ctx, r->buf + s->off, s->len, ids, n, &cap, e) != 0) {
+        } else if (fn(ctx, r->text.p + s->off, s->len, ids, n, &cap, e) != 0) {
             free(*ids);
             *ids = NULL;
             *n = 0;
@@ -705,15 +695,15 @@ static const char *special_name(const muse_chat_ids *ids, int32_t id)
 
 char *muse_chat_render_text(const muse_chat_render *r, size_t *len)
 {
-    muse_chat_render t = {0};
+    muse_buf t = {0};
+    muse_buf_add(&t, "", 0); /* an empty rendering is still a string */
     for (size_t k = 0; k < r->nsegs; k++) {
         const muse_chat_seg *s = &r->segs[k];
         if (s->is_special)
-            put_bytes(&t, special_name(&r->ids, s->id), strlen(special_name(&r->ids, s->id)));
+            muse_buf_add(&t, special_name(&r->ids, s->id), strlen(special_name(&r->ids, s->id)));
         else
-            put_bytes(&t, r->buf + s->off, s->len);
+            muse_buf_add(&t, r->text.p + s->off, s->len);
     }
-    if (!t.buf) t.buf = MUSE_CALLOC(1, 1);
     if (len) *len = t.len;
-    return t.buf;
+    return t.p;
 }

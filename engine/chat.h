@@ -24,8 +24,7 @@ typedef struct {
 } muse_chat_ids;
 
 typedef struct {
-    char *buf; /* all text bytes, NUL-terminated */
-    size_t len, cap;
+    muse_buf text; /* all text bytes, NUL-terminated */
     muse_chat_seg *segs;
     size_t nsegs, segcap;
     muse_chat_ids ids; /* the ids used, so specials can be written back as strings */

@@ -71,7 +71,7 @@ typedef struct {
     size_t len, cap;
 } muse_buf;
 
-static inline void muse_buf_add(muse_buf *b, const char *s, size_t n)
+static inline void muse_buf_add(muse_buf *b, const void *s, size_t n)
 {
     if (b->len + n + 1 > b->cap) {
         b->cap = (b->len + n + 1) * 2;

@@ -9,31 +9,7 @@
 
 #define RECIPIENT_MAX 128
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} buf;
-
-static void buf_reserve(buf *b, size_t extra)
-{
-    if (b->len + extra + 1 <= b->cap) return;
-    size_t cap = b->cap ? b->cap : 256;
-    while (b->len + extra + 1 > cap) cap *= 2;
-    char *np = realloc(b->p, cap);
-    MUSE_CHECK(np != NULL);
-    b->p = np;
-    b->cap = cap;
-}
-
-static void buf_put(buf *b, const void *s, size_t n)
-{
-    buf_reserve(b, n);
-    if (n) memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void buf_drop_front(buf *b, size_t n)
+static void buf_drop_front(muse_buf *b, size_t n)
 {
     memmove(b->p, b->p + n, b->len - n);
     b->len -= n;
@@ -58,29 +34,29 @@ struct muse_reply {
     int visible;   /* a content delta or a tool call was emitted */
     size_t ncalls; /* tool calls emitted */
     size_t reasoning_tokens;
-    buf hdr;      /* header text so far */
-    buf pending;  /* body text not yet emitted (self / user) */
-    buf tool;     /* tool-call body, parsed at its end */
-    buf fallback; /* the turn's text while nothing visible was emitted */
-    buf scratch;  /* sanitized output */
+    muse_buf hdr;      /* header text so far */
+    muse_buf pending;  /* body text not yet emitted (self / user) */
+    muse_buf tool;     /* tool-call body, parsed at its end */
+    muse_buf fallback; /* the turn's text while nothing visible was emitted */
+    muse_buf scratch;  /* sanitized output */
 };
 
 /* ---- UTF-8 ---- */
 
-static void put_replacement(buf *out)
+static void put_replacement(muse_buf *out)
 {
-    buf_put(out, "\xEF\xBF\xBD", 3);
+    muse_buf_add(out, "\xEF\xBF\xBD", 3);
 }
 
 /* Copies in[0..n) to out as valid UTF-8, each invalid maximal subpart becoming U+FFFD. An
  * incomplete character at the end is held back (not consumed) unless final. Returns consumed. */
-static size_t utf8_sanitize(const uint8_t *in, size_t n, int final, buf *out)
+static size_t utf8_sanitize(const uint8_t *in, size_t n, int final, muse_buf *out)
 {
     size_t i = 0;
     while (i < n) {
         uint8_t b = in[i];
         if (b < 0x80) {
-            buf_put(out, &in[i++], 1);
+            muse_buf_add(out, &in[i++], 1);
             continue;
         }
         size_t need;
@@ -106,7 +82,7 @@ static size_t utf8_sanitize(const uint8_t *in, size_t n, int final, buf *out)
             if (c < (j == 1 ? lo : 0x80) || c > (j == 1 ? hi : 0xBF)) break;
         }
         if (j > need) {
-            buf_put(out, &in[i], need + 1);
+            muse_buf_add(out, &in[i], need + 1);
             i += need + 1;
         } else if (i + j == n && !final) {
             return i; /* may still complete */
@@ -132,7 +108,7 @@ static size_t emit_text(muse_reply *r, muse_reply_ev_kind kind, const char *in, 
     size_t used = utf8_sanitize((const uint8_t *)in, n, final, &r->scratch);
     if (r->scratch.len == 0) return used;
     if (kind == MUSE_EV_REASONING && !r->visible)
-        buf_put(&r->fallback, r->scratch.p, r->scratch.len);
+        muse_buf_add(&r->fallback, r->scratch.p, r->scratch.len);
     if (kind == MUSE_EV_CONTENT) r->visible = 1;
     muse_reply_ev ev = {.kind = kind, .text = r->scratch.p, .len = r->scratch.len};
     emit(r, &ev);
@@ -220,7 +196,7 @@ static cJSON *atem_value(muse_reply *r, const char *s, size_t n)
 {
     r->scratch.len = 0;
     utf8_sanitize((const uint8_t *)s, n, 1, &r->scratch);
-    buf_put(&r->scratch, "", 0);
+    muse_buf_add(&r->scratch, "", 0);
     const char *end = NULL;
     cJSON *v = cJSON_ParseWithOpts(r->scratch.p, &end, 1);
     if (!v) v = cJSON_CreateString(r->scratch.p);
@@ -356,7 +332,7 @@ static void end_turn(muse_reply *r, const char *reason)
     else if (r->st == ST_BODY)
         flush_pending(r);
     else if (r->st == ST_HEADER_TEXT && !r->visible && r->fallback.len == 0)
-        buf_put(&r->fallback, r->hdr.p, r->hdr.len); /* a broken header is all there is */
+        muse_buf_add(&r->fallback, r->hdr.p, r->hdr.len); /* a broken header is all there is */
     r->tool.len = r->pending.len = r->hdr.len = 0;
     if (!r->visible && r->fallback.len > 0) {
         r->scratch.len = 0;
@@ -407,7 +383,7 @@ static void begin_header(muse_reply *r, const char *prefix)
 static void header_text(muse_reply *r, const uint8_t *s, size_t n)
 {
     size_t from = r->hdr.len;
-    buf_put(&r->hdr, s, n);
+    muse_buf_add(&r->hdr, s, n);
     for (size_t i = from; i < r->hdr.len; i++) {
         uint8_t ch = (uint8_t)r->hdr.p[i];
         int fits = i < r->hdr_prefix_len
@@ -446,7 +422,7 @@ static void header_done(muse_reply *r)
 /* Self / user text: emit all that can no longer turn into a stop string; stop at one. */
 static void body_text(muse_reply *r, const uint8_t *s, size_t n)
 {
-    buf_put(&r->pending, s, n);
+    muse_buf_add(&r->pending, s, n);
     long at = find_stop(r, r->pending.p, r->pending.len);
     if (at >= 0) {
         emit_text(r, body_kind(r), r->pending.p, (size_t)at, 1);
@@ -499,10 +475,10 @@ static void text_token(muse_reply *r, const uint8_t *s, size_t n)
     if (r->st == ST_HEADER_TEXT) {
         header_text(r, s, n);
     } else if (r->st == ST_HEADER_START) {
-        if (!r->visible && r->fallback.len == 0) buf_put(&r->fallback, s, n);
+        if (!r->visible && r->fallback.len == 0) muse_buf_add(&r->fallback, s, n);
         end_turn(r, "stop");
     } else if (r->to == TO_TOOL) {
-        buf_put(&r->tool, s, n);
+        muse_buf_add(&r->tool, s, n);
     } else {
         body_text(r, s, n);
     }
@@ -541,7 +517,7 @@ size_t muse_reply_reasoning_tokens(const muse_reply *r)
 
 static int valid_utf8(const char *s, size_t n)
 {
-    buf tmp = {0};
+    muse_buf tmp = {0};
     size_t used = utf8_sanitize((const uint8_t *)s, n, 0, &tmp);
     int ok = used == n && tmp.len == n;
     free(tmp.p);

@@ -813,27 +813,7 @@ uint64_t muse_st_total_bytes(const muse_st *st)
 
 /* ---- writing ---- */
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} text_buf;
-
-static void buf_put(text_buf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (b->len + n + 1 > cap) cap *= 2;
-        char *p = realloc(b->p, cap);
-        MUSE_CHECK(p);
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static MUSE_PRINTF(2, 3) void buf_printf(text_buf *b, const char *fmt, ...)
+static MUSE_PRINTF(2, 3) void buf_printf(muse_buf *b, const char *fmt, ...)
 {
     char small[256];
     va_list ap;
@@ -841,25 +821,25 @@ static MUSE_PRINTF(2, 3) void buf_printf(text_buf *b, const char *fmt, ...)
     int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
     MUSE_CHECK(n >= 0 && (size_t)n < sizeof small); /* only short numeric pieces go here */
-    buf_put(b, small, (size_t)n);
+    muse_buf_add(b, small, (size_t)n);
 }
 
 /* Writes s as a JSON string literal; bytes >= 0x80 pass through as UTF-8. */
-static void buf_json_string(text_buf *b, const char *s)
+static void buf_json_string(muse_buf *b, const char *s)
 {
-    buf_put(b, "\"", 1);
+    muse_buf_add(b, "\"", 1);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         if (c == '"' || c == '\\') {
             char esc[2] = {'\\', (char)c};
-            buf_put(b, esc, 2);
+            muse_buf_add(b, esc, 2);
         } else if (c < 0x20) {
             buf_printf(b, "\\u%04x", c);
         } else {
-            buf_put(b, (const char *)&c, 1);
+            muse_buf_add(b, &c, 1);
         }
     }
-    buf_put(b, "\"", 1);
+    muse_buf_add(b, "\"", 1);
 }
 
 static int entry_nbytes(const muse_st_entry *en, uint64_t *nbytes, muse_err *e, const char *path)
@@ -883,12 +863,12 @@ static int entry_nbytes(const muse_st_entry *en, uint64_t *nbytes, muse_err *e, 
 }
 
 /* Builds the header JSON (padded with spaces to a multiple of 8) for entries written in order. */
-static int build_header(const char *path, const muse_st_entry *en, size_t n, text_buf *h,
+static int build_header(const char *path, const muse_st_entry *en, size_t n, muse_buf *h,
                         uint64_t *sizes, muse_err *e)
 {
     name_table seen;
     table_init(&seen, n);
-    buf_put(h, "{\"__metadata__\":{\"format\":\"pt\"}", 31);
+    muse_buf_add(h, "{\"__metadata__\":{\"format\":\"pt\"}", 31);
     uint64_t offset = 0;
     size_t dup;
     int rc = 0;
@@ -897,7 +877,7 @@ static int build_header(const char *path, const muse_st_entry *en, size_t n, tex
         if (rc == 0 && table_put(&seen, en[i].name, i, &dup))
             rc = muse_fail(e, "%s: tensor '%s' is given twice", path, en[i].name);
         if (rc != 0) break;
-        buf_put(h, ",", 1);
+        muse_buf_add(h, ",", 1);
         buf_json_string(h, en[i].name);
         buf_printf(h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_names[en[i].dtype]);
         for (int d = 0; d < en[i].ndim; d++)
@@ -907,8 +887,8 @@ static int build_header(const char *path, const muse_st_entry *en, size_t n, tex
         offset += sizes[i];
     }
     table_free(&seen);
-    buf_put(h, "}", 1);
-    while (h->len % 8) buf_put(h, " ", 1);
+    muse_buf_add(h, "}", 1);
+    while (h->len % 8) muse_buf_add(h, " ", 1);
     if (rc == 0 && h->len >= ST_MAX_HEADER_BYTES)
         rc = muse_fail(e, "%s: header of %zu bytes exceeds the safetensors limit; split the shard",
                        path, h->len);
@@ -946,7 +926,7 @@ static int write_file_atomically(const char *path, const void *const *parts, con
 
 int muse_st_write(const char *path, const muse_st_entry *entries, size_t n, muse_err *e)
 {
-    text_buf h = {0};
+    muse_buf h = {0};
     uint64_t *sizes = MUSE_CALLOC(n, sizeof *sizes);
     int rc = build_header(path, entries, n, &h, sizes, e);
     if (rc == 0) {
@@ -974,7 +954,7 @@ int muse_st_write(const char *path, const muse_st_entry *entries, size_t n, muse
 int muse_st_write_index(const char *path, const char *const *names, const char *const *shards,
                         size_t n, uint64_t total_bytes, muse_err *e)
 {
-    text_buf b = {0};
+    muse_buf b = {0};
     name_table seen;
     table_init(&seen, n);
     buf_printf(&b, "{\n  \"metadata\": {\"total_size\": %llu},\n  \"weight_map\": {",
@@ -990,13 +970,13 @@ int muse_st_write_index(const char *path, const char *const *names, const char *
         else if (table_put(&seen, names[i], i, &dup))
             rc = muse_fail(e, "%s: tensor '%s' is given twice", path, names[i]);
         if (rc != 0) break;
-        buf_put(&b, i ? ",\n    " : "\n    ", i ? 6 : 5);
+        muse_buf_add(&b, i ? ",\n    " : "\n    ", i ? 6 : 5);
         buf_json_string(&b, names[i]);
-        buf_put(&b, ": ", 2);
+        muse_buf_add(&b, ": ", 2);
         buf_json_string(&b, shards[i]);
     }
     table_free(&seen);
-    buf_put(&b, "\n  }\n}\n", 7);
+    muse_buf_add(&b, "\n  }\n}\n", 7);
     if (rc == 0) {
         const void *parts[1] = {b.p};
         size_t sizes[1] = {b.len};

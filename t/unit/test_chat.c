@@ -409,7 +409,7 @@ static void test_real_tokenizer(void)
            muse_chat_render_tokens(&r, t, &out, &n, &e) == 0,
        "render + tokenize with the real tokenizer");
     size_t starts = 0, eots = 0, segs_start = 0, segs_eot = 0, textlen = 0;
-    char *joined = MUSE_CALLOC(r.len + 1, 1);
+    char *joined = MUSE_CALLOC(r.text.len + 1, 1);
     int bytes_ok = 1;
     for (size_t k = 0; k < r.nsegs; k++) {
         segs_start += r.segs[k].is_special && r.segs[k].id == ids.start;
@@ -423,7 +423,7 @@ static void test_real_tokenizer(void)
         }
         size_t len = 0;
         const uint8_t *b = muse_tokenizer_token_bytes(t, out[k], &len);
-        if (!b || textlen + len > r.len) {
+        if (!b || textlen + len > r.text.len) {
             bytes_ok = 0;
             break;
         }
@@ -432,7 +432,7 @@ static void test_real_tokenizer(void)
     }
     ok(starts == segs_start && eots == segs_eot,
        "control ids only where the renderer put them (user-typed ones are text)");
-    ok(bytes_ok && textlen == r.len && memcmp(joined, r.buf, r.len) == 0,
+    ok(bytes_ok && textlen == r.text.len && memcmp(joined, r.text.p, r.text.len) == 0,
        "the text tokens decode back to the rendered text");
     free(joined);
     free(out);
