@@ -1,33 +1,24 @@
-# build/t/muse-engine-test: muse-engine built from the same sources with -DMUSE_TEST_HOOKS, so
-# `serve` accepts test-only flags (--fault-after-tokens N). The end-to-end tests (t/serve_*.t)
-# use it for engine-side faults; the shipped build/muse-engine has no hooks.
-HOOKS_OBJS   := $(patsubst engine/%.c,$(BUILD)/obj-hooks/%.o,$(LIB_SRCS) engine/muse_engine.c)
-MUSE_HOOKS_ENGINE := $(BUILD)/t/muse-engine-test
+# Test builds of muse-engine from the same sources, both with -DMUSE_TEST_HOOKS so `serve`
+# accepts test-only flags (--fault-after-tokens N ...); the shipped build/muse-engine has none.
+#   build/t/muse-engine-test: the end-to-end tests (t/serve_*.t) use it for engine-side faults.
+#   build/t/muse-engine-asan: the same with AddressSanitizer and UBSan; t/*_asan.t run tests
+#   again against it, so a corrupt ring or pack shows any bad access or leak.
+ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
-EXTRA_ALL += $(MUSE_HOOKS_ENGINE)
+# $(call test_engine,NAME,OBJ_DIR,EXTRA_CFLAGS,EXTRA_LDFLAGS)
+define test_engine
+$(1)_OBJS := $$(patsubst engine/%.c,$(BUILD)/$(2)/%.o,$$(LIB_SRCS) engine/muse_engine.c)
+EXTRA_ALL += $(BUILD)/t/$(1)
 
-$(BUILD)/obj-hooks:
-	mkdir -p $@
+$(BUILD)/$(2):
+	mkdir -p $$@
 
-$(BUILD)/obj-hooks/%.o: engine/%.c $(wildcard engine/*.h) | $(BUILD)/obj-hooks
-	$(CC) $(CFLAGS) -DMUSE_TEST_HOOKS -c $< -o $@
+$(BUILD)/$(2)/%.o: engine/%.c $$(wildcard engine/*.h) | $(BUILD)/$(2)
+	$$(CC) $$(CFLAGS) $(3) -DMUSE_TEST_HOOKS -c $$< -o $$@
 
-$(MUSE_HOOKS_ENGINE): $(HOOKS_OBJS) | $(BUILD)/t
-	$(CC) $(CFLAGS) $(HOOKS_OBJS) $(LDLIBS) -o $@
+$(BUILD)/t/$(1): $$($(1)_OBJS) | $(BUILD)/t
+	$$(CC) $$(CFLAGS) $(4) $$($(1)_OBJS) $$(LDLIBS) -o $$@
+endef
 
-# build/t/muse-engine-asan: the same test engine with AddressSanitizer and UBSan; the fault
-# tests run again against it (t/serve_faults2_asan.t) so a corrupt ring shows any bad access.
-ASAN_FLAGS  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-ASAN_OBJS   := $(patsubst engine/%.c,$(BUILD)/obj-asan/%.o,$(LIB_SRCS) engine/muse_engine.c)
-MUSE_ASAN_ENGINE := $(BUILD)/t/muse-engine-asan
-
-EXTRA_ALL += $(MUSE_ASAN_ENGINE)
-
-$(BUILD)/obj-asan:
-	mkdir -p $@
-
-$(BUILD)/obj-asan/%.o: engine/%.c $(wildcard engine/*.h) | $(BUILD)/obj-asan
-	$(CC) $(CFLAGS) -O1 $(ASAN_FLAGS) -DMUSE_TEST_HOOKS -c $< -o $@
-
-$(MUSE_ASAN_ENGINE): $(ASAN_OBJS) | $(BUILD)/t
-	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(ASAN_OBJS) $(LDLIBS) -o $@
+$(eval $(call test_engine,muse-engine-test,obj-hooks,,))
+$(eval $(call test_engine,muse-engine-asan,obj-asan,-O1 $(ASAN_FLAGS),$(ASAN_FLAGS)))

@@ -33,7 +33,8 @@ gid=$(stat -c %g "$run")
 "${pin[@]}" "$build/muse-bench" stamp-engine --shm "/muse-run-$port" --socket "$run/engine.sock" \
     --gid "$gid" --tokens 64 --gap-us 1000 >"$run/logs/stamp.log" 2>&1 &
 echo $! >"$run/engine.pid"
-until grep -q ready "$run/logs/stamp.log" 2>/dev/null; do sleep 0.1; done
+for _ in $(seq 1 100); do grep -q ready "$run/logs/stamp.log" 2>/dev/null && break; sleep 0.1; done
+grep -q ready "$run/logs/stamp.log" || { echo "stamp-engine did not start:" >&2; cat "$run/logs/stamp.log" >&2; exit 1; }
 if [ -n "$cpu" ]; then
     for w in $(pgrep -P "$(cat "$run/nginx.pid")"); do taskset -pc "$cpu" "$w" >/dev/null; done
 fi
