@@ -625,7 +625,8 @@ ngx_muse_key_cmp(const void *a, const void *b)
     return strcmp(*(char * const *) a, *(char * const *) b);
 }
 
-/* Every string valid UTF-8, no duplicate keys, depth bounded. Names the top-level field. */
+/* Every string valid UTF-8, no duplicate keys (depth: ngx_muse_json_shape bounded it). Names
+ * the top-level field. */
 static ngx_int_t
 ngx_muse_check_tree(cJSON *node, const char *field, int depth, ngx_muse_verr_t *err,
     ngx_pool_t *pool)
@@ -634,9 +635,6 @@ ngx_muse_check_tree(cJSON *node, const char *field, int depth, ngx_muse_verr_t *
     char   **keys;
     size_t   n = 0, i;
 
-    if (depth > 200) {
-        return ngx_muse_bad(err, field, "nesting too deep");
-    }
     if (cJSON_IsString(node) && !ngx_muse_utf8_ok((u_char *) node->valuestring,
                                                   ngx_strlen(node->valuestring)))
     {
