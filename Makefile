@@ -2,6 +2,7 @@
 CC       ?= gcc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Iengine
+DEPFLAGS := -MMD -MP
 LDLIBS   += -lcjson -lpcre2-8 -lm -pthread
 BUILD    := build
 NVCC     ?= nvcc
@@ -10,12 +11,16 @@ DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
                 libcjson-dev libevent-dev libpcre2-dev nginx nginx-dev \
                 python3 python3-numpy perl curl
 
-# Programs: one main file each. Everything else under engine/ is the library.
-MAIN_SRCS := engine/muse_engine.c engine/muse_pack.c engine/muse_quant.c
-MAINS     := $(patsubst engine/muse_%.c,$(BUILD)/muse-%,$(wildcard $(MAIN_SRCS)))
-LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(wildcard engine/*.c))
+# engine/: one folder a job (docs/layout.md). engine/cmd/muse_*.c are the programs' main
+# files; every other .c under the library folders is libmuse.a. Objects depend on the headers
+# they include (-MMD), not on every header.
+LIB_DIRS  := abi base pack text model backend backend/cpu serve cmd
+MAIN_SRCS := engine/cmd/muse_engine.c engine/cmd/muse_pack.c engine/cmd/muse_quant.c
+MAINS     := $(patsubst engine/cmd/muse_%.c,$(BUILD)/muse-%,$(MAIN_SRCS))
+LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard engine/$(d)/*.c)))
 LIB_OBJS  := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
 LIB       := $(BUILD)/libmuse.a
+ENGINE_H  := $(shell find engine -name '*.h')
 
 # C unit tests: t/unit/test_NAME.c -> build/t/test_NAME (TAP on stdout, run by prove).
 UNIT_SRCS := $(wildcard t/unit/test_*.c)
@@ -41,20 +46,22 @@ deps:
 	@command -v node >/dev/null && command -v npm >/dev/null || { echo "make deps: installing nodejs npm"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; }
 
-$(BUILD)/obj/%.o: engine/%.c $(wildcard engine/*.h) | $(BUILD)/obj
-	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/%.o: engine/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/muse-%: engine/muse_%.c $(LIB) | $(BUILD)
+$(BUILD)/muse-%: $(BUILD)/obj/cmd/muse_%.o $(LIB) | $(BUILD)
 	$(CC) $(CFLAGS) $< $(LIB) $(LDLIBS) -o $@
 
 $(BUILD)/t/%: t/unit/%.c t/unit/tap.h $(LIB) | $(BUILD)/t
-	$(CC) $(CFLAGS) -It/unit $< $(LIB) $(LDLIBS) -o $@
+	@mkdir -p $(BUILD)/obj/t
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/$*.d -It/unit $< $(LIB) $(LDLIBS) -o $@
 
 FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-$(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(wildcard engine/*.h) | $(BUILD)/fuzz
+$(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(ENGINE_H) | $(BUILD)/fuzz
 	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) $(LDLIBS) -o $@
 fuzz: $(FUZZERS)
 
@@ -65,15 +72,17 @@ $(BUILD) $(BUILD)/obj $(BUILD)/t $(BUILD)/fuzz:
 test: all fuzz
 	@t/run-tests
 
-LINT_C := engine/*.c engine/*.h engine/bench/*.c engine/bench/*.h t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c
+LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c
 # ngx_muse_module.c is written in nginx's own style and built with nginx's -Werror instead.
 lint:
 	clang-format --dry-run --Werror $(LINT_C)
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability \
-	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine engine/bench t/unit t/fuzz t/tools
+	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz t/tools
 
 format:
 	clang-format -i $(LINT_C)
 
 clean:
 	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -18,7 +18,7 @@
 #include <sys/un.h>
 #include <time.h>
 
-#include "muse_ring.h"
+#include "abi/muse_ring.h"
 
 #define NGX_MUSE_SERVE_CHAT        1
 #define NGX_MUSE_SERVE_COMPLETIONS 2

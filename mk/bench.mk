@@ -4,5 +4,5 @@ MUSE_BENCH := $(BUILD)/muse-bench
 
 EXTRA_ALL += $(MUSE_BENCH)
 
-$(MUSE_BENCH): $(BENCH_SRCS) $(wildcard engine/bench/*.h) $(wildcard engine/*.h) $(LIB) | $(BUILD)
+$(MUSE_BENCH): $(BENCH_SRCS) $(wildcard engine/bench/*.h) $(ENGINE_H) $(LIB) | $(BUILD)
 	$(CC) $(CFLAGS) $(BENCH_SRCS) $(LIB) $(LDLIBS) -o $@

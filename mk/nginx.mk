@@ -16,7 +16,7 @@ $(NGX_BUILDDIR)/Makefile: config mk/nginx.mk
 	  --add-dynamic-module=$(CURDIR) --builddir=$(NGX_BUILDDIR)' > $(NGX_BUILDDIR)/configure.log 2>&1 \
 	  || { tail -20 $(NGX_BUILDDIR)/configure.log; exit 1; }
 
-$(NGX_SO): ngx_muse_module.c engine/muse_ring.h $(NGX_BUILDDIR)/Makefile
+$(NGX_SO): ngx_muse_module.c engine/abi/muse_ring.h $(NGX_BUILDDIR)/Makefile
 	$(MAKE) -s -f $(NGX_BUILDDIR)/Makefile -C $(NGX_SRC) modules
 	@mkdir -p $(dir $@)
 	cp $(NGX_BUILDDIR)/ngx_muse_module.so $@.tmp
@@ -32,5 +32,5 @@ $(NGX_SO): ngx_muse_module.c engine/muse_ring.h $(NGX_BUILDDIR)/Makefile
 	mv $@.tmp $@
 
 # A scripted engine for the transport tests (ring server only, no model).
-$(MUSE_TEST_ENGINE): t/tools/muse_test_engine.c engine/ring_server.c engine/ring_server.h engine/muse_ring.h | $(BUILD)/t
-	$(CC) $(CFLAGS) t/tools/muse_test_engine.c engine/ring_server.c -levent_core -lcjson -lm -pthread -o $@
+$(MUSE_TEST_ENGINE): t/tools/muse_test_engine.c engine/serve/ring_server.c engine/serve/ring_server.h engine/abi/muse_ring.h engine/base/muse_common.h | $(BUILD)/t
+	$(CC) $(CFLAGS) t/tools/muse_test_engine.c engine/serve/ring_server.c -levent_core -lcjson -lm -pthread -o $@

@@ -13,7 +13,7 @@
 
 #include "bench.h"
 #include "bench_http.h"
-#include "muse_common.h"
+#include "base/muse_common.h"
 
 int bench_http_parse_url(const char *url, bench_http_target *t)
 {

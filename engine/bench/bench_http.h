@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "muse_common.h"
+#include "base/muse_common.h"
 
 /* Where the server is: from "http://127.0.0.1:PORT" (or localhost). */
 typedef struct {

@@ -4,13 +4,13 @@
 
 #include "bench.h"
 #include "bench_table.h"
-#include "cli.h"
-#include "exl3.h"
-#include "exl3_quant.h"
-#include "muse_common.h"
-#include "pack_random.h"
-#include "safetensors.h"
-#include "threadpool.h"
+#include "base/cli.h"
+#include "pack/exl3.h"
+#include "pack/exl3_quant.h"
+#include "base/muse_common.h"
+#include "pack/pack_random.h"
+#include "pack/safetensors.h"
+#include "base/threadpool.h"
 
 static uint16_t random_scale_f16(void)
 {

@@ -5,18 +5,18 @@
 
 #include <cjson/cJSON.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "bench.h"
 #include "bench_table.h"
-#include "chat.h"
-#include "cli.h"
-#include "forward.h"
-#include "model.h"
-#include "muse_common.h"
-#include "pack_random.h"
-#include "reply.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "text/chat.h"
+#include "base/cli.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "base/muse_common.h"
+#include "pack/pack_random.h"
+#include "text/reply.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
 
 /* ---- decode step (shared by chat and decode) ---- */
 

@@ -12,9 +12,9 @@
 #include "bench.h"
 #include "bench_http.h"
 #include "bench_table.h"
-#include "cli.h"
-#include "muse_common.h"
-#include "ring_server.h"
+#include "base/cli.h"
+#include "base/muse_common.h"
+#include "serve/ring_server.h"
 
 int bench_cmd_server(int argc, char **argv)
 {

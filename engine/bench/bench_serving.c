@@ -16,9 +16,9 @@
 #include "bench.h"
 #include "bench_http.h"
 #include "bench_table.h"
-#include "cli.h"
-#include "muse_common.h"
-#include "pack_random.h"
+#include "base/cli.h"
+#include "base/muse_common.h"
+#include "pack/pack_random.h"
 
 enum { MAX_LIST = 16, MAX_STREAMS = 256 };
 

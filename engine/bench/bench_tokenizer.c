@@ -3,11 +3,11 @@
 
 #include "bench.h"
 #include "bench_table.h"
-#include "cli.h"
-#include "config.h"
-#include "muse_common.h"
-#include "pack_random.h"
-#include "tokenizer.h"
+#include "base/cli.h"
+#include "pack/config.h"
+#include "base/muse_common.h"
+#include "pack/pack_random.h"
+#include "text/tokenizer.h"
 
 /* Deterministic English-like prose: sentences from common words, commas, numbers, paragraphs. */
 static char *make_prose(size_t bytes, size_t *len)

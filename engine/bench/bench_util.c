@@ -6,9 +6,9 @@
 #include <time.h>
 
 #include "bench.h"
-#include "cli.h"
-#include "muse_common.h"
-#include "pack_random.h"
+#include "base/cli.h"
+#include "base/muse_common.h"
+#include "pack/pack_random.h"
 
 double bench_now_s(void)
 {

@@ -3,7 +3,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "safetensors.h"
+#include "pack/safetensors.h"
 
 static uint64_t data_len_from(uint8_t b)
 {

@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ring_server.h"
+#include "serve/ring_server.h"
 
 enum { S_DEFAULT, S_CTX, S_ERRMID, S_ECHO, S_HANG };
 

@@ -1,6 +1,6 @@
 /* The chat renderer: CHAT.md's golden byte for byte, goldens of every branch (also kept in
  * docs/chat-goldens.md), validation errors naming the JSON path, and flattening to ids. */
-#include "chat.h"
+#include "text/chat.h"
 #include "tap.h"
 
 /* CHAT.md "Golden rendering", copied verbatim. */

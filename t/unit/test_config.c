@@ -1,5 +1,5 @@
 /* config.json parsing: every field, defaults, text_config precedence, refusals by name. */
-#include "config.h"
+#include "pack/config.h"
 #include "tap.h"
 
 /* The extra fields come first: a later duplicate key would be ignored. */

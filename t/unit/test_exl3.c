@@ -9,10 +9,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "exl3.h"
-#include "exl3_quant.h"
+#include "pack/exl3.h"
+#include "pack/exl3_quant.h"
 #include "tap.h"
-#include "threadpool.h"
+#include "base/threadpool.h"
 
 /* ---- deterministic random numbers (splitmix64) ---- */
 

@@ -1,8 +1,8 @@
 /* KV block pool and prompt cache: reference counts, scopes, LRU, and the byte budget. */
 #include <stdlib.h>
 
-#include "kv_pool.h"
-#include "prompt_cache.h"
+#include "model/kv_pool.h"
+#include "serve/prompt_cache.h"
 #include "tap.h"
 
 static void *snapshot(size_t n)

@@ -2,7 +2,7 @@
  * multi-byte pieces (greedy longest match), 200000+ are the control tokens. */
 #include <time.h>
 
-#include "reply.h"
+#include "text/reply.h"
 #include "tap.h"
 
 #define BOT        200000

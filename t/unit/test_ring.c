@@ -10,7 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ring_server.h"
+#include "serve/ring_server.h"
 #include "tap.h"
 
 /* ---- pure ABI helpers ---- */

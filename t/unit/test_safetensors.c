@@ -6,7 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "safetensors.h"
+#include "pack/safetensors.h"
 #include "tap.h"
 
 static char root[256];

@@ -1,6 +1,6 @@
 /* Sampler: greedy and ties, non-finite logits, chi-square against a libm softmax, each filter's
  * exact kept set and boundaries, fast draw == naive walk, determinism, and a speed diag. */
-#include "sampler.h"
+#include "text/sampler.h"
 #include "tap.h"
 
 #include <math.h>

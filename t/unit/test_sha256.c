@@ -1,5 +1,5 @@
 /* SHA-256 against the FIPS 180-4 examples and a one-million-'a' message. */
-#include "sha256.h"
+#include "base/sha256.h"
 #include "tap.h"
 
 static void check(const char *msg, size_t repeat, const char *want, const char *what)

@@ -4,9 +4,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cmd_tokenize.h"
+#include "cmd/cmd_tokenize.h"
 #include "tap.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #define TINY "t/data/tokenizer_tiny.json"
 

@@ -1,0 +1,559 @@
+/* muse-engine subcommands that run the model: logits, generate, inspect. */
+#include "cmd/cmd_model.h"
+
+#include <getopt.h>
+#include <math.h>
+
+#include <cjson/cJSON.h>
+
+#include "text/chat.h"
+#include "base/cli.h"
+#include "serve/openai.h"
+#include "text/reply.h"
+#include "serve/request.h"
+#include "model/forward.h"
+#include "text/sampler.h"
+
+typedef struct {
+    const char *model, *tokens, *out, *messages, *tokenizer;
+    long long max_tokens, chunk, threads, seed, top_k;
+    double temperature, top_p, min_p;
+} run_flags;
+
+static int bad(const char *cmd, const char *msg)
+{
+    fprintf(stderr, "muse-engine %s: %s (see muse-engine %s --help)\n", cmd, msg, cmd);
+    return 2;
+}
+
+/* Parses the flags shared by logits and generate; returns -1 on success, else an exit code. */
+static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f, const char *help)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'},       {"tokens", 1, 0, 't'}, {"out", 1, 0, 'o'},
+        {"max-tokens", 1, 0, 'n'},  {"chunk", 1, 0, 'c'},  {"threads", 1, 0, 'j'},
+        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'},  {"top-p", 1, 0, 'p'},
+        {"min-p", 1, 0, 'P'},       {"seed", 1, 0, 's'},   {"messages", 1, 0, 'M'},
+        {"tokenizer", 1, 0, 'K'},   {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
+    *f = (run_flags){.max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0};
+    muse_err e = {{0}};
+    int ch;
+    optind = 1;
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (ch) {
+        case 'm':
+            f->model = optarg;
+            break;
+        case 't':
+            f->tokens = optarg;
+            break;
+        case 'o':
+            f->out = optarg;
+            break;
+        case 'M':
+            f->messages = optarg;
+            break;
+        case 'K':
+            f->tokenizer = optarg;
+            break;
+        case 'n':
+            rc = muse_parse_long("--max-tokens", optarg, 0, 1 << 24, &f->max_tokens, &e);
+            break;
+        case 'c':
+            rc = muse_parse_long("--chunk", optarg, 1, 1 << 20, &f->chunk, &e);
+            break;
+        case 'j':
+            rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
+            break;
+        case 'T':
+            rc = muse_parse_double("--temperature", optarg, 0, 2, &f->temperature, &e);
+            break;
+        case 'k':
+            rc = muse_parse_long("--top-k", optarg, 0, 1 << 30, &f->top_k, &e);
+            break;
+        case 'p':
+            rc = muse_parse_double("--top-p", optarg, 1e-9, 1, &f->top_p, &e);
+            break;
+        case 'P':
+            rc = muse_parse_double("--min-p", optarg, 0, 1, &f->min_p, &e);
+            break;
+        case 's':
+            rc = muse_parse_long("--seed", optarg, 0, INT64_MAX, &f->seed, &e);
+            break;
+        case 'h':
+            fputs(help, stdout);
+            return 0;
+        default:
+            return bad(cmd, "unknown option or missing value");
+        }
+        if (rc) return bad(cmd, e.msg);
+    }
+    if (optind < argc) return bad(cmd, "unexpected argument");
+    if (!f->model) return bad(cmd, "--model DIR is required");
+    return -1;
+}
+
+typedef struct {
+    muse_model model;
+    muse_backend *be;
+    muse_forward *fwd;
+    int32_t *ids;
+    size_t n;
+} session;
+
+static void session_close(session *s)
+{
+    muse_forward_destroy(s->fwd);
+    muse_cpu_backend_destroy(s->be);
+    if (s->model.st) muse_model_free(&s->model);
+    free(s->ids);
+}
+
+/* Loads the pack, checks the prompt s->ids against it and sizes a one-sequence backend. */
+static int session_start(const char *cmd, const run_flags *f, long long extra, session *s)
+{
+    muse_err e = {{0}};
+    if (muse_model_load(f->model, &s->model, &e)) {
+        fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
+        return 2;
+    }
+    const muse_config *c = &s->model.cfg;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->ids[i] >= c->vocab_size) {
+            fprintf(stderr,
+                    "muse-engine %s: prompt token %zu (%d) is outside the vocabulary 0 .. %lld\n",
+                    cmd, i + 1, s->ids[i], (long long)c->vocab_size - 1);
+            return 2;
+        }
+    long long context = (long long)s->n + extra;
+    if (context > c->max_position_embeddings) {
+        fprintf(stderr,
+                "muse-engine %s: %lld positions exceed max_position_embeddings %lld; shorten "
+                "--tokens or --max-tokens\n",
+                cmd, context, (long long)c->max_position_embeddings);
+        return 2;
+    }
+    long chunk = f->chunk > 0 ? (long)f->chunk : (long)s->n;
+    if (chunk > 4096) chunk = 4096; /* rows a forward; longer prompts go in several */
+    muse_backend_opts o = {.max_rows = chunk > 0 ? chunk : 1,
+                           .max_seqs = 1,
+                           .context = context > 0 ? context : 1,
+                           .threads = (int)f->threads};
+    s->be = muse_cpu_backend_create(&s->model, &o, &e);
+    if (!s->be) {
+        fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
+        return 2;
+    }
+    s->fwd = muse_forward_create(s->be);
+    return -1;
+}
+
+/* session_start with the prompt of --tokens. */
+static int session_open(const char *cmd, const run_flags *f, long long extra, session *s)
+{
+    muse_err e = {{0}};
+    memset(s, 0, sizeof *s);
+    if (!f->tokens) return bad(cmd, "--tokens 1,2,3 is required");
+    if (muse_parse_ids("--tokens", f->tokens, &s->ids, &s->n, &e)) return bad(cmd, e.msg);
+    return session_start(cmd, f, extra, s);
+}
+
+/* Feeds ids[0..n) at positions start.. in chunks of max_rows; calls back each chunk's logits. */
+typedef int (*chunk_fn)(void *ctx, const float *logits, long rows);
+static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all_logits,
+                chunk_fn fn, void *ctx, muse_err *e)
+{
+    long R = s->be->opts.max_rows;
+    int64_t pos[4096];
+    int32_t seq[4096] = {0};
+    uint8_t want[4096];
+    for (size_t at = 0; at < n;) {
+        long rows = (long)(n - at) < R ? (long)(n - at) : R;
+        if (rows > 4096) rows = 4096;
+        for (long r = 0; r < rows; r++) {
+            pos[r] = start + (int64_t)(at + (size_t)r);
+            want[r] = all_logits || at + (size_t)r == n - 1;
+            seq[r] = 0;
+        }
+        if (muse_kv_ensure(&s->be->kv, 0, pos[rows - 1] + 1))
+            return muse_fail(e, "the KV pool has no room for position %lld",
+                             (long long)pos[rows - 1]);
+        muse_batch b = {rows, ids + at, pos, seq, want};
+        const float *lg = muse_forward_run(s->fwd, &b, e);
+        if (!lg) return -1;
+        if (fn && fn(ctx, lg, all_logits ? rows : (at + (size_t)rows == n ? 1 : 0))) return -1;
+        at += (size_t)rows;
+    }
+    return 0;
+}
+
+static int write_rows(void *ctx, const float *logits, long rows)
+{
+    void **c = ctx;
+    FILE *f = c[0];
+    size_t V = *(size_t *)c[1];
+    return fwrite(logits, sizeof(float), (size_t)rows * V, f) == (size_t)rows * V ? 0 : -1;
+}
+
+static const char logits_help[] =
+    "usage: muse-engine logits --model DIR --tokens 1,2,3 --out FILE [--chunk N] [--threads N]\n"
+    "Runs the prompt and writes fp32 little-endian logits: T rows of vocab_size, one per "
+    "position.\n"
+    "--chunk N feeds the prompt N rows a forward (the result is bit-identical for every N).\n";
+
+int muse_cmd_logits(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("logits", argc, argv, &f, logits_help);
+    if (rc >= 0) return rc;
+    if (!f.out) return bad("logits", "--out FILE is required");
+    session s;
+    rc = session_open("logits", &f, 0, &s);
+    if (rc >= 0) {
+        session_close(&s);
+        return rc;
+    }
+    FILE *out = fopen(f.out, "wb");
+    muse_err e = {{0}};
+    size_t V = (size_t)s.model.cfg.vocab_size;
+    void *ctx[2] = {out, &V};
+    if (!out) {
+        rc = bad("logits", "--out: cannot create the file");
+    } else if (feed(&s, s.ids, s.n, 0, 1, write_rows, ctx, &e)) {
+        fprintf(stderr, "muse-engine logits: %s\n", e.msg[0] ? e.msg : "write failed");
+        rc = 1;
+    } else {
+        rc = 0;
+    }
+    if (out && fclose(out) != 0 && rc == 0) rc = bad("logits", "--out: write failed");
+    session_close(&s);
+    return rc;
+}
+
+typedef struct {
+    muse_sampler *sampler;
+    muse_sampling params;
+    int64_t position; /* absolute position of the token being sampled */
+    int32_t next;
+} gen_state;
+
+static int sample_last(void *ctx, const float *logits, long rows)
+{
+    gen_state *g = ctx;
+    if (rows) g->next = (int32_t)muse_sample(g->sampler, logits, &g->params, g->position);
+    return 0;
+}
+
+static bool is_stop(const muse_config *c, int32_t id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id) return true;
+    return false;
+}
+
+static const char generate_help[] =
+    "usage: muse-engine generate --model DIR --tokens 1,2,3 --max-tokens N [--temperature T]\n"
+    "                            [--top-k K] [--top-p P] [--min-p P] [--seed S] [--chunk N] "
+    "[--threads N]\n"
+    "Prints the generated token ids, comma-separated; stops at an eos id or after N tokens.\n"
+    "Temperature 0 (the default) is greedy. The same seed gives the same tokens.\n";
+
+int muse_cmd_generate(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("generate", argc, argv, &f, generate_help);
+    if (rc >= 0) return rc;
+    session s;
+    rc = session_open("generate", &f, f.max_tokens, &s);
+    if (rc >= 0) {
+        session_close(&s);
+        return rc;
+    }
+    muse_err e = {{0}};
+    gen_state g = {.sampler = muse_sampler_create(s.model.cfg.vocab_size),
+                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
+                              (uint64_t)f.seed},
+                   .position = (int64_t)s.n};
+    rc = 0;
+    if (f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e)) rc = 1;
+    for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
+        printf("%s%d", i ? "," : "", g.next);
+        fflush(stdout);
+        if (is_stop(&s.model.cfg, g.next) || i + 1 == f.max_tokens) break;
+        int32_t tok = g.next;
+        g.position++;
+        if (feed(&s, &tok, 1, g.position - 1, 0, sample_last, &g, &e)) rc = 1;
+    }
+    printf("\n");
+    if (rc) fprintf(stderr, "muse-engine generate: %s\n", e.msg);
+    muse_sampler_destroy(g.sampler);
+    session_close(&s);
+    return rc;
+}
+
+static const char inspect_help[] =
+    "usage: muse-engine inspect --model DIR\n"
+    "Prints the config, parameters (total and active per token), bytes by dtype, KV bytes per\n"
+    "token and each layer's kind.\n";
+
+static void print_config(const muse_config *c)
+{
+    printf("model_type          muse_spark\n");
+    printf("vocab_size          %lld\n", (long long)c->vocab_size);
+    printf("hidden_size         %lld\n", (long long)c->hidden_size);
+    printf("layers              %lld\n", (long long)c->num_layers);
+    printf("heads q/kv/dim      %lld / %lld / %lld\n", (long long)c->n_heads,
+           (long long)c->n_kv_heads, (long long)c->head_dim);
+    printf("sliding_window      %lld\n", (long long)c->sliding_window);
+    printf("experts             %lld, %lld a token, width %lld, shared %lld\n",
+           (long long)c->num_experts, (long long)c->num_experts_per_tok,
+           (long long)c->moe_intermediate_size, (long long)c->num_shared_experts);
+    printf("dense width         %lld\n", (long long)c->intermediate_size);
+    printf("routing             scale %g, norm_topk_prob %s, expert_output_norm %s\n",
+           c->routed_scaling_factor, c->norm_topk_prob ? "true" : "false",
+           c->expert_output_norm ? "true" : "false");
+    printf("eps                 rms %g, post %g\n", c->rms_norm_eps, c->post_norm_eps);
+    printf("qk_scale_factor     %g\n", c->qk_scale_factor);
+    printf("head                softcap %g, multiplier %g, tied %s\n", c->final_logit_softcapping,
+           c->output_multiplier, c->tie_word_embeddings ? "true" : "false");
+    printf("context             %lld\n", (long long)c->max_position_embeddings);
+    printf("eos                ");
+    for (int i = 0; i < c->n_eos; i++) printf(" %lld", (long long)c->eos_ids[i]);
+    printf("\n");
+    if (c->quantized)
+        printf("quantization        exl3, %g bits, head %g bits, codebook %s\n", c->quant_bits,
+               c->quant_head_bits, c->quant_codebook);
+}
+
+/* What the backend really allocates: full layers in pool blocks, sliding layers in rings. */
+static void print_kv_pool(const muse_model *m)
+{
+    const muse_config *c = &m->cfg;
+    muse_err e = {{0}};
+    muse_backend_opts o = {
+        .max_rows = 1, .max_seqs = 1, .context = MUSE_KV_BLOCK, .threads = 1, .kv_blocks = 1};
+    muse_backend *be = muse_cpu_backend_create(m, &o, &e);
+    if (!be) return;
+    uint64_t theory_full = muse_kv_full_bytes_per_token(c);
+    printf("kv pool a token     %llu (full-attention layers, paged in blocks of %d); theory %llu\n",
+           (unsigned long long)(be->kv_block_bytes / MUSE_KV_BLOCK), MUSE_KV_BLOCK,
+           (unsigned long long)theory_full);
+    printf("kv sliding a stream %llu (sliding layers: a ring of sliding_window + rows a round - 1\n"
+           "                    positions; this figure is for 1 row a round)\n",
+           (unsigned long long)((muse_kv_bytes_per_token(c) - theory_full) *
+                                (uint64_t)c->sliding_window));
+    muse_cpu_backend_destroy(be);
+}
+
+int muse_cmd_inspect(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("inspect", argc, argv, &f, inspect_help);
+    if (rc >= 0) return rc;
+    muse_err e = {{0}};
+    muse_model m;
+    if (muse_model_load(f.model, &m, &e)) {
+        fprintf(stderr, "muse-engine inspect: %s\n", e.msg);
+        return 2;
+    }
+    const muse_config *c = &m.cfg;
+    print_config(c);
+    printf("parameters          %llu total, %llu active a token\n",
+           (unsigned long long)m.params_total, (unsigned long long)m.params_active);
+    uint64_t by[MUSE_DT_COUNT] = {0};
+    for (size_t i = 0; i < muse_st_count(m.st); i++)
+        by[muse_st_at(m.st, i)->dtype] += muse_st_at(m.st, i)->nbytes;
+    printf("bytes by dtype     ");
+    for (int d = 0; d < MUSE_DT_COUNT; d++)
+        if (by[d]) printf(" %s %llu", muse_dtype_name((muse_dtype)d), (unsigned long long)by[d]);
+    printf("\n");
+    printf("kv bytes a token    %llu (fp16 K and V, all layers, in theory)\n",
+           (unsigned long long)muse_kv_bytes_per_token(c));
+    print_kv_pool(&m);
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const muse_layer *ly = &m.layers[i];
+        printf("layer %-4lld         %s%s, %s, %s", (long long)i,
+               c->attn_kind[i] == MUSE_ATTN_FULL ? "full" : "sliding",
+               c->rope_theta_layer[i] == 0 ? " NoPE" : " RoPE",
+               c->mlp_kind[i] == MUSE_MLP_DENSE ? "dense" : "moe",
+               ly->q.kind == MUSE_LIN_EXL3 ? "exl3" : "fp");
+        if (ly->q.kind == MUSE_LIN_EXL3) printf(" %d bits", ly->q.exl3.bits);
+        printf("\n");
+    }
+    printf("lm_head             %s",
+           m.head.kind == MUSE_LIN_EXL3 ? "exl3" : (m.head.w == m.embed ? "tied" : "fp"));
+    if (m.head.kind == MUSE_LIN_EXL3)
+        printf(" %d bits, %lld rows", m.head.exl3.bits, (long long)m.head.n);
+    printf("\n");
+    muse_model_free(&m);
+    return 0;
+}
+
+/* ---- chat: render, generate, parse ---- */
+
+typedef struct {
+    cJSON *msg; /* the OpenAI message being built */
+    muse_buf content, reasoning;
+    cJSON *calls;
+    const char *finish;
+} chat_out;
+
+static void chat_event(void *ctx, const muse_reply_ev *ev)
+{
+    chat_out *o = ctx;
+    switch (ev->kind) {
+    case MUSE_EV_REASONING:
+        muse_buf_add(&o->reasoning, ev->text, ev->len);
+        break;
+    case MUSE_EV_CONTENT:
+        if (ev->unsplit) o->reasoning.len = 0; /* the whole turn is content */
+        muse_buf_add(&o->content, ev->text, ev->len);
+        break;
+    case MUSE_EV_TOOL_CALL:
+        if (!o->calls) o->calls = cJSON_CreateArray();
+        cJSON_AddItemToArray(o->calls, muse_oa_tool_call(ev->call_id, ev->name, ev->arguments));
+        break;
+    case MUSE_EV_FINISH:
+        o->finish = ev->finish_reason;
+        break;
+    }
+}
+
+static const char chat_help[] =
+    "usage: muse-engine chat --model DIR --messages FILE.json [--tokenizer FILE] [--max-tokens N]\n"
+    "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+    "Renders the messages in the Muse chat format, generates until a stop id (or N tokens, "
+    "default\n"
+    "16), and prints the parsed reply as an OpenAI assistant message (content, reasoning_content,\n"
+    "tool_calls) with finish_reason. FILE.json is a messages array, or an object with messages,\n"
+    "tools and reasoning_effort. The tokenizer defaults to DIR/tokenizer.json.\n";
+
+/* Reads --messages into the renderer's ids; 0 or an exit code. */
+static int chat_prompt(const run_flags *f, const muse_tokenizer *tok, session *s, char ***fn,
+                       size_t *nfn)
+{
+    muse_err e = {{0}};
+    char *text;
+    size_t len;
+    if (muse_read_file(f->messages, 64 << 20, &text, &len, &e)) return bad("chat", e.msg);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *messages =
+        cJSON_IsArray(root) ? root : cJSON_GetObjectItemCaseSensitive(root, "messages");
+    const cJSON *tools =
+        cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "tools") : NULL;
+    const char *effort =
+        cJSON_IsObject(root)
+            ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort"))
+            : NULL;
+    if (!cJSON_IsArray(messages)) {
+        cJSON_Delete(root);
+        return bad("chat",
+                   "--messages: the file must hold a JSON messages array or an object with one");
+    }
+    muse_chat_ids ids;
+    muse_chat_render r = {0};
+    int rc = muse_chat_ids_from_tokenizer(tok, &ids, &e) ||
+             muse_chat_render_messages(messages, tools, effort, &ids, &r, &e) ||
+             muse_chat_render_tokens(&r, tok, &s->ids, &s->n, &e);
+    if (!rc && r.nfn) {
+        *fn = MUSE_CALLOC(r.nfn, sizeof **fn);
+        for (size_t i = 0; i < r.nfn; i++) (*fn)[i] = strdup(r.fn_names[i]);
+        *nfn = r.nfn;
+    }
+    muse_chat_render_free(&r);
+    cJSON_Delete(root);
+    if (rc) {
+        fprintf(stderr, "muse-engine chat: --messages: %s\n", e.msg);
+        return 2;
+    }
+    return 0;
+}
+
+int muse_cmd_chat(int argc, char **argv)
+{
+    run_flags f;
+    int rc = parse_run_flags("chat", argc, argv, &f, chat_help);
+    if (rc >= 0) return rc;
+    if (!f.messages) return bad("chat", "--messages FILE.json is required");
+    char tokpath[4096];
+    snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", f.model);
+    muse_err e = {{0}};
+    muse_tokenizer *tok = NULL;
+    if (muse_tokenizer_load(f.tokenizer ? f.tokenizer : tokpath, &tok, &e)) {
+        fprintf(stderr, "muse-engine chat: %s\n", e.msg);
+        return 2;
+    }
+    session s;
+    memset(&s, 0, sizeof s);
+    char **fn = NULL;
+    size_t nfn = 0;
+    rc = chat_prompt(&f, tok, &s, &fn, &nfn);
+    /* the tokenizer must fit the model: its ids go straight into the embedding */
+    int64_t tok_vocab = muse_tokenizer_vocab_size(tok);
+    if (rc == 0) rc = session_start("chat", &f, f.max_tokens, &s);
+    if (rc < 0 && tok_vocab > s.model.cfg.vocab_size) {
+        fprintf(stderr,
+                "muse-engine chat: the tokenizer has %lld ids but config.json's vocab_size is "
+                "%lld; use the pack's own tokenizer.json\n",
+                (long long)tok_vocab, (long long)s.model.cfg.vocab_size);
+        rc = 2;
+    }
+    if (rc >= 0) goto out;
+    chat_out o = {0};
+    muse_reply_config rcfg = {.function_names = (const char *const *)fn,
+                              .nfunction_names = nfn,
+                              .parallel_tool_calls = 1,
+                              .call_id_seed = (uint64_t)f.seed,
+                              .token_bytes = muse_tokenizer_text_bytes,
+                              .token_ctx = tok,
+                              .emit = chat_event,
+                              .emit_ctx = &o};
+    int32_t eos[MUSE_MAX_EOS];
+    for (int i = 0; i < s.model.cfg.n_eos; i++) eos[i] = (int32_t)s.model.cfg.eos_ids[i];
+    rcfg.stop_ids = eos;
+    rcfg.nstop_ids = (size_t)s.model.cfg.n_eos;
+    muse_reply *reply = NULL;
+    if (muse_chat_ids_from_tokenizer(tok, &rcfg.ids, &e) || muse_reply_create(&rcfg, &reply, &e)) {
+        fprintf(stderr, "muse-engine chat: %s\n", e.msg);
+        rc = 2;
+        goto out;
+    }
+    gen_state g = {.sampler = muse_sampler_create(s.model.cfg.vocab_size),
+                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
+                              (uint64_t)f.seed},
+                   .position = (int64_t)s.n};
+    rc = f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e) ? 1 : 0;
+    for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
+        if (muse_reply_push(reply, g.next)) break;
+        if (i + 1 == f.max_tokens) break;
+        int32_t tok_id = g.next;
+        g.position++;
+        if (feed(&s, &tok_id, 1, g.position - 1, 0, sample_last, &g, &e)) rc = 1;
+    }
+    muse_reply_finish(reply, "length");
+    cJSON *msg = cJSON_CreateObject();
+    cJSON_AddStringToObject(msg, "role", "assistant");
+    muse_buf_add(&o.content, "", 0);
+    cJSON_AddStringToObject(msg, "content", o.content.p);
+    if (o.reasoning.len) cJSON_AddStringToObject(msg, "reasoning_content", o.reasoning.p);
+    if (o.calls) cJSON_AddItemToObject(msg, "tool_calls", o.calls);
+    cJSON_AddStringToObject(msg, "finish_reason", o.finish ? o.finish : "length");
+    char *json = cJSON_Print(msg);
+    puts(json);
+    free(json);
+    cJSON_Delete(msg);
+    free(o.content.p);
+    free(o.reasoning.p);
+    muse_reply_destroy(reply);
+    muse_sampler_destroy(g.sampler);
+    if (rc) fprintf(stderr, "muse-engine chat: %s\n", e.msg);
+out:
+    for (size_t i = 0; i < nfn; i++) free(fn[i]);
+    free(fn);
+    session_close(&s);
+    muse_tokenizer_free(tok);
+    return rc;
+}

@@ -1,0 +1,139 @@
+#include "model/forward.h"
+
+struct muse_forward {
+    muse_backend *be;
+    const muse_model *m;
+    float *h;                           /* [R, H] residual stream, fp32 */
+    float *a;                           /* [R, H] normed input of a block part, fp16 values */
+    float *q, *g, *o;                   /* [R, Q] */
+    float *k, *v;                       /* [R, KV] */
+    float *y;                           /* [R, H] output of attention or feed-forward, fp32 */
+    float *mlp_gate, *mlp_up, *mlp_act; /* [R, I] dense layers */
+    float *logits;                      /* [R, V (padded)] */
+    int64_t *last_pos;                  /* [max_seqs] scratch of check_batch */
+};
+
+muse_forward *muse_forward_create(muse_backend *be)
+{
+    const muse_config *c = &be->model->cfg;
+    size_t R = (size_t)be->opts.max_rows, H = (size_t)c->hidden_size;
+    size_t Q = (size_t)(c->n_heads * c->head_dim), KV = (size_t)(c->n_kv_heads * c->head_dim);
+    size_t I = (size_t)c->intermediate_size, V = (size_t)be->model->head.n;
+    muse_forward *f = MUSE_CALLOC(1, sizeof *f);
+    f->be = be;
+    f->m = be->model;
+    f->h = be->ops->alloc(be, R * H);
+    f->a = be->ops->alloc(be, R * H);
+    f->y = be->ops->alloc(be, R * H);
+    f->q = be->ops->alloc(be, R * Q);
+    f->g = be->ops->alloc(be, R * Q);
+    f->o = be->ops->alloc(be, R * Q);
+    f->k = be->ops->alloc(be, R * KV);
+    f->v = be->ops->alloc(be, R * KV);
+    if (I) {
+        f->mlp_gate = be->ops->alloc(be, R * I);
+        f->mlp_up = be->ops->alloc(be, R * I);
+        f->mlp_act = be->ops->alloc(be, R * I);
+    }
+    f->logits = be->ops->alloc(be, R * V);
+    f->last_pos = MUSE_MALLOC((size_t)be->opts.max_seqs * sizeof *f->last_pos);
+    return f;
+}
+
+/* The tensors belong to the backend; the plan's own bookkeeping goes here. */
+void muse_forward_destroy(muse_forward *f)
+{
+    if (!f) return;
+    free(f->last_pos);
+    free(f);
+}
+
+muse_backend *muse_forward_backend(const muse_forward *f)
+{
+    return f->be;
+}
+
+static int check_batch(muse_forward *f, const muse_batch *b, muse_err *e)
+{
+    const muse_config *c = &f->m->cfg;
+    const muse_backend_opts *o = &f->be->opts;
+    for (long r = 0; r < b->rows; r++)
+        if (b->seqs[r] >= 0 && b->seqs[r] < o->max_seqs) f->last_pos[b->seqs[r]] = -1;
+    if (b->rows <= 0 || b->rows > o->max_rows)
+        return muse_fail(e, "batch of %ld rows: must be 1 .. %ld (max rows a round)", b->rows,
+                         o->max_rows);
+    for (long r = 0; r < b->rows; r++) {
+        if (b->tokens[r] < 0 || b->tokens[r] >= c->vocab_size)
+            return muse_fail(e, "token id %d at row %ld is outside the vocabulary 0 .. %lld",
+                             b->tokens[r], r, (long long)c->vocab_size - 1);
+        if (b->positions[r] < 0 || b->positions[r] >= o->context)
+            return muse_fail(e, "position %lld at row %ld is outside the context 0 .. %lld",
+                             (long long)b->positions[r], r, (long long)o->context - 1);
+        if (b->seqs[r] < 0 || b->seqs[r] >= o->max_seqs)
+            return muse_fail(e, "sequence slot %d at row %ld is outside 0 .. %d", b->seqs[r], r,
+                             o->max_seqs - 1);
+        /* a later row of the same sequence must be the next position (the KV rings rely on it) */
+        int64_t *last = &f->last_pos[b->seqs[r]];
+        if (*last >= 0 && b->positions[r] != *last + 1)
+            return muse_fail(e, "row %ld of sequence %d is position %lld, not the next one (%lld)",
+                             r, b->seqs[r], (long long)b->positions[r], (long long)*last + 1);
+        *last = b->positions[r];
+    }
+    return 0;
+}
+
+static void attention_block(muse_forward *f, int i, const muse_batch *b)
+{
+    muse_backend *be = f->be;
+    const muse_backend_ops *ops = be->ops;
+    const muse_config *c = &f->m->cfg;
+    const muse_layer *ly = &f->m->layers[i];
+    long R = b->rows, H = (long)c->hidden_size;
+    ops->norm(be, f->h, R, H, ly->input_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps, 1, f->a);
+    ops->linear(be, &ly->q, f->a, R, 1, f->q);
+    ops->linear(be, &ly->k, f->a, R, 1, f->k);
+    ops->linear(be, &ly->v, f->a, R, 1, f->v);
+    ops->linear(be, &ly->gate, f->a, R, 1, f->g);
+    ops->qk_norm_rope(be, f->q, b, (long)c->n_heads, (long)c->head_dim, c->rope_theta_layer[i],
+                      (float)c->rms_norm_eps);
+    ops->qk_norm_rope(be, f->k, b, (long)c->n_kv_heads, (long)c->head_dim, c->rope_theta_layer[i],
+                      (float)c->rms_norm_eps);
+    ops->attention(be, i, b, f->q, f->k, f->v, f->g, f->o);
+    ops->linear(be, &ly->o, f->o, R, 0, f->y);
+    ops->add_norm(be, f->h, f->y, R, H, ly->post_attn_norm, (float)c->post_norm_eps);
+}
+
+static void feed_forward_block(muse_forward *f, int i, const muse_batch *b)
+{
+    muse_backend *be = f->be;
+    const muse_backend_ops *ops = be->ops;
+    const muse_config *c = &f->m->cfg;
+    const muse_layer *ly = &f->m->layers[i];
+    long R = b->rows, H = (long)c->hidden_size;
+    ops->norm(be, f->h, R, H, ly->pre_ff_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps, 1, f->a);
+    if (c->mlp_kind[i] == MUSE_MLP_DENSE) {
+        ops->linear(be, &ly->dense.gate, f->a, R, 1, f->mlp_gate);
+        ops->linear(be, &ly->dense.up, f->a, R, 1, f->mlp_up);
+        ops->swiglu(be, f->mlp_gate, f->mlp_up, R * (long)c->intermediate_size, f->mlp_act);
+        ops->linear(be, &ly->dense.down, f->mlp_act, R, 0, f->y);
+    } else {
+        ops->moe(be, ly, f->a, R, f->y);
+    }
+    ops->add_norm(be, f->h, f->y, R, H, ly->post_ff_norm, (float)c->post_norm_eps);
+}
+
+const float *muse_forward_run(muse_forward *f, const muse_batch *b, muse_err *e)
+{
+    if (check_batch(f, b, e)) return NULL;
+    muse_backend *be = f->be;
+    const muse_config *c = &f->m->cfg;
+    be->ops->embed(be, b, f->h);
+    for (int i = 0; i < (int)c->num_layers; i++) {
+        attention_block(f, i, b);
+        feed_forward_block(f, i, b);
+    }
+    be->ops->norm(be, f->h, b->rows, (long)c->hidden_size, f->m->final_norm, MUSE_NORM_PLAIN,
+                  (float)c->rms_norm_eps, 1, f->a);
+    be->ops->head(be, f->a, b, f->logits);
+    return f->logits;
+}

@@ -1,0 +1,57 @@
+/* A loaded muse_spark pack: config + mmap'd tensors, checked against the config and grouped
+ * per layer. The forward plan (forward.h) reads this; backends never parse files. */
+#ifndef MUSE_MODEL_H
+#define MUSE_MODEL_H
+
+#include "pack/config.h"
+#include "pack/exl3.h"
+#include "pack/safetensors.h"
+
+typedef enum { MUSE_LIN_DENSE, MUSE_LIN_EXL3 } muse_linear_kind;
+
+/* y[rows x n] = x[rows x k] W. A dense weight is stored as HF writes it: [n, k]. */
+typedef struct {
+    muse_linear_kind kind;
+    char key[256]; /* e.g. "model.layers.3.self_attn.q_proj" */
+    int64_t k, n;  /* n may exceed the logical width for a padded EXL3 head */
+    const muse_tensor *w;
+    muse_exl3_weight exl3;
+} muse_linear;
+
+typedef struct {
+    muse_linear gate, up, down;
+} muse_mlp;
+
+typedef struct {
+    /* norm weights as fp32 copies (checked finite at load) */
+    float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
+    muse_linear q, k, v, gate, o;
+    muse_mlp dense;            /* dense layers */
+    const muse_tensor *router; /* [E, H], MoE layers */
+    float *router_bias;        /* [E] fp32 or NULL */
+    muse_mlp *experts;         /* [E] */
+    float **expert_norm;       /* [E] x [H] when expert_output_norm */
+    muse_mlp shared;           /* when num_shared_experts > 0: intermediate = n_shared * moe_I */
+} muse_layer;
+
+typedef struct {
+    muse_config cfg;
+    char dir[1024];
+    muse_st *st;
+    const muse_tensor *embed; /* [V, H] */
+    float *final_norm;        /* [H] */
+    muse_linear head;         /* k = H, n = V (or padded) */
+    muse_layer *layers;
+    uint64_t params_total, params_active; /* logical parameters */
+} muse_model;
+
+/* Loads and checks a pack. Prints progress on stderr when reading takes over a second. */
+int muse_model_load(const char *dir, muse_model *m, muse_err *e);
+void muse_model_free(muse_model *m);
+
+/* Reads one embedding row as fp32. */
+void muse_model_embed_row(const muse_model *m, int64_t token, float *out);
+/* Converts a dense weight's row r (length k) to fp32. */
+void muse_dense_row(const muse_linear *l, int64_t r, float *out);
+
+#endif

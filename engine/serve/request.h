@@ -1,0 +1,53 @@
+/* A generation request as the engine runs it: parsed from the module's validated JSON body
+ * (validated again here: the other side is not trusted), rendered to prompt token ids. */
+#ifndef MUSE_REQUEST_H
+#define MUSE_REQUEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "text/chat.h"
+#include "pack/config.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
+
+#define MUSE_MAX_STOPS 4
+
+typedef struct {
+    int kind; /* MUSE_KIND_CHAT or MUSE_KIND_COMPLETIONS (muse_ring.h) */
+    bool stream, include_usage;
+    int32_t *prompt; /* malloc'd */
+    size_t n_prompt;
+    muse_sampling sampling;
+    bool seed_given;
+    int64_t max_tokens; /* resolved: never past the context */
+    char *stops[MUSE_MAX_STOPS];
+    size_t n_stops;
+    char **fn_names; /* chat tools, for the reply parser */
+    size_t n_fn;
+    bool parallel_tool_calls;
+} muse_gen_request;
+
+/* An error for the client: HTTP status, OpenAI type/param/code and a message that never
+ * echoes user bytes. */
+typedef struct {
+    int status;
+    const char *type, *code;
+    char param[64];
+    char message[512];
+} muse_api_error;
+
+typedef struct {
+    const muse_config *cfg; /* sampling defaults from generation_config.json (may be NULL) */
+    const muse_tokenizer *tok;
+    const muse_chat_ids *ids;
+    int64_t context;       /* positions a stream may hold */
+    uint64_t default_seed; /* used when the request gives none */
+} muse_request_env;
+
+/* 0 ok; -1 with *err filled (400 with param for bad fields, context_length_exceeded). */
+int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, const char *body,
+                       size_t len, muse_gen_request *r, muse_api_error *err);
+void muse_request_free(muse_gen_request *r);
+
+#endif
