@@ -1,87 +1,148 @@
-/* The operations a backend implements. The forward plan (forward.c) calls only these, on
- * buffers the backend allocated at start, so it never touches data and a decode round
- * allocates nothing (a CUDA backend can capture it as a graph). Shapes in comments:
- * R rows of the batch, H hidden, Q = Hq*head_dim, KV = Hkv*head_dim. */
+/* The seam between the forward plan and a device. One backend object spans every rank of the
+ * process and is made by name (muse_backend_create). Everything is sized at start; a round is
+ * begin_round (the batch into staging fixed at start), operations on opaque activation handles
+ * the backend allocated, end_round (wait, hand back the drawn ids). A round allocates nothing
+ * and passes no host pointer to an operation, so a device backend can capture it as a graph.
+ * Shapes in comments: R rows of the round (padded up to a bucket), H hidden, Q = Hq*head_dim,
+ * KV = Hkv*head_dim, N wanted rows (padded the same way). */
 #ifndef MUSE_BACKEND_H
 #define MUSE_BACKEND_H
 
 #include "model/kv_pool.h"
 #include "model/model.h"
+#include "text/sampler.h"
 
-/* One forward's rows. Rows of one sequence are consecutive positions, ascending, and the
- * caller has reserved KV blocks for them (muse_kv_ensure on be->kv). */
+#define MUSE_MAX_RANKS   8
+#define MUSE_MAX_BUCKETS 16
+
+/* An activation buffer [max_rows, width] fp32 that the backend allocated at start. */
+typedef int32_t muse_act;
+
+/* One round's batch. Rows of one sequence are consecutive positions, ascending; the caller has
+ * reserved KV blocks for them (muse_kv_ensure on be->kv). Wanted rows are numbered in row
+ * order; sampling[i] and draw_pos[i] belong to wanted row i. */
 typedef struct {
     long rows;
-    const int32_t *tokens;      /* [R] */
-    const int64_t *positions;   /* [R] absolute position of each row */
-    const int32_t *seqs;        /* [R] KV slot of each row, 0 .. max_seqs-1 */
-    const uint8_t *want_logits; /* [R] 1 where logits are wanted, or NULL for every row */
-} muse_batch;
+    const int32_t *tokens;         /* [rows] */
+    const int64_t *positions;      /* [rows] absolute position of each row */
+    const int32_t *seqs;           /* [rows] KV slot of each row, 0 .. max_seqs-1 */
+    const uint8_t *want_logits;    /* [rows] 1 where logits are wanted, or NULL for every row */
+    const muse_sampling *sampling; /* [wanted] or NULL: no draw */
+    const int64_t *draw_pos;       /* [wanted] absolute position of the token drawn */
+    int return_logits;             /* end_round hands back the wanted rows' logits */
+} muse_round;
+
+/* What end_round hands back: only what the host needs. Valid until the next round. */
+typedef struct {
+    long wanted;
+    const int32_t *tokens; /* [wanted] drawn ids, when the round had sampling */
+    const float *logits;   /* [wanted, vocab_size], when the round asked for them */
+} muse_round_out;
 
 typedef enum { MUSE_NORM_NONE, MUSE_NORM_PLUS1, MUSE_NORM_PLAIN } muse_norm_weight;
 
 typedef struct muse_backend muse_backend;
 
-/* Sizes fixed at start: every workspace and the KV cache come from these. */
+/* Sizes fixed at start: every workspace, staging buffer and the KV cache come from these. */
 typedef struct {
-    long max_rows;     /* rows a forward may carry */
-    int max_seqs;      /* KV slots */
-    int64_t context;   /* positions per sequence */
-    int64_t kv_blocks; /* full-attention KV blocks in the pool; 0: max_seqs x context */
-    int threads;       /* CPU threads (<= 0: all cores) */
+    long max_rows;       /* rows a round may carry */
+    int max_seqs;        /* KV slots */
+    int64_t context;     /* positions per sequence */
+    int64_t kv_blocks;   /* full-attention KV blocks in the pool; 0: max_seqs x context */
+    int snapshot_slots;  /* sliding-window snapshots the prompt cache may hold */
+    int ranks;           /* tensor-parallel ranks in this process (0 or 1: one) */
+    int devices[MUSE_MAX_RANKS]; /* device of each rank (GPU ordinal; ignored by cpu) */
+    int threads;         /* CPU threads (<= 0: all cores) */
+    int exact_rows;      /* 1: no padding of rows to buckets (tests compare both) */
 } muse_backend_opts;
+
+/* Memory a rank holds, by term (bytes). */
+typedef struct {
+    int device;
+    uint64_t weights, kv, sliding, snapshots, workspace, staging;
+} muse_rank_mem;
 
 typedef struct {
     const char *name;
-    /* Buffers for the plan's activations; only at start. */
-    float *(*alloc)(muse_backend *be, size_t floats);
+    void (*destroy)(muse_backend *be);
+    /* A [max_rows, width] buffer; only at start. Returns -1 when out of memory. */
+    muse_act (*alloc)(muse_backend *be, long width);
+    /* Outside a round only (tools and tests): host <-> activation rows [0, rows). */
+    void (*write)(muse_backend *be, muse_act a, const float *src, long rows);
+    void (*read)(muse_backend *be, muse_act a, float *dst, long rows);
+
+    /* The round boundary. begin_round copies the batch (tokens, positions, sequences, the
+     * want mask, the sequences' KV block tables, sampling) into staging and picks the bucket;
+     * end_round waits and reports a device failure as -1 with the reason, never an abort. */
+    int (*begin_round)(muse_backend *be, const muse_round *r, muse_err *e);
+    int (*end_round)(muse_backend *be, muse_round_out *out, muse_err *e);
+
     /* out[R,H] = rms(embed[tokens], eps), fp32 (the residual stream) */
-    void (*embed)(muse_backend *be, const muse_batch *b, float *out);
+    void (*embed)(muse_backend *be, muse_act out);
     /* out[R,W] = rms(x, eps) * (w | 1+w | 1), rounded to fp16 when round16 */
-    void (*norm)(muse_backend *be, const float *x, long rows, long width, const float *w,
-                 muse_norm_weight mode, float eps, int round16, float *out);
+    void (*norm)(muse_backend *be, muse_act x, long width, const muse_vec *w,
+                 muse_norm_weight mode, float eps, int round16, muse_act out);
     /* h[R,H] += (1 + w) * rms(y, eps) */
-    void (*add_norm)(muse_backend *be, float *h, const float *y, long rows, long width,
-                     const float *w, float eps);
-    /* y[R,n] = x[R,k] W, fp32 sums; rounded to fp16 when round16 */
-    void (*linear)(muse_backend *be, const muse_linear *l, const float *x, long rows, int round16,
-                   float *y);
+    void (*add_norm)(muse_backend *be, muse_act h, muse_act y, long width, const muse_vec *w,
+                     float eps);
+    /* y[R,n] = x[R,k] W, fp32 sums; rounded to fp16 when round16. A rank's shard of W. */
+    void (*linear)(muse_backend *be, const muse_linear *l, muse_act x, int round16, muse_act y);
     /* Per head: unweighted rms (eps), RoPE NEOX at each row's position (theta 0: none), fp16 */
-    void (*qk_norm_rope)(muse_backend *be, float *x, const muse_batch *b, long heads, long head_dim,
-                         double theta, float eps);
+    void (*qk_norm_rope)(muse_backend *be, muse_act x, long heads, long head_dim, double theta,
+                         float eps);
     /* Writes k, v [R,KV] of layer to the cache, then o[R,Q] = softmax(q k^T * scale) v,
-     * causal, sliding when window > 0, then o = fp16(o * sigmoid(g)). */
-    void (*attention)(muse_backend *be, int layer, const muse_batch *b, const float *q,
-                      const float *k, const float *v, const float *g, float *o);
-    /* out[R,I] = fp16(silu(gate) * up) */
-    void (*swiglu)(muse_backend *be, const float *gate, const float *up, long n, float *out);
+     * causal, sliding when window > 0, then o = fp16(o * sigmoid(g)). Padding rows skip both. */
+    void (*attention)(muse_backend *be, int layer, muse_act q, muse_act k, muse_act v,
+                      muse_act g, muse_act o);
+    /* out[R,W] = fp16(silu(gate) * up) */
+    void (*swiglu)(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out);
     /* y[R,H] = routed experts (router, selection, weights, outputs) + shared experts */
-    void (*moe)(muse_backend *be, const muse_layer *ly, const float *b, long rows, float *y);
-    /* logits[n_wanted, V] from x[R,H] (already normed): head, multiplier, softcap */
-    void (*head)(muse_backend *be, const float *x, const muse_batch *b, float *logits);
-    /* The sliding-window layers' K and V of the last W positions before end_pos: what a
-     * sequence must get back to resume at end_pos (prompt cache). */
-    size_t (*sliding_bytes)(muse_backend *be, int64_t end_pos);
-    void (*sliding_save)(muse_backend *be, int seq, int64_t end_pos, void *dst);
-    void (*sliding_load)(muse_backend *be, int seq, int64_t end_pos, const void *src);
+    void (*moe)(muse_backend *be, const muse_layer *ly, muse_act b, muse_act y);
+    /* x[R,W] = the sum over ranks of every rank's x, in rank order (one rank: nothing) */
+    void (*all_reduce)(muse_backend *be, muse_act x, long width);
+    /* logits[N, V] of the wanted rows of x[R,H] (already normed): head, multiplier, softcap */
+    void (*head)(muse_backend *be, muse_act x, muse_act logits);
+    /* Draws wanted row i's token from logits row i with the round's sampling[i] */
+    void (*sample)(muse_backend *be, muse_act logits);
+
+    /* Prompt cache: the sliding layers' K and V of the last W positions before end_pos, what a
+     * sequence needs back to resume at end_pos, kept in snapshot slots 0 .. snapshot_slots-1
+     * allocated at start. Outside a round. */
+    void (*snapshot_save)(muse_backend *be, int seq, int64_t end_pos, int slot);
+    void (*snapshot_load)(muse_backend *be, int seq, int64_t end_pos, int slot);
 } muse_backend_ops;
 
 struct muse_backend {
     const muse_backend_ops *ops;
     const muse_model *model;
     muse_backend_opts opts;
-    muse_kv_pool kv;         /* block tables of the full-attention layers */
-    uint64_t kv_block_bytes; /* one block: every full layer's K and V for MUSE_KV_BLOCK positions */
-    uint64_t kv_bytes;       /* KV cache held for all sequence slots */
-    uint64_t workspace_bytes; /* activations and scratch sized at start */
+    muse_kv_pool kv;          /* block tables of the full-attention layers (shared by ranks) */
+    uint64_t kv_block_bytes;  /* one block on one rank: every full layer's K and V */
+    uint64_t snapshot_bytes;  /* one snapshot slot on one rank */
+    int n_ranks;
+    muse_rank_mem ranks[MUSE_MAX_RANKS];
+    int n_buckets;
+    long buckets[MUSE_MAX_BUCKETS]; /* row counts a round is padded up to, ascending */
+    int fault_pending; /* test hooks only: the next end_round fails as a sticky device error */
 };
 
+/* Makes the backend called name ("cpu"; "cuda" where built). Errors name the fix. */
+muse_backend *muse_backend_create(const char *name, const muse_model *m,
+                                  const muse_backend_opts *o, muse_err *e);
+void muse_backend_destroy(muse_backend *be);
+/* The names this binary can make, comma-separated. */
+const char *muse_backend_names(void);
+
+/* For backends: fills be's common fields (buckets, KV pool, byte counts of one rank). */
+int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_backend_opts *o,
+                             muse_err *e);
+/* The smallest bucket holding rows (rows itself when exact_rows). */
+long muse_backend_bucket(const muse_backend *be, long rows);
+/* Every term of every rank, added. */
+uint64_t muse_backend_bytes(const muse_backend *be);
+
 /* The CPU reference backend. */
-muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e);
-void muse_cpu_backend_destroy(muse_backend *be);
-/* Bytes of KV cache per token of one sequence (all layers, fp16 K and V). */
-uint64_t muse_kv_bytes_per_token(const muse_config *c);
-/* The same for the full-attention layers only: what the paged pool holds a token. */
-uint64_t muse_kv_full_bytes_per_token(const muse_config *c);
+muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o,
+                                      muse_err *e);
 
 #endif

@@ -34,7 +34,7 @@ static int engine_open(engine_ctx *c, const char *dir, long max_rows, int64_t co
     if (muse_model_load(dir, &c->model, e)) return -1;
     muse_backend_opts o = {
         .max_rows = max_rows, .max_seqs = 1, .context = context, .threads = threads};
-    if (!(c->be = muse_cpu_backend_create(&c->model, &o, e))) {
+    if (!(c->be = muse_backend_create("cpu", &c->model, &o, e))) {
         muse_model_free(&c->model);
         return -1;
     }
@@ -46,7 +46,7 @@ static int engine_open(engine_ctx *c, const char *dir, long max_rows, int64_t co
 static void engine_close(engine_ctx *c)
 {
     muse_forward_destroy(c->fwd);
-    muse_cpu_backend_destroy(c->be);
+    muse_backend_destroy(c->be);
     muse_model_free(&c->model);
 }
 
@@ -64,13 +64,23 @@ static double engine_step(engine_ctx *c, int64_t pos, long rows)
         seq[i] = 0;
         want[i] = i == rows - 1;
     }
-    muse_batch b = {rows, tok, p, seq, want};
+    /* a greedy draw, as a served round ends */
+    muse_sampling greedy = {0};
+    int64_t draw_pos = pos + rows;
+    muse_round b = {.rows = rows,
+                    .tokens = tok,
+                    .positions = p,
+                    .seqs = seq,
+                    .want_logits = want,
+                    .sampling = &greedy,
+                    .draw_pos = &draw_pos};
+    muse_round_out out;
     muse_err e = {{0}};
     MUSE_CHECK(muse_kv_ensure(&c->be->kv, 0, pos + rows) == 0); /* the scheduler's job */
     double t0 = bench_now_s();
-    const float *logits = muse_forward_run(c->fwd, &b, &e);
+    int rc = muse_forward_run(c->fwd, &b, &out, &e);
     double t = bench_now_s() - t0;
-    MUSE_CHECK(logits);
+    MUSE_CHECK(rc == 0);
     return t;
 }
 

@@ -106,7 +106,7 @@ typedef struct {
 static void session_close(session *s)
 {
     muse_forward_destroy(s->fwd);
-    muse_cpu_backend_destroy(s->be);
+    muse_backend_destroy(s->be);
     if (s->model.st) muse_model_free(&s->model);
     free(s->ids);
 }
@@ -141,7 +141,7 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
                            .max_seqs = 1,
                            .context = context > 0 ? context : 1,
                            .threads = (int)f->threads};
-    s->be = muse_cpu_backend_create(&s->model, &o, &e);
+    s->be = muse_backend_create("cpu", &s->model, &o, &e);
     if (!s->be) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
         return 2;
@@ -160,10 +160,12 @@ static int session_open(const char *cmd, const run_flags *f, long long extra, se
     return session_start(cmd, f, extra, s);
 }
 
-/* Feeds ids[0..n) at positions start.. in chunks of max_rows; calls back each chunk's logits. */
+/* Feeds ids[0..n) at positions start.. in chunks of max_rows; calls back each chunk's logits
+ * (all_logits) or, with sampling, stores the token drawn after the last id in *drawn. */
 typedef int (*chunk_fn)(void *ctx, const float *logits, long rows);
 static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all_logits,
-                chunk_fn fn, void *ctx, muse_err *e)
+                const muse_sampling *sampling, int32_t *drawn, chunk_fn fn, void *ctx,
+                muse_err *e)
 {
     long R = s->be->opts.max_rows;
     int64_t pos[4096];
@@ -180,10 +182,20 @@ static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all
         if (muse_kv_ensure(&s->be->kv, 0, pos[rows - 1] + 1))
             return muse_fail(e, "the KV pool has no room for position %lld",
                              (long long)pos[rows - 1]);
-        muse_batch b = {rows, ids + at, pos, seq, want};
-        const float *lg = muse_forward_run(s->fwd, &b, e);
-        if (!lg) return -1;
-        if (fn && fn(ctx, lg, all_logits ? rows : (at + (size_t)rows == n ? 1 : 0))) return -1;
+        bool last = at + (size_t)rows == n;
+        int64_t draw_pos = start + (int64_t)n;
+        muse_round b = {.rows = rows,
+                        .tokens = ids + at,
+                        .positions = pos,
+                        .seqs = seq,
+                        .want_logits = want,
+                        .sampling = sampling && last ? sampling : NULL,
+                        .draw_pos = &draw_pos,
+                        .return_logits = fn != NULL};
+        muse_round_out out;
+        if (muse_forward_run(s->fwd, &b, &out, e)) return -1;
+        if (fn && fn(ctx, out.logits, out.wanted)) return -1;
+        if (b.sampling && drawn) *drawn = out.tokens[0];
         at += (size_t)rows;
     }
     return 0;
@@ -221,7 +233,7 @@ int muse_cmd_logits(int argc, char **argv)
     void *ctx[2] = {out, &V};
     if (!out) {
         rc = bad("logits", "--out: cannot create the file");
-    } else if (feed(&s, s.ids, s.n, 0, 1, write_rows, ctx, &e)) {
+    } else if (feed(&s, s.ids, s.n, 0, 1, NULL, NULL, write_rows, ctx, &e)) {
         fprintf(stderr, "muse-engine logits: %s\n", e.msg[0] ? e.msg : "write failed");
         rc = 1;
     } else {
@@ -230,20 +242,6 @@ int muse_cmd_logits(int argc, char **argv)
     if (out && fclose(out) != 0 && rc == 0) rc = bad("logits", "--out: write failed");
     session_close(&s);
     return rc;
-}
-
-typedef struct {
-    muse_sampler *sampler;
-    muse_sampling params;
-    int64_t position; /* absolute position of the token being sampled */
-    int32_t next;
-} gen_state;
-
-static int sample_last(void *ctx, const float *logits, long rows)
-{
-    gen_state *g = ctx;
-    if (rows) g->next = (int32_t)muse_sample(g->sampler, logits, &g->params, g->position);
-    return 0;
 }
 
 static bool is_stop(const muse_config *c, int32_t id)
@@ -272,23 +270,23 @@ int muse_cmd_generate(int argc, char **argv)
         return rc;
     }
     muse_err e = {{0}};
-    gen_state g = {.sampler = muse_sampler_create(s.model.cfg.vocab_size),
-                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
-                              (uint64_t)f.seed},
-                   .position = (int64_t)s.n};
+    /* the backend draws where the logits are: keyed by (seed, position of the token drawn) */
+    muse_sampling params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
+                            (uint64_t)f.seed};
+    int64_t position = (int64_t)s.n;
+    int32_t next = 0;
     rc = 0;
-    if (f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e)) rc = 1;
+    if (f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, &params, &next, NULL, NULL, &e)) rc = 1;
     for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
-        printf("%s%d", i ? "," : "", g.next);
+        printf("%s%d", i ? "," : "", next);
         fflush(stdout);
-        if (is_stop(&s.model.cfg, g.next) || i + 1 == f.max_tokens) break;
-        int32_t tok = g.next;
-        g.position++;
-        if (feed(&s, &tok, 1, g.position - 1, 0, sample_last, &g, &e)) rc = 1;
+        if (is_stop(&s.model.cfg, next) || i + 1 == f.max_tokens) break;
+        int32_t tok = next;
+        position++;
+        if (feed(&s, &tok, 1, position - 1, 0, &params, &next, NULL, NULL, &e)) rc = 1;
     }
     printf("\n");
     if (rc) fprintf(stderr, "muse-engine generate: %s\n", e.msg);
-    muse_sampler_destroy(g.sampler);
     session_close(&s);
     return rc;
 }
@@ -334,7 +332,7 @@ static void print_kv_pool(const muse_model *m)
     muse_err e = {{0}};
     muse_backend_opts o = {
         .max_rows = 1, .max_seqs = 1, .context = MUSE_KV_BLOCK, .threads = 1, .kv_blocks = 1};
-    muse_backend *be = muse_cpu_backend_create(m, &o, &e);
+    muse_backend *be = muse_backend_create("cpu", m, &o, &e);
     if (!be) return;
     uint64_t theory_full = muse_kv_full_bytes_per_token(c);
     printf("kv pool a token     %llu (full-attention layers, paged in blocks of %d); theory %llu\n",
@@ -344,7 +342,7 @@ static void print_kv_pool(const muse_model *m)
            "                    positions; this figure is for 1 row a round)\n",
            (unsigned long long)((muse_kv_bytes_per_token(c) - theory_full) *
                                 (uint64_t)c->sliding_window));
-    muse_cpu_backend_destroy(be);
+    muse_backend_destroy(be);
 }
 
 int muse_cmd_inspect(int argc, char **argv)
@@ -521,17 +519,17 @@ int muse_cmd_chat(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    gen_state g = {.sampler = muse_sampler_create(s.model.cfg.vocab_size),
-                   .params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
-                              (uint64_t)f.seed},
-                   .position = (int64_t)s.n};
-    rc = f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, sample_last, &g, &e) ? 1 : 0;
+    muse_sampling params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
+                            (uint64_t)f.seed};
+    int64_t position = (int64_t)s.n;
+    int32_t next = 0;
+    rc = f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, &params, &next, NULL, NULL, &e) ? 1 : 0;
     for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
-        if (muse_reply_push(reply, g.next)) break;
+        if (muse_reply_push(reply, next)) break;
         if (i + 1 == f.max_tokens) break;
-        int32_t tok_id = g.next;
-        g.position++;
-        if (feed(&s, &tok_id, 1, g.position - 1, 0, sample_last, &g, &e)) rc = 1;
+        int32_t tok_id = next;
+        position++;
+        if (feed(&s, &tok_id, 1, position - 1, 0, &params, &next, NULL, NULL, &e)) rc = 1;
     }
     muse_reply_finish(reply, "length");
     cJSON *msg = cJSON_CreateObject();
@@ -548,7 +546,6 @@ int muse_cmd_chat(int argc, char **argv)
     free(o.content.p);
     free(o.reasoning.p);
     muse_reply_destroy(reply);
-    muse_sampler_destroy(g.sampler);
     if (rc) fprintf(stderr, "muse-engine chat: %s\n", e.msg);
 out:
     for (size_t i = 0; i < nfn; i++) free(fn[i]);

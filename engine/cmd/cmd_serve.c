@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/cli.h"
+#include "serve/prompt_cache.h"
 #include "serve/scheduler.h"
 
 typedef struct {
@@ -309,7 +310,9 @@ static void publish_health(health_ctx *h)
     const serve_flags *f = h->f;
     uint64_t total = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
     uint64_t weights = up && h->model && h->model->st ? muse_st_total_bytes(h->model->st) : 0;
-    uint64_t kv = up && h->be ? h->be->kv_bytes : 0, ws = up && h->be ? h->be->workspace_bytes : 0;
+    const muse_rank_mem *r0 = up && h->be ? &h->be->ranks[0] : NULL;
+    uint64_t kv = r0 ? r0->kv + r0->sliding : 0;
+    uint64_t ws = r0 ? r0->workspace + r0->staging + r0->snapshots : 0;
     uint64_t reserve = (uint64_t)(f->reserve_gib * 1073741824.0);
     uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable:");
     /* what admission can still hand out: free pool blocks, and the rings of the free lanes */
@@ -442,12 +445,15 @@ int muse_cmd_serve(int argc, char **argv)
         if (!f.kv_blocks && block_bytes)
             blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
         if (blocks > INT32_MAX) blocks = INT32_MAX;
-        muse_backend_opts bo = {.max_rows = (long)f.max_rows,
-                                .max_seqs = (int)f.streams,
-                                .context = f.context,
-                                .threads = (int)f.threads,
-                                .kv_blocks = blocks};
-        if (!(be = muse_cpu_backend_create(&model, &bo, &e))) goto fail;
+        uint64_t cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0);
+        muse_backend_opts bo = {
+            .max_rows = (long)f.max_rows,
+            .max_seqs = (int)f.streams,
+            .context = f.context,
+            .threads = (int)f.threads,
+            .kv_blocks = blocks,
+            .snapshot_slots = muse_pcache_slots_for(cache_bytes, muse_kv_snapshot_bytes(&model.cfg))};
+        if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         h.be = be;
         fwd = muse_forward_create(be);
     }
@@ -464,8 +470,7 @@ int muse_cmd_serve(int argc, char **argv)
                          .fault_oom_request = (long)f.fault_oom_request,
                          .fault_sticky_after_tokens = (long)f.fault_sticky_after_tokens,
                          .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0),
-                         .keepalive_ms = (int)f.keepalive_ms,
-                         .sample_threads = (int)f.threads};
+                         .keepalive_ms = (int)f.keepalive_ms};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
     struct sigaction sa = {.sa_handler = on_signal};
@@ -489,7 +494,7 @@ fail:
     muse_server_stop(srv);
     muse_sched_destroy(sched);
     muse_forward_destroy(fwd);
-    muse_cpu_backend_destroy(be);
+    muse_backend_destroy(be);
     if (model.st) muse_model_free(&model);
     muse_tokenizer_free(tok);
     for (size_t i = 0; i < n_script; i++) free(script_seqs[i]);

@@ -3,39 +3,39 @@
 struct muse_forward {
     muse_backend *be;
     const muse_model *m;
-    float *h;                           /* [R, H] residual stream, fp32 */
-    float *a;                           /* [R, H] normed input of a block part, fp16 values */
-    float *q, *g, *o;                   /* [R, Q] */
-    float *k, *v;                       /* [R, KV] */
-    float *y;                           /* [R, H] output of attention or feed-forward, fp32 */
-    float *mlp_gate, *mlp_up, *mlp_act; /* [R, I] dense layers */
-    float *logits;                      /* [R, V (padded)] */
-    int64_t *last_pos;                  /* [max_seqs] scratch of check_batch */
+    muse_act h;                           /* [R, H] residual stream, fp32 */
+    muse_act a;                           /* [R, H] normed input of a block part, fp16 values */
+    muse_act q, g, o;                     /* [R, Q] */
+    muse_act k, v;                        /* [R, KV] */
+    muse_act y;                           /* [R, H] output of attention or feed-forward, fp32 */
+    muse_act mlp_gate, mlp_up, mlp_act;   /* [R, I] dense layers */
+    muse_act logits;                      /* [N, V (padded)] */
+    int64_t *last_pos;                    /* [max_seqs] scratch of check_batch */
 };
 
 muse_forward *muse_forward_create(muse_backend *be)
 {
     const muse_config *c = &be->model->cfg;
-    size_t R = (size_t)be->opts.max_rows, H = (size_t)c->hidden_size;
-    size_t Q = (size_t)(c->n_heads * c->head_dim), KV = (size_t)(c->n_kv_heads * c->head_dim);
-    size_t I = (size_t)c->intermediate_size, V = (size_t)be->model->head.n;
+    long H = (long)c->hidden_size, Q = (long)(c->n_heads * c->head_dim);
+    long KV = (long)(c->n_kv_heads * c->head_dim), I = (long)c->intermediate_size;
     muse_forward *f = MUSE_CALLOC(1, sizeof *f);
     f->be = be;
     f->m = be->model;
-    f->h = be->ops->alloc(be, R * H);
-    f->a = be->ops->alloc(be, R * H);
-    f->y = be->ops->alloc(be, R * H);
-    f->q = be->ops->alloc(be, R * Q);
-    f->g = be->ops->alloc(be, R * Q);
-    f->o = be->ops->alloc(be, R * Q);
-    f->k = be->ops->alloc(be, R * KV);
-    f->v = be->ops->alloc(be, R * KV);
+    f->h = be->ops->alloc(be, H);
+    f->a = be->ops->alloc(be, H);
+    f->y = be->ops->alloc(be, H);
+    f->q = be->ops->alloc(be, Q);
+    f->g = be->ops->alloc(be, Q);
+    f->o = be->ops->alloc(be, Q);
+    f->k = be->ops->alloc(be, KV);
+    f->v = be->ops->alloc(be, KV);
+    f->mlp_gate = f->mlp_up = f->mlp_act = -1;
     if (I) {
-        f->mlp_gate = be->ops->alloc(be, R * I);
-        f->mlp_up = be->ops->alloc(be, R * I);
-        f->mlp_act = be->ops->alloc(be, R * I);
+        f->mlp_gate = be->ops->alloc(be, I);
+        f->mlp_up = be->ops->alloc(be, I);
+        f->mlp_act = be->ops->alloc(be, I);
     }
-    f->logits = be->ops->alloc(be, R * V);
+    f->logits = be->ops->alloc(be, (long)be->model->head.n);
     f->last_pos = MUSE_MALLOC((size_t)be->opts.max_seqs * sizeof *f->last_pos);
     return f;
 }
@@ -53,7 +53,7 @@ muse_backend *muse_forward_backend(const muse_forward *f)
     return f->be;
 }
 
-static int check_batch(muse_forward *f, const muse_batch *b, muse_err *e)
+static int check_batch(muse_forward *f, const muse_round *b, muse_err *e)
 {
     const muse_config *c = &f->m->cfg;
     const muse_backend_opts *o = &f->be->opts;
@@ -82,58 +82,62 @@ static int check_batch(muse_forward *f, const muse_batch *b, muse_err *e)
     return 0;
 }
 
-static void attention_block(muse_forward *f, int i, const muse_batch *b)
+static void attention_block(muse_forward *f, int i)
 {
     muse_backend *be = f->be;
     const muse_backend_ops *ops = be->ops;
     const muse_config *c = &f->m->cfg;
     const muse_layer *ly = &f->m->layers[i];
-    long R = b->rows, H = (long)c->hidden_size;
-    ops->norm(be, f->h, R, H, ly->input_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps, 1, f->a);
-    ops->linear(be, &ly->q, f->a, R, 1, f->q);
-    ops->linear(be, &ly->k, f->a, R, 1, f->k);
-    ops->linear(be, &ly->v, f->a, R, 1, f->v);
-    ops->linear(be, &ly->gate, f->a, R, 1, f->g);
-    ops->qk_norm_rope(be, f->q, b, (long)c->n_heads, (long)c->head_dim, c->rope_theta_layer[i],
-                      (float)c->rms_norm_eps);
-    ops->qk_norm_rope(be, f->k, b, (long)c->n_kv_heads, (long)c->head_dim, c->rope_theta_layer[i],
-                      (float)c->rms_norm_eps);
-    ops->attention(be, i, b, f->q, f->k, f->v, f->g, f->o);
-    ops->linear(be, &ly->o, f->o, R, 0, f->y);
-    ops->add_norm(be, f->h, f->y, R, H, ly->post_attn_norm, (float)c->post_norm_eps);
+    long H = (long)c->hidden_size;
+    float eps = (float)c->rms_norm_eps;
+    ops->norm(be, f->h, H, &ly->input_norm, MUSE_NORM_PLUS1, eps, 1, f->a);
+    ops->linear(be, &ly->q, f->a, 1, f->q);
+    ops->linear(be, &ly->k, f->a, 1, f->k);
+    ops->linear(be, &ly->v, f->a, 1, f->v);
+    ops->linear(be, &ly->gate, f->a, 1, f->g);
+    ops->qk_norm_rope(be, f->q, (long)c->n_heads, (long)c->head_dim, c->rope_theta_layer[i], eps);
+    ops->qk_norm_rope(be, f->k, (long)c->n_kv_heads, (long)c->head_dim, c->rope_theta_layer[i],
+                      eps);
+    ops->attention(be, i, f->q, f->k, f->v, f->g, f->o);
+    ops->linear(be, &ly->o, f->o, 0, f->y);
+    ops->all_reduce(be, f->y, H); /* o is split by its input: ranks hold partial sums */
+    ops->add_norm(be, f->h, f->y, H, &ly->post_attn_norm, (float)c->post_norm_eps);
 }
 
-static void feed_forward_block(muse_forward *f, int i, const muse_batch *b)
+static void feed_forward_block(muse_forward *f, int i)
 {
     muse_backend *be = f->be;
     const muse_backend_ops *ops = be->ops;
     const muse_config *c = &f->m->cfg;
     const muse_layer *ly = &f->m->layers[i];
-    long R = b->rows, H = (long)c->hidden_size;
-    ops->norm(be, f->h, R, H, ly->pre_ff_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps, 1, f->a);
+    long H = (long)c->hidden_size;
+    ops->norm(be, f->h, H, &ly->pre_ff_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps, 1, f->a);
     if (c->mlp_kind[i] == MUSE_MLP_DENSE) {
-        ops->linear(be, &ly->dense.gate, f->a, R, 1, f->mlp_gate);
-        ops->linear(be, &ly->dense.up, f->a, R, 1, f->mlp_up);
-        ops->swiglu(be, f->mlp_gate, f->mlp_up, R * (long)c->intermediate_size, f->mlp_act);
-        ops->linear(be, &ly->dense.down, f->mlp_act, R, 0, f->y);
+        ops->linear(be, &ly->dense.gate, f->a, 1, f->mlp_gate);
+        ops->linear(be, &ly->dense.up, f->a, 1, f->mlp_up);
+        ops->swiglu(be, f->mlp_gate, f->mlp_up, (long)c->intermediate_size, f->mlp_act);
+        ops->linear(be, &ly->dense.down, f->mlp_act, 0, f->y);
+        ops->all_reduce(be, f->y, H); /* down is split by its input */
     } else {
-        ops->moe(be, ly, f->a, R, f->y);
+        ops->moe(be, ly, f->a, f->y); /* sums its ranks' partials itself (expert output norm) */
     }
-    ops->add_norm(be, f->h, f->y, R, H, ly->post_ff_norm, (float)c->post_norm_eps);
+    ops->add_norm(be, f->h, f->y, H, &ly->post_ff_norm, (float)c->post_norm_eps);
 }
 
-const float *muse_forward_run(muse_forward *f, const muse_batch *b, muse_err *e)
+int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, muse_err *e)
 {
-    if (check_batch(f, b, e)) return NULL;
+    if (check_batch(f, r, e)) return -1;
     muse_backend *be = f->be;
     const muse_config *c = &f->m->cfg;
-    be->ops->embed(be, b, f->h);
+    if (be->ops->begin_round(be, r, e)) return -1;
+    be->ops->embed(be, f->h);
     for (int i = 0; i < (int)c->num_layers; i++) {
-        attention_block(f, i, b);
-        feed_forward_block(f, i, b);
+        attention_block(f, i);
+        feed_forward_block(f, i);
     }
-    be->ops->norm(be, f->h, b->rows, (long)c->hidden_size, f->m->final_norm, MUSE_NORM_PLAIN,
+    be->ops->norm(be, f->h, (long)c->hidden_size, &f->m->final_norm, MUSE_NORM_PLAIN,
                   (float)c->rms_norm_eps, 1, f->a);
-    be->ops->head(be, f->a, b, f->logits);
-    return f->logits;
+    be->ops->head(be, f->a, f->logits);
+    if (r->sampling) be->ops->sample(be, f->logits);
+    return be->ops->end_round(be, out, e);
 }

@@ -1,5 +1,6 @@
 /* The forward plan of MUSE_SPARK.md over a backend's operations: one call runs every row of
- * a batch (prompt chunks and decode tokens of many sequences) through every layer. */
+ * a round (prompt chunks and decode tokens of many sequences) through every layer, then the
+ * head and the sampler, between the backend's begin_round and end_round. */
 #ifndef MUSE_FORWARD_H
 #define MUSE_FORWARD_H
 
@@ -7,13 +8,13 @@
 
 typedef struct muse_forward muse_forward;
 
-/* Sizes every activation buffer for be->opts.max_rows once. */
+/* Allocates every activation buffer from the backend once (max_rows rows each). */
 muse_forward *muse_forward_create(muse_backend *be);
 void muse_forward_destroy(muse_forward *f);
 muse_backend *muse_forward_backend(const muse_forward *f);
 
-/* Runs the batch; returns the logits of the wanted rows, [n_wanted, vocab_size], owned by
- * the plan and valid until the next run. Refuses bad tokens, positions and slots by name. */
-const float *muse_forward_run(muse_forward *f, const muse_batch *b, muse_err *e);
+/* Runs the round; out gets the drawn ids (and logits when asked), valid until the next run.
+ * Refuses bad tokens, positions and slots by name; a device failure comes back as -1. */
+int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, muse_err *e);
 
 #endif

@@ -1,6 +1,7 @@
 #include "model/kv_pool.h"
 
 #include "base/muse_common.h"
+#include "pack/config.h"
 
 void muse_kv_pool_init(muse_kv_pool *p, int32_t n_blocks, int max_seqs, int64_t context)
 {
@@ -76,4 +77,27 @@ void muse_kv_release(muse_kv_pool *p, int seq)
             muse_kv_unref(p, t[b]);
             t[b] = -1;
         }
+}
+
+static uint64_t layers_of(const muse_config *c, muse_attn_kind kind)
+{
+    uint64_t n = 0;
+    for (int64_t i = 0; i < c->num_layers; i++) n += c->attn_kind[i] == kind;
+    return n;
+}
+
+uint64_t muse_kv_bytes_per_token(const muse_config *c)
+{
+    return (uint64_t)c->num_layers * 2 * (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
+}
+
+uint64_t muse_kv_full_bytes_per_token(const muse_config *c)
+{
+    return layers_of(c, MUSE_ATTN_FULL) * 2 * (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
+}
+
+uint64_t muse_kv_snapshot_bytes(const muse_config *c)
+{
+    return layers_of(c, MUSE_ATTN_SLIDING) * 2 * (uint64_t)c->sliding_window *
+           (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
 }

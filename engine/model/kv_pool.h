@@ -37,4 +37,12 @@ void muse_kv_release(muse_kv_pool *p, int seq);
 void muse_kv_ref(muse_kv_pool *p, int32_t block);
 void muse_kv_unref(muse_kv_pool *p, int32_t block);
 
+struct muse_config;
+/* Bytes of KV cache per token of one sequence (all layers, fp16 K and V, one rank). */
+uint64_t muse_kv_bytes_per_token(const struct muse_config *c);
+/* The same for the full-attention layers only: what the paged pool holds a token. */
+uint64_t muse_kv_full_bytes_per_token(const struct muse_config *c);
+/* The sliding layers' K and V of W positions: one prompt-cache snapshot. */
+uint64_t muse_kv_snapshot_bytes(const struct muse_config *c);
+
 #endif

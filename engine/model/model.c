@@ -55,7 +55,7 @@ static int expect_shape(const muse_model *m, const muse_tensor *t, const char *k
 }
 
 /* A 1-d float vector copied to fp32, refusing NaN/inf by tensor name. */
-static int load_vector(muse_model *m, const char *name, int64_t len, float **out, muse_err *e)
+static int load_vector(muse_model *m, const char *name, int64_t len, muse_vec *out, muse_err *e)
 {
     char key[256];
     const muse_tensor *t = find_prefixed(m, name, key, sizeof key);
@@ -71,17 +71,21 @@ static int load_vector(muse_model *m, const char *name, int64_t len, float **out
                              t->file, key, (long long)i);
         }
     }
-    *out = v;
+    out->v = v;
+    out->n = len;
+    out->id = m->n_vecs++;
     return 0;
 }
 
 static int load_linear(muse_model *m, const char *name, int64_t k, int64_t n, bool pad_n,
-                       bool top_level, muse_linear *l, muse_err *e)
+                       bool top_level, muse_shard shard, muse_linear *l, muse_err *e)
 {
     char key[256], tkey[300];
     memset(l, 0, sizeof *l);
     l->k = k;
     l->n = n;
+    l->shard = shard;
+    l->id = m->n_linears++;
     /* the head sits at top level as HF writes it; also accepted under the prefix */
     const muse_tensor *w = NULL, *trellis = NULL;
     snprintf(key, sizeof key, "%s", name);
@@ -132,12 +136,13 @@ static int load_mlp(muse_model *m, const char *base, int64_t H, int64_t I, muse_
                     muse_err *e)
 {
     char name[200];
+    /* the intermediate dimension is split: gate and up by output, down by input */
     snprintf(name, sizeof name, "%s.gate_proj", base);
-    if (load_linear(m, name, H, I, false, false, &mlp->gate, e)) return -1;
+    if (load_linear(m, name, H, I, false, false, MUSE_SHARD_OUTPUT, &mlp->gate, e)) return -1;
     snprintf(name, sizeof name, "%s.up_proj", base);
-    if (load_linear(m, name, H, I, false, false, &mlp->up, e)) return -1;
+    if (load_linear(m, name, H, I, false, false, MUSE_SHARD_OUTPUT, &mlp->up, e)) return -1;
     snprintf(name, sizeof name, "%s.down_proj", base);
-    return load_linear(m, name, I, H, false, false, &mlp->down, e);
+    return load_linear(m, name, I, H, false, false, MUSE_SHARD_INPUT, &mlp->down, e);
 }
 
 static int load_layer(muse_model *m, int64_t i, muse_err *e)
@@ -148,23 +153,26 @@ static int load_layer(muse_model *m, int64_t i, muse_err *e)
     char name[200], key[256];
     const char *norms[4] = {"input_layernorm", "post_attention_layernorm",
                             "pre_feedforward_layernorm", "post_feedforward_layernorm"};
-    float **dst[4] = {&ly->input_norm, &ly->post_attn_norm, &ly->pre_ff_norm, &ly->post_ff_norm};
+    muse_vec *dst[4] = {&ly->input_norm, &ly->post_attn_norm, &ly->pre_ff_norm, &ly->post_ff_norm};
     for (int j = 0; j < 4; j++) {
         snprintf(name, sizeof name, "layers.%lld.%s.weight", (long long)i, norms[j]);
         if (load_vector(m, name, H, dst[j], e)) return -1;
     }
+    /* q, k, v and gate split by heads; o by its input (MUSE_SPARK.md, tensor parallelism) */
     struct {
         const char *p;
         int64_t k, n;
+        muse_shard shard;
         muse_linear *l;
-    } att[5] = {{"q_proj", H, qd, &ly->q},
-                {"k_proj", H, kvd, &ly->k},
-                {"v_proj", H, kvd, &ly->v},
-                {"gate_proj", H, qd, &ly->gate},
-                {"o_proj", qd, H, &ly->o}};
+    } att[5] = {{"q_proj", H, qd, MUSE_SHARD_OUTPUT, &ly->q},
+                {"k_proj", H, kvd, MUSE_SHARD_OUTPUT, &ly->k},
+                {"v_proj", H, kvd, MUSE_SHARD_OUTPUT, &ly->v},
+                {"gate_proj", H, qd, MUSE_SHARD_OUTPUT, &ly->gate},
+                {"o_proj", qd, H, MUSE_SHARD_INPUT, &ly->o}};
     for (int j = 0; j < 5; j++) {
         snprintf(name, sizeof name, "layers.%lld.self_attn.%s", (long long)i, att[j].p);
-        if (load_linear(m, name, att[j].k, att[j].n, false, false, att[j].l, e)) return -1;
+        if (load_linear(m, name, att[j].k, att[j].n, false, false, att[j].shard, att[j].l, e))
+            return -1;
     }
     snprintf(name, sizeof name, "layers.%lld.mlp", (long long)i);
     if (c->mlp_kind[i] == MUSE_MLP_DENSE)
@@ -180,6 +188,7 @@ static int load_layer(muse_model *m, int64_t i, muse_err *e)
         return -1;
     ly->experts = MUSE_CALLOC((size_t)E, sizeof *ly->experts);
     if (c->expert_output_norm) ly->expert_norm = MUSE_CALLOC((size_t)E, sizeof *ly->expert_norm);
+    ly->router_bias.id = -1;
     for (int64_t x = 0; x < E; x++) {
         snprintf(name, sizeof name, "layers.%lld.mlp.experts.%lld", (long long)i, (long long)x);
         if (load_mlp(m, name, H, c->moe_intermediate_size, &ly->experts[x], e)) return -1;
@@ -278,7 +287,10 @@ int muse_model_load(const char *dir, muse_model *m, muse_err *e)
         m->head.k = c->hidden_size;
         m->head.n = c->vocab_size;
         m->head.w = m->embed;
-    } else if (load_linear(m, "lm_head", c->hidden_size, c->vocab_size, true, true, &m->head, e)) {
+        m->head.shard = MUSE_SHARD_OUTPUT;
+        m->head.id = m->n_linears++;
+    } else if (load_linear(m, "lm_head", c->hidden_size, c->vocab_size, true, true,
+                           MUSE_SHARD_OUTPUT, &m->head, e)) {
         goto fail;
     }
     count_params(m);
@@ -294,19 +306,19 @@ void muse_model_free(muse_model *m)
     if (m->layers) {
         for (int64_t i = 0; i < m->cfg.num_layers; i++) {
             muse_layer *ly = &m->layers[i];
-            free(ly->input_norm);
-            free(ly->post_attn_norm);
-            free(ly->pre_ff_norm);
-            free(ly->post_ff_norm);
-            free(ly->router_bias);
+            free(ly->input_norm.v);
+            free(ly->post_attn_norm.v);
+            free(ly->pre_ff_norm.v);
+            free(ly->post_ff_norm.v);
+            free(ly->router_bias.v);
             if (ly->expert_norm)
-                for (int64_t x = 0; x < m->cfg.num_experts; x++) free(ly->expert_norm[x]);
+                for (int64_t x = 0; x < m->cfg.num_experts; x++) free(ly->expert_norm[x].v);
             free(ly->expert_norm);
             free(ly->experts);
         }
         free(m->layers);
     }
-    free(m->final_norm);
+    free(m->final_norm.v);
     muse_st_close(m->st);
     memset(m, 0, sizeof *m);
 }

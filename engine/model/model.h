@@ -9,6 +9,13 @@
 
 typedef enum { MUSE_LIN_DENSE, MUSE_LIN_EXL3 } muse_linear_kind;
 
+/* How tensor parallelism splits a weight across ranks (MUSE_SPARK.md), set by the loader. */
+typedef enum {
+    MUSE_SHARD_REPLICATED, /* every rank holds all of it */
+    MUSE_SHARD_OUTPUT,     /* split by output (heads, intermediate, vocabulary) */
+    MUSE_SHARD_INPUT       /* split by input; partial outputs are summed across ranks */
+} muse_shard;
+
 /* y[rows x n] = x[rows x k] W. A dense weight is stored as HF writes it: [n, k]. */
 typedef struct {
     muse_linear_kind kind;
@@ -16,21 +23,29 @@ typedef struct {
     int64_t k, n;  /* n may exceed the logical width for a padded EXL3 head */
     const muse_tensor *w;
     muse_exl3_weight exl3;
+    muse_shard shard;
+    int32_t id; /* 0 .. n_linears-1: a device backend finds its copy by this */
 } muse_linear;
+
+/* A weight vector (norms, router bias) as an fp32 copy, checked finite at load. */
+typedef struct {
+    float *v; /* [n], NULL when absent */
+    int64_t n;
+    int32_t id; /* 0 .. n_vecs-1 */
+} muse_vec;
 
 typedef struct {
     muse_linear gate, up, down;
 } muse_mlp;
 
 typedef struct {
-    /* norm weights as fp32 copies (checked finite at load) */
-    float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
+    muse_vec input_norm, post_attn_norm, pre_ff_norm, post_ff_norm; /* [H] */
     muse_linear q, k, v, gate, o;
     muse_mlp dense;            /* dense layers */
     const muse_tensor *router; /* [E, H], MoE layers */
-    float *router_bias;        /* [E] fp32 or NULL */
+    muse_vec router_bias;      /* [E], v NULL when absent */
     muse_mlp *experts;         /* [E] */
-    float **expert_norm;       /* [E] x [H] when expert_output_norm */
+    muse_vec *expert_norm;     /* [E] x [H] when expert_output_norm */
     muse_mlp shared;           /* when num_shared_experts > 0: intermediate = n_shared * moe_I */
 } muse_layer;
 
@@ -39,10 +54,11 @@ typedef struct {
     char dir[1024];
     muse_st *st;
     const muse_tensor *embed; /* [V, H] */
-    float *final_norm;        /* [H] */
+    muse_vec final_norm;      /* [H] */
     muse_linear head;         /* k = H, n = V (or padded) */
     muse_layer *layers;
     uint64_t params_total, params_active; /* logical parameters */
+    int32_t n_linears, n_vecs;            /* ids handed out at load */
 } muse_model;
 
 /* Loads and checks a pack. Prints progress on stderr when reading takes over a second. */

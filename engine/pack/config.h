@@ -13,7 +13,7 @@
 typedef enum { MUSE_ATTN_SLIDING, MUSE_ATTN_FULL } muse_attn_kind;
 typedef enum { MUSE_MLP_DENSE, MUSE_MLP_MOE } muse_mlp_kind;
 
-typedef struct {
+typedef struct muse_config {
     int64_t vocab_size, hidden_size, num_layers;
     int64_t n_heads, n_kv_heads, head_dim;
     muse_attn_kind attn_kind[MUSE_MAX_LAYERS];

@@ -3,6 +3,8 @@
 #include "base/muse_common.h"
 #include "base/sha256.h"
 
+#include <stdbool.h>
+
 /* Open addressing over entry slots; a slot is live when blocks != NULL. */
 struct muse_pcache {
     muse_kv_pool *kv;
@@ -11,11 +13,26 @@ struct muse_pcache {
     size_t cap, live, tombs;
     muse_pcache_entry *slots;
     uint8_t *tomb; /* 1: a deleted entry's slot (keeps probe chains intact) */
+    uint64_t snap_bytes; /* one snapshot slot */
+    int n_snaps, n_free_snaps;
+    int *free_snaps; /* stack of free snapshot slots */
 };
 
-muse_pcache *muse_pcache_create(uint64_t budget_bytes, muse_kv_pool *kv, uint64_t block_bytes)
+int muse_pcache_slots_for(uint64_t budget_bytes, uint64_t slot_bytes)
+{
+    if (!slot_bytes) return 0;
+    uint64_t n = budget_bytes / (slot_bytes + sizeof(muse_pcache_entry));
+    return n > 1u << 20 ? 1 << 20 : (int)n;
+}
+
+muse_pcache *muse_pcache_create(uint64_t budget_bytes, muse_kv_pool *kv, uint64_t block_bytes,
+                                int n_slots, uint64_t slot_bytes)
 {
     muse_pcache *pc = MUSE_CALLOC(1, sizeof *pc);
+    pc->snap_bytes = slot_bytes;
+    pc->n_snaps = pc->n_free_snaps = n_slots;
+    pc->free_snaps = MUSE_MALLOC((size_t)(n_slots > 0 ? n_slots : 1) * sizeof *pc->free_snaps);
+    for (int i = 0; i < n_slots; i++) pc->free_snaps[i] = n_slots - 1 - i;
     pc->kv = kv;
     pc->held = MUSE_CALLOC((size_t)(kv->n_blocks > 0 ? kv->n_blocks : 1), sizeof *pc->held);
     pc->block_bytes = block_bytes;
@@ -34,7 +51,7 @@ static void drop(muse_pcache *pc, size_t i)
         muse_kv_unref(pc->kv, e->blocks[b]);
     }
     free(e->blocks);
-    free(e->sliding);
+    if (e->slot >= 0) pc->free_snaps[pc->n_free_snaps++] = e->slot;
     pc->used -= e->bytes;
     memset(e, 0, sizeof *e);
     pc->tomb[i] = 1;
@@ -50,6 +67,7 @@ void muse_pcache_destroy(muse_pcache *pc)
     free(pc->slots);
     free(pc->tomb);
     free(pc->held);
+    free(pc->free_snaps);
     free(pc);
 }
 
@@ -134,23 +152,23 @@ int muse_pcache_evict_one(muse_pcache *pc)
     return 1;
 }
 
-int muse_pcache_insert(muse_pcache *pc, const uint8_t key[32], int64_t n_blocks,
-                       const int32_t *blocks, void *sliding, size_t sliding_bytes)
+const muse_pcache_entry *muse_pcache_insert(muse_pcache *pc, const uint8_t key[32],
+                                            int64_t n_blocks, const int32_t *blocks)
 {
-    /* an entry costs its snapshot and bookkeeping; its blocks cost only where no other entry
-     * (a shorter prefix of the same prompt, say) holds them already */
-    uint64_t bytes = sliding_bytes + sizeof(muse_pcache_entry);
+    /* an entry costs its snapshot slot and bookkeeping; its blocks cost only where no other
+     * entry (a shorter prefix of the same prompt, say) holds them already */
+    uint64_t bytes = pc->snap_bytes + sizeof(muse_pcache_entry);
+    bool needs_slot = pc->snap_bytes > 0;
     if (n_blocks <= 0 || bytes + (uint64_t)n_blocks * pc->block_bytes > pc->budget ||
-        lookup(pc, key) != SIZE_MAX) {
-        free(sliding);
-        return 0;
-    }
+        (needs_slot && pc->n_snaps == 0) || lookup(pc, key) != SIZE_MAX)
+        return NULL;
     for (;;) {
         uint64_t fresh = 0; /* recounted: an eviction may let go of blocks this entry shares */
         for (int64_t b = 0; b < n_blocks; b++) fresh += pc->held[blocks[b]] == 0;
-        if (pc->used + bytes + fresh * pc->block_bytes <= pc->budget || !muse_pcache_evict_one(pc))
-            break;
+        bool fits = pc->used + bytes + fresh * pc->block_bytes <= pc->budget;
+        if ((fits && (!needs_slot || pc->n_free_snaps > 0)) || !muse_pcache_evict_one(pc)) break;
     }
+    if (needs_slot && pc->n_free_snaps == 0) return NULL;
     if (2 * (pc->live + pc->tombs + 1) > pc->cap)
         rehash(pc, 2 * (pc->live + 1) > pc->cap / 2 ? pc->cap * 2 : pc->cap);
     size_t i = home(pc, key);
@@ -168,13 +186,12 @@ int muse_pcache_insert(muse_pcache *pc, const uint8_t key[32], int64_t n_blocks,
         if (pc->held[blocks[b]]++ == 0) pc->used += pc->block_bytes;
         e->blocks[b] = blocks[b];
     }
-    e->sliding = sliding;
-    e->sliding_bytes = sliding_bytes;
+    e->slot = needs_slot ? pc->free_snaps[--pc->n_free_snaps] : -1;
     e->bytes = bytes;
     e->last_used = ++pc->clock;
     pc->used += bytes;
     pc->live++;
-    return 1;
+    return e;
 }
 
 void muse_pcache_count(muse_pcache *pc, int hit)

@@ -15,14 +15,18 @@ typedef struct {
     uint8_t key[32];
     int64_t n_blocks; /* the prefix is n_blocks * MUSE_KV_BLOCK tokens */
     int32_t *blocks;
-    void *sliding; /* the backend's sliding-window snapshot at the prefix end */
-    size_t sliding_bytes;
+    int slot; /* the backend's snapshot slot holding the sliding window at the prefix end (-1: none) */
     uint64_t bytes, last_used; /* bytes: the snapshot and bookkeeping, not the shared blocks */
 } muse_pcache_entry;
 
 typedef struct muse_pcache muse_pcache;
 
-muse_pcache *muse_pcache_create(uint64_t budget_bytes, muse_kv_pool *kv, uint64_t block_bytes);
+/* n_slots snapshot slots of slot_bytes each (the backend allocated them at start); with
+ * slot_bytes 0 (no sliding layers) entries need none. */
+muse_pcache *muse_pcache_create(uint64_t budget_bytes, muse_kv_pool *kv, uint64_t block_bytes,
+                                int n_slots, uint64_t slot_bytes);
+/* Snapshot slots a budget can pay for (each with its entry's bookkeeping). */
+int muse_pcache_slots_for(uint64_t budget_bytes, uint64_t slot_bytes);
 void muse_pcache_destroy(muse_pcache *pc);
 
 /* keys[i] identifies the prefix of i + 1 blocks of tokens under scope. */
@@ -30,11 +34,11 @@ void muse_pcache_keys(const char *scope, size_t scope_len, const int32_t *tokens
                       uint8_t (*keys)[32]);
 /* The entry for a key (marked most recently used), or NULL. */
 const muse_pcache_entry *muse_pcache_find(muse_pcache *pc, const uint8_t key[32]);
-/* Keeps blocks[0..n_blocks) (referenced) and the snapshot (owned from now on, freed on
- * eviction), evicting least recently used entries to stay within budget. Returns 1 when
- * kept, 0 when it can never fit or the key is present (the snapshot is then freed). */
-int muse_pcache_insert(muse_pcache *pc, const uint8_t key[32], int64_t n_blocks,
-                       const int32_t *blocks, void *sliding, size_t sliding_bytes);
+/* Keeps blocks[0..n_blocks) (referenced) and takes a snapshot slot, evicting least recently
+ * used entries to stay within budget and free a slot. Returns the entry, whose slot the
+ * caller then fills, or NULL when it can never fit or the key is present. */
+const muse_pcache_entry *muse_pcache_insert(muse_pcache *pc, const uint8_t key[32],
+                                            int64_t n_blocks, const int32_t *blocks);
 /* Drops the least recently used entry; 0 when empty. */
 int muse_pcache_evict_one(muse_pcache *pc);
 

@@ -59,8 +59,6 @@ struct muse_sched {
     const muse_tokenizer *tok;
     muse_server *srv;
     muse_chat_ids ids;
-    muse_pool *sample_pool;  /* draws the lanes of a round in parallel (model backend only) */
-    muse_sampler **samplers; /* one per pool thread: a sampler's scratch is its own */
     char *detok_buf;         /* the longest text one token can decode to */
     size_t detok_cap;
     muse_backend *be;   /* NULL for the script backend */
@@ -73,9 +71,9 @@ struct muse_sched {
     int32_t *b_tokens, *b_seqs;
     int64_t *b_pos;
     uint8_t *b_want;
-    int *b_lane_of_logits; /* lane of each logits row */
-    int32_t *b_drawn;      /* the token drawn from each logits row */
-    const float *b_logits; /* this round's logits, for the sampling threads */
+    int *b_lane_of_logits;    /* lane of each logits row */
+    muse_sampling *b_sampling; /* sampling of each logits row */
+    int64_t *b_draw_pos;       /* position of the token drawn from each logits row */
     pthread_mutex_t stats_mu;
     muse_sched_stats stats;
 };
@@ -366,7 +364,7 @@ static void cache_resume(muse_sched *s, lane *l, const char *scope, size_t scope
     if (hit) {
         muse_kv_share(&s->be->kv, seq, hit->blocks, hit->n_blocks);
         l->cached = l->fed = hit->n_blocks * MUSE_KV_BLOCK;
-        s->be->ops->sliding_load(s->be, seq, l->cached, hit->sliding);
+        if (hit->slot >= 0) s->be->ops->snapshot_load(s->be, seq, l->cached, hit->slot);
     }
     cache_plan(s, l);
 }
@@ -378,11 +376,9 @@ static void cache_keep(muse_sched *s, lane *l)
         int64_t cut = l->cuts[l->next_cut++], n_blocks = cut / MUSE_KV_BLOCK;
         if (cut != l->fed || muse_pcache_find(s->cache, l->keys[n_blocks - 1])) continue;
         int seq = (int)(l - s->lanes);
-        size_t bytes = s->be->ops->sliding_bytes(s->be, cut);
-        void *snap = MUSE_MALLOC(bytes ? bytes : 1);
-        s->be->ops->sliding_save(s->be, seq, cut, snap);
-        muse_pcache_insert(s->cache, l->keys[n_blocks - 1], n_blocks,
-                           muse_kv_table(&s->be->kv, seq), snap, bytes);
+        const muse_pcache_entry *kept = muse_pcache_insert(s->cache, l->keys[n_blocks - 1],
+                                                           n_blocks, muse_kv_table(&s->be->kv, seq));
+        if (kept && kept->slot >= 0) s->be->ops->snapshot_save(s->be, seq, cut, kept->slot);
     }
 }
 
@@ -461,21 +457,35 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
     l->served = 0; /* new lanes go first */
 }
 
-/* A sticky device error (a CUDA context that can do nothing more): mark the segment FATAL and
- * exit at once; the doorbells close with the process, so every worker ends its streams. */
-static void sticky_device_error(muse_sched *s)
+/* A failed round (a device error: a CUDA context that can do nothing more): mark the segment
+ * FATAL and exit at once; the doorbells close with the process, so every worker ends its
+ * streams and nothing is served from a broken context. */
+static void round_failed(muse_sched *s, const muse_err *e)
 {
-    fprintf(stderr, "muse-engine serve: sticky device error (injected by "
-                    "--fault-sticky-after-tokens); marking the segment FATAL and exiting\n");
+    fprintf(stderr, "muse-engine serve: sticky device error: %s; marking the segment FATAL and "
+                    "exiting\n", e->msg);
     muse_server_set_state(s->srv, MUSE_ENGINE_FATAL);
     _exit(MUSE_EXIT_DEVICE_FATAL);
+}
+
+/* Test builds: --fault-sticky-after-tokens forces the device-failure path of the next round. */
+static void maybe_inject_sticky(muse_sched *s, const lane *l)
+{
+    if (s->o.fault_sticky_after_tokens <= 0 || l->generated < s->o.fault_sticky_after_tokens)
+        return;
+    if (s->be) {
+        s->be->fault_pending = 1;
+        return;
+    }
+    muse_err e;
+    muse_fail(&e, "device error injected by --fault-sticky-after-tokens (script backend)");
+    round_failed(s, &e);
 }
 
 /* One sampled token: into the hash, the parser, the stop rules. */
 static void lane_token(muse_sched *s, lane *l, int32_t tok)
 {
-    if (s->o.fault_sticky_after_tokens > 0 && l->generated >= s->o.fault_sticky_after_tokens)
-        sticky_device_error(s);
+    maybe_inject_sticky(s, l);
     double t = now_ms();
     if (!l->generated) l->t_first = t;
     l->t_last = t;
@@ -597,20 +607,7 @@ static void refuse_kv_starved(muse_sched *s)
     newest->state = LANE_FINISHING;
 }
 
-/* Builds and runs one forward; returns the rows run (0: nothing to do). */
-/* Draws the tokens of logits rows [begin, end) with this thread's sampler. */
-static void draw_rows(void *ctx, long begin, long end, int thread)
-{
-    muse_sched *s = ctx;
-    int64_t V = s->cfg->vocab_size;
-    for (long i = begin; i < end; i++) {
-        const lane *l = &s->lanes[s->b_lane_of_logits[i]];
-        int64_t position = (int64_t)l->req.n_prompt + l->generated; /* of the token drawn */
-        s->b_drawn[i] = (int32_t)muse_sample(s->samplers[thread], s->b_logits + i * V,
-                                             &l->req.sampling, position);
-    }
-}
-
+/* Builds and runs one round; returns the rows run (0: nothing to do). */
 static long model_round(muse_sched *s)
 {
     int order[4096];
@@ -642,7 +639,11 @@ static long model_round(muse_sched *s)
             s->b_pos[rows] = pos;
             s->b_seqs[rows] = order[k];
             s->b_want[rows] = l->state == LANE_DECODE || l->fed + r + 1 == (int64_t)l->req.n_prompt;
-            if (s->b_want[rows]) s->b_lane_of_logits[nlogits++] = order[k];
+            if (s->b_want[rows]) {
+                s->b_sampling[nlogits] = l->req.sampling;
+                s->b_draw_pos[nlogits] = (int64_t)l->req.n_prompt + l->generated; /* drawn */
+                s->b_lane_of_logits[nlogits++] = order[k];
+            }
             rows++;
         }
         if (l->state == LANE_PREFILL) l->fed += take;
@@ -652,17 +653,21 @@ static long model_round(muse_sched *s)
         if (waiting) refuse_kv_starved(s);
         return 0;
     }
-    muse_batch b = {rows, s->b_tokens, s->b_pos, s->b_seqs, s->b_want};
+    muse_round b = {.rows = rows,
+                    .tokens = s->b_tokens,
+                    .positions = s->b_pos,
+                    .seqs = s->b_seqs,
+                    .want_logits = s->b_want,
+                    .sampling = s->b_sampling,
+                    .draw_pos = s->b_draw_pos};
+    muse_round_out out;
     muse_err e = {{0}};
-    const float *logits = muse_forward_run(s->fwd, &b, &e);
-    MUSE_CHECK(logits); /* the batch is built here from checked requests */
+    if (muse_forward_run(s->fwd, &b, &out, &e)) round_failed(s, &e);
+    MUSE_CHECK(out.wanted == nlogits && out.tokens);
     if (s->cache)
         for (int k = 0; k < n; k++) cache_keep(s, &s->lanes[order[k]]);
-    /* every draw depends only on its own logits, seed and position: the split cannot matter */
-    s->b_logits = logits;
-    muse_pool_run_t(s->sample_pool, draw_rows, s, nlogits);
     for (long i = 0; i < nlogits; i++)
-        lane_token(s, &s->lanes[s->b_lane_of_logits[i]], s->b_drawn[i]);
+        lane_token(s, &s->lanes[s->b_lane_of_logits[i]], out.tokens[i]);
     return rows;
 }
 
@@ -803,18 +808,8 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     if (fwd) {
         s->be = muse_forward_backend(fwd);
         if (o->prompt_cache_bytes)
-            s->cache = muse_pcache_create(o->prompt_cache_bytes, &s->be->kv, s->be->kv_block_bytes);
-    }
-    if (fwd) { /* more threads than lanes would never draw */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        int threads = o->sample_threads > 0 ? o->sample_threads : cores > 0 ? (int)cores : 1;
-        s->sample_pool = muse_pool_create(threads < o->streams ? threads : o->streams);
-    }
-    int n_samplers = muse_pool_threads(s->sample_pool);
-    s->samplers = MUSE_CALLOC((size_t)n_samplers, sizeof *s->samplers);
-    for (int i = 0; i < n_samplers; i++) {
-        s->samplers[i] = muse_sampler_create(vocab);
-        MUSE_CHECK(s->samplers[i]);
+            s->cache = muse_pcache_create(o->prompt_cache_bytes, &s->be->kv, s->be->kv_block_bytes,
+                                          s->be->opts.snapshot_slots, s->be->snapshot_bytes);
     }
     s->detok_cap = 3 * (muse_tokenizer_max_token_bytes(tok) + 4) + 16;
     s->detok_buf = MUSE_MALLOC(s->detok_cap);
@@ -826,7 +821,8 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     s->b_pos = MUSE_MALLOC(R * sizeof *s->b_pos);
     s->b_want = MUSE_MALLOC(R * sizeof *s->b_want);
     s->b_lane_of_logits = MUSE_MALLOC(R * sizeof *s->b_lane_of_logits);
-    s->b_drawn = MUSE_MALLOC(R * sizeof *s->b_drawn);
+    s->b_sampling = MUSE_MALLOC(R * sizeof *s->b_sampling);
+    s->b_draw_pos = MUSE_MALLOC(R * sizeof *s->b_draw_pos);
     pthread_mutex_init(&s->stats_mu, NULL);
     s->stats.max = o->streams;
     static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -839,10 +835,6 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
 void muse_sched_destroy(muse_sched *s)
 {
     if (!s) return;
-    for (int i = 0; i < muse_pool_threads(s->sample_pool); i++)
-        muse_sampler_destroy(s->samplers[i]);
-    free(s->samplers);
-    muse_pool_destroy(s->sample_pool);
     muse_pcache_destroy(s->cache);
     free(s->detok_buf);
     free(s->lanes);
@@ -851,7 +843,8 @@ void muse_sched_destroy(muse_sched *s)
     free(s->b_pos);
     free(s->b_want);
     free(s->b_lane_of_logits);
-    free(s->b_drawn);
+    free(s->b_sampling);
+    free(s->b_draw_pos);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
 }

@@ -27,7 +27,6 @@ typedef struct {
     long fault_sticky_after_tokens; /* test builds: a sticky device error after this many tokens */
     uint64_t prompt_cache_bytes;    /* 0: no prompt cache */
     int keepalive_ms;               /* a lane silent this long sends a keepalive record (0: 5000) */
-    int sample_threads; /* threads drawing the lanes' tokens of a round (<= 0: one per core) */
 } muse_sched_opts;
 
 /* muse-engine serve's exit status after a sticky device error (the segment is left FATAL). */

@@ -433,6 +433,23 @@ if (case_on(31)) {
     is($after->{status}, 503, '31 sticky: no 200 after the fault (503)');
     is($after->{json} && $after->{json}{error}{code}, 'engine_unavailable', '31 sticky: engine_unavailable');
     after_case('31 sticky', killed => 1);
+
+    # the model backend: the hook only forces the backend's own failure path (end_round)
+    $n->start_real_engine(engine => $HOOKS, args => ['--streams', 2, '--context', 256,
+                                                    '--fault-sticky-after-tokens', 3]);
+    $pid = $n->engine_pid;
+    my $m = $n->parallel([MuseNginx::post_bytes('/v1/completions',
+        $JSON->encode({ prompt => [5, 6, 7], max_tokens => 20, temperature => 0 }))], 10)->[0];
+    isnt($m->{status}, 200, '31 sticky (cpu backend): the request does not complete as if nothing happened')
+      or diag($m->{body});
+    $exited = MuseNginx::wait_until(2, sub { waitpid($pid, WNOHANG) == $pid ? [$?] : undef });
+    is($exited && $exited->[0] >> 8, 3, '31 sticky (cpu backend): exit status 3 within 2 s');
+    delete $n->{engine_pid};
+    like($n->engine_log, qr/sticky device error: device error on rank 0 \(cpu\).*FATAL/,
+         '31 sticky (cpu backend): the failure comes back from the backend\'s end_round');
+    $hr = $n->health;
+    is($hr->{status}, 503, '31 sticky (cpu backend): /health 503');
+    after_case('31 sticky cpu', killed => 1);
     $took{31} = time - $t0;
 }
 

@@ -5,13 +5,6 @@
 #include "serve/prompt_cache.h"
 #include "tap.h"
 
-static void *snapshot(size_t n)
-{
-    void *p = malloc(n);
-    memset(p, 0x5A, n);
-    return p;
-}
-
 int main(void)
 {
     muse_kv_pool kv;
@@ -38,13 +31,15 @@ int main(void)
 
     uint64_t block_bytes = 1000, entry_overhead = sizeof(muse_pcache_entry);
     uint64_t budget = 3 * (2 * block_bytes + 100 + entry_overhead); /* three 2-block entries */
-    muse_pcache *pc = muse_pcache_create(budget, &kv, block_bytes);
+    int slots = muse_pcache_slots_for(budget, 100);
+    ok(slots >= 3 && (uint64_t)slots * (100 + entry_overhead) <= budget,
+       "the budget pays for %d snapshot slots, no more", slots);
+    muse_pcache *pc = muse_pcache_create(budget, &kv, block_bytes, slots, 100);
     const int32_t *t0 = muse_kv_table(&kv, 0);
-    is_int(muse_pcache_insert(pc, ka[1], 2, t0, snapshot(100), 100), 1,
-           "a prefix of 2 blocks is kept");
+    const muse_pcache_entry *first = muse_pcache_insert(pc, ka[1], 2, t0);
+    ok(first && first->slot >= 0 && first->slot < slots, "a prefix of 2 blocks is kept in a slot");
     is_int(kv.refs[t0[0]], 2, "a kept block is held by the sequence and the cache");
-    is_int(muse_pcache_insert(pc, ka[1], 2, t0, snapshot(100), 100), 0,
-           "the same key is kept once");
+    ok(muse_pcache_insert(pc, ka[1], 2, t0) == NULL, "the same key is kept once");
     ok(muse_pcache_find(pc, kb[1]) != NULL, "another prompt with the same prefix finds it");
     ok(muse_pcache_find(pc, kc[1]) == NULL, "another scope does not");
     muse_kv_release(&kv, 0);
@@ -61,7 +56,7 @@ int main(void)
         muse_pcache_keys("fill", 4, toks, 2, k2);
         memcpy(keys[i], k2[1], 32);
         muse_kv_ensure(&kv, 1, 32);
-        muse_pcache_insert(pc, keys[i], 2, muse_kv_table(&kv, 1), snapshot(100), 100);
+        muse_pcache_insert(pc, keys[i], 2, muse_kv_table(&kv, 1));
         muse_kv_release(&kv, 1);
         if (i == 9) muse_pcache_find(pc, keys[8]); /* 8 becomes the most recently used */
         muse_pcache_stats_get(pc, &st);
@@ -75,15 +70,17 @@ int main(void)
     ok(!muse_pcache_find(pc, keys[9]) && !muse_pcache_find(pc, ka[1]),
        "the least recently used went");
     is_int(kv.n_free, 40 - 6, "evicted entries gave their blocks back (3 entries x 2 blocks held)");
-    is_int(muse_pcache_insert(pc, keys[0], 100, muse_kv_table(&kv, 0), snapshot(8), 8), 0,
-           "an entry larger than the whole budget is not kept");
+    ok(muse_pcache_insert(pc, keys[0], 100, muse_kv_table(&kv, 0)) == NULL,
+       "an entry larger than the whole budget is not kept");
     while (muse_pcache_evict_one(pc)) continue;
     is_int(kv.n_free, 40, "an empty cache holds no block");
 
     /* nested prefixes of one prompt share blocks: each block is charged once */
     muse_kv_ensure(&kv, 0, 48);
-    muse_pcache_insert(pc, ka[1], 2, muse_kv_table(&kv, 0), snapshot(100), 100);
-    muse_pcache_insert(pc, ka[2], 3, muse_kv_table(&kv, 0), snapshot(100), 100);
+    const muse_pcache_entry *e2 = muse_pcache_insert(pc, ka[1], 2, muse_kv_table(&kv, 0));
+    int slot2 = e2 ? e2->slot : -1;
+    const muse_pcache_entry *e3 = muse_pcache_insert(pc, ka[2], 3, muse_kv_table(&kv, 0));
+    ok(e3 && slot2 >= 0 && e3->slot != slot2, "two live entries hold two different slots");
     muse_kv_release(&kv, 0);
     muse_pcache_stats_get(pc, &st);
     is_int(st.used_bytes, 3 * block_bytes + 2 * (100 + entry_overhead),
@@ -94,6 +91,29 @@ int main(void)
     muse_pcache_count(pc, 0);
     muse_pcache_stats_get(pc, &st);
     ok(st.hits == 1 && st.misses == 2 && st.used_bytes == 0, "hits, misses and bytes are counted");
+    muse_pcache_destroy(pc);
+
+    /* fewer slots than the budget would allow: a slot is freed by evicting the oldest entry */
+    pc = muse_pcache_create(budget, &kv, block_bytes, 2, 100);
+    muse_kv_ensure(&kv, 0, 64);
+    const muse_pcache_entry *s0 = muse_pcache_insert(pc, ka[0], 1, muse_kv_table(&kv, 0));
+    const muse_pcache_entry *s1 = muse_pcache_insert(pc, ka[1], 2, muse_kv_table(&kv, 0));
+    ok(s0 && s1, "two entries take the two slots");
+    const muse_pcache_entry *s2 = muse_pcache_insert(pc, ka[2], 3, muse_kv_table(&kv, 0));
+    muse_pcache_stats_get(pc, &st);
+    ok(s2 && st.entries == 2 && !muse_pcache_find(pc, ka[0]) && muse_pcache_find(pc, ka[1]),
+       "a third entry evicts the least recently used one for its slot");
+    muse_kv_release(&kv, 0);
+    muse_pcache_destroy(pc);
+    pc = muse_pcache_create(budget, &kv, block_bytes, 0, 100);
+    muse_kv_ensure(&kv, 0, 16);
+    ok(muse_pcache_insert(pc, ka[0], 1, muse_kv_table(&kv, 0)) == NULL,
+       "with no slots nothing that needs a snapshot is kept");
+    muse_pcache_destroy(pc);
+    pc = muse_pcache_create(budget, &kv, block_bytes, 0, 0);
+    const muse_pcache_entry *ns = muse_pcache_insert(pc, ka[0], 1, muse_kv_table(&kv, 0));
+    ok(ns && ns->slot == -1, "a model without sliding layers keeps entries without a slot");
+    muse_kv_release(&kv, 0);
     muse_pcache_destroy(pc);
     muse_kv_pool_destroy(&kv);
     return done_testing();

@@ -12,9 +12,23 @@ typedef struct {
     float **scratch;       /* [threads][scratch_floats] */
     double **attn_scratch; /* [threads][context + head_dim]: scores, then the sum of V */
     size_t scratch_floats;
-    void *exl3_ws;  /* EXL3 linear workspace, sized for the largest linear */
-    float **allocs; /* every alloc(), freed at destroy */
-    size_t n_allocs;
+    void *exl3_ws; /* EXL3 linear workspace, sized for the largest linear */
+    float **acts;  /* every alloc(): [max_rows, act_width[i]], freed at destroy */
+    long *act_width;
+    int n_acts;
+    /* staging, fixed at start: the round's batch padded to its bucket (rows), the wanted rows
+     * padded the same way (wanted), the block tables of the round's sequences, sampling */
+    long rows, real_rows, wanted, real_wanted;
+    int32_t *tokens, *seqs, *want_rows; /* [max_rows] */
+    int64_t *positions;                 /* [max_rows] */
+    int32_t *tables;                    /* [max_seqs][blocks_per_seq] */
+    muse_sampling *sampling;            /* [max_rows] */
+    int64_t *draw_pos;                  /* [max_rows] */
+    int32_t *drawn;                     /* [max_rows] */
+    int do_sample, return_logits, in_round;
+    muse_act logits; /* the head's output of this round */
+    muse_sampler **samplers; /* one per pool thread */
+    uint16_t *snapshots;     /* [snapshot_slots][snapshot_bytes / 2] */
     /* KV cache, per layer, fp16: sliding layers a ring [max_seqs][cap][KV]; full layers
      * (cap 0) blocks [n_blocks][MUSE_KV_BLOCK][KV] found through the block tables */
     int64_t *kv_cap;
@@ -28,6 +42,12 @@ typedef struct {
     float *eg, *eu, *ea;  /* [R, I_moe max] */
     float *xsel;          /* [R, H] head inputs of the wanted rows */
 } cpu_backend;
+
+static float *act(cpu_backend *c, muse_act a)
+{
+    MUSE_CHECK(a >= 0 && a < c->n_acts);
+    return c->acts[a];
+}
 
 static cpu_backend *cpu(muse_backend *be)
 {
@@ -63,33 +83,109 @@ static inline float sigmoid_f(float x)
 
 /* ---- operations ---- */
 
-static float *cpu_alloc(muse_backend *be, size_t floats)
+static muse_act cpu_alloc(muse_backend *be, long width)
 {
     cpu_backend *c = cpu(be);
-    c->allocs = realloc(c->allocs, (c->n_allocs + 1) * sizeof *c->allocs);
-    MUSE_CHECK(c->allocs);
-    float *p = MUSE_CALLOC(floats, sizeof(float));
-    c->allocs[c->n_allocs++] = p;
-    be->workspace_bytes += floats * sizeof(float);
-    return p;
+    MUSE_CHECK(!c->in_round && width > 0);
+    c->acts = realloc(c->acts, (size_t)(c->n_acts + 1) * sizeof *c->acts);
+    c->act_width = realloc(c->act_width, (size_t)(c->n_acts + 1) * sizeof *c->act_width);
+    MUSE_CHECK(c->acts && c->act_width);
+    size_t floats = (size_t)be->opts.max_rows * (size_t)width;
+    c->acts[c->n_acts] = MUSE_CALLOC(floats, sizeof(float));
+    c->act_width[c->n_acts] = width;
+    be->ranks[0].workspace += floats * sizeof(float);
+    return c->n_acts++;
 }
 
-static void cpu_embed(muse_backend *be, const muse_batch *b, float *out)
+static void cpu_write(muse_backend *be, muse_act a, const float *src, long rows)
 {
+    cpu_backend *c = cpu(be);
+    MUSE_CHECK(rows >= 0 && rows <= be->opts.max_rows);
+    memcpy(act(c, a), src, (size_t)rows * (size_t)c->act_width[a] * sizeof(float));
+}
+
+static void cpu_read(muse_backend *be, muse_act a, float *dst, long rows)
+{
+    cpu_backend *c = cpu(be);
+    MUSE_CHECK(rows >= 0 && rows <= be->opts.max_rows);
+    memcpy(dst, act(c, a), (size_t)rows * (size_t)c->act_width[a] * sizeof(float));
+}
+
+/* Copies the batch into staging; padding rows carry token 0 at position 0 of no sequence
+ * (seq -1: no KV write, no attention), padding wanted rows repeat the last wanted row. */
+static int cpu_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
+{
+    cpu_backend *c = cpu(be);
+    MUSE_CHECK(!c->in_round);
+    long R = muse_backend_bucket(be, r->rows), n = 0;
+    for (long i = 0; i < r->rows; i++) {
+        c->tokens[i] = r->tokens[i];
+        c->positions[i] = r->positions[i];
+        c->seqs[i] = r->seqs[i];
+        if (!r->want_logits || r->want_logits[i]) c->want_rows[n++] = (int32_t)i;
+    }
+    for (long i = r->rows; i < R; i++) {
+        c->tokens[i] = 0;
+        c->positions[i] = 0;
+        c->seqs[i] = -1;
+    }
+    c->real_rows = r->rows;
+    c->rows = R;
+    c->real_wanted = n;
+    c->wanted = n ? muse_backend_bucket(be, n) : 0;
+    muse_sampling greedy = {0};
+    for (long i = 0; i < c->wanted; i++) {
+        if (i >= n) c->want_rows[i] = c->want_rows[n - 1];
+        c->sampling[i] = r->sampling && i < n ? r->sampling[i] : greedy;
+        c->draw_pos[i] = r->draw_pos && i < n ? r->draw_pos[i] : 0;
+    }
+    /* the block tables of the round's sequences, as they are now */
+    for (long i = 0; i < r->rows; i++) {
+        int seq = r->seqs[i];
+        if (i && seq == r->seqs[i - 1]) continue;
+        memcpy(c->tables + (int64_t)seq * be->kv.blocks_per_seq, muse_kv_table(&be->kv, seq),
+               (size_t)be->kv.blocks_per_seq * sizeof *c->tables);
+    }
+    c->do_sample = r->sampling != NULL;
+    c->return_logits = r->return_logits;
+    c->logits = -1;
+    c->in_round = 1;
+    (void)e;
+    return 0;
+}
+
+static int cpu_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
+{
+    cpu_backend *c = cpu(be);
+    MUSE_CHECK(c->in_round);
+    c->in_round = 0;
+    memset(out, 0, sizeof *out);
+    if (be->fault_pending) /* test hooks force the device-failure path */
+        return muse_fail(e, "device error on rank 0 (cpu): injected by a test hook; the "
+                            "context cannot be used again");
+    out->wanted = c->real_wanted;
+    out->tokens = c->do_sample ? c->drawn : NULL;
+    out->logits = c->return_logits && c->logits >= 0 ? act(c, c->logits) : NULL;
+    return 0;
+}
+
+static void cpu_embed(muse_backend *be, muse_act out_a)
+{
+    cpu_backend *c = cpu(be);
     const muse_model *m = be->model;
     long H = (long)m->cfg.hidden_size;
-    for (long r = 0; r < b->rows; r++) {
+    float *out = act(c, out_a);
+    for (long r = 0; r < c->rows; r++) {
         float *row = out + r * H;
-        muse_model_embed_row(m, b->tokens[r], row);
+        muse_model_embed_row(m, c->tokens[r], row);
         double s = rms_scale(row, H, m->cfg.rms_norm_eps);
         for (long j = 0; j < H; j++) row[j] = (float)(row[j] * s);
     }
 }
 
-static void cpu_norm(muse_backend *be, const float *x, long rows, long width, const float *w,
-                     muse_norm_weight mode, float eps, int round16, float *out)
+static void norm_rows(const float *x, long rows, long width, const float *w,
+                      muse_norm_weight mode, float eps, int round16, float *out)
 {
-    (void)be;
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * width;
         float *o = out + r * width;
@@ -103,11 +199,20 @@ static void cpu_norm(muse_backend *be, const float *x, long rows, long width, co
     }
 }
 
-static void cpu_add_norm(muse_backend *be, float *h, const float *y, long rows, long width,
-                         const float *w, float eps)
+static void cpu_norm(muse_backend *be, muse_act x, long width, const muse_vec *w,
+                     muse_norm_weight mode, float eps, int round16, muse_act out)
 {
-    (void)be;
-    for (long r = 0; r < rows; r++) {
+    cpu_backend *c = cpu(be);
+    norm_rows(act(c, x), c->rows, width, w ? w->v : NULL, mode, eps, round16, act(c, out));
+}
+
+static void cpu_add_norm(muse_backend *be, muse_act h_a, muse_act y_a, long width,
+                         const muse_vec *wv, float eps)
+{
+    cpu_backend *c = cpu(be);
+    float *h = act(c, h_a);
+    const float *y = act(c, y_a), *w = wv->v;
+    for (long r = 0; r < c->rows; r++) {
         const float *yr = y + r * width;
         double s = rms_scale(yr, width, eps);
         for (long j = 0; j < width; j++) h[r * width + j] += (float)(yr[j] * s) * (1.0f + w[j]);
@@ -138,10 +243,9 @@ static void dense_cols(void *ctx, long begin, long end, int thread)
     }
 }
 
-static void cpu_linear(muse_backend *be, const muse_linear *l, const float *x, long rows,
-                       int round16, float *y)
+static void linear_rows(cpu_backend *c, const muse_linear *l, const float *x, long rows,
+                        int round16, float *y)
 {
-    cpu_backend *c = cpu(be);
     if (l->kind == MUSE_LIN_EXL3) {
         muse_exl3_linear(&l->exl3, x, rows, y, c->exl3_ws, c->pool);
         if (round16)
@@ -152,13 +256,20 @@ static void cpu_linear(muse_backend *be, const muse_linear *l, const float *x, l
     muse_pool_run_t(c->pool, dense_cols, &j, (long)l->n);
 }
 
-static void cpu_qk_norm_rope(muse_backend *be, float *x, const muse_batch *b, long heads,
-                             long head_dim, double theta, float eps)
+static void cpu_linear(muse_backend *be, const muse_linear *l, muse_act x, int round16, muse_act y)
 {
-    (void)be;
+    cpu_backend *c = cpu(be);
+    linear_rows(c, l, act(c, x), c->rows, round16, act(c, y));
+}
+
+static void cpu_qk_norm_rope(muse_backend *be, muse_act x_a, long heads, long head_dim,
+                             double theta, float eps)
+{
+    cpu_backend *c = cpu(be);
+    float *x = act(c, x_a);
     long half = head_dim / 2;
-    for (long r = 0; r < b->rows; r++) {
-        double p = (double)b->positions[r];
+    for (long r = 0; r < c->rows; r++) {
+        double p = (double)c->positions[r];
         for (long hh = 0; hh < heads; hh++) {
             float *v = x + (r * heads + hh) * head_dim;
             double s = rms_scale(v, head_dim, eps);
@@ -179,7 +290,6 @@ static void cpu_qk_norm_rope(muse_backend *be, float *x, const muse_batch *b, lo
 typedef struct {
     cpu_backend *c;
     int layer;
-    const muse_batch *b;
     const float *q, *g;
     float *o;
 } attn_job;
@@ -189,7 +299,7 @@ static inline size_t kv_offset(const cpu_backend *c, int layer, int seq, int64_t
 {
     int64_t cap = c->kv_cap[layer];
     if (cap > 0) return ((size_t)seq * (size_t)cap + (size_t)(s % cap)) * (size_t)KV;
-    int32_t blk = muse_kv_table(&c->base.kv, seq)[s / MUSE_KV_BLOCK];
+    int32_t blk = c->tables[(int64_t)seq * c->base.kv.blocks_per_seq + s / MUSE_KV_BLOCK];
     MUSE_CHECK(blk >= 0); /* the caller reserves blocks before a forward */
     return ((size_t)blk * MUSE_KV_BLOCK + (size_t)(s % MUSE_KV_BLOCK)) * (size_t)KV;
 }
@@ -207,11 +317,16 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
     double *acc = scores + j->c->base.opts.context;
     for (long t = begin; t < end; t++) {
         long r = t / Hq, h = t % Hq, kh = h / group;
-        int64_t p = j->b->positions[r];
+        int64_t p = j->c->positions[r];
+        int seq = j->c->seqs[r];
+        float *o = j->o + (r * Hq + h) * hd;
+        if (seq < 0) { /* a padding row reads no cache */
+            for (long d = 0; d < hd; d++) o[d] = 0;
+            continue;
+        }
         int64_t first =
             sliding && p - cfg->sliding_window + 1 > 0 ? p - cfg->sliding_window + 1 : 0;
         const uint16_t *kc = j->c->k_cache[j->layer], *vc = j->c->v_cache[j->layer];
-        int seq = j->b->seqs[r];
         const float *q = j->q + (r * Hq + h) * hd;
         float kf[512];
         double mx = -INFINITY;
@@ -234,35 +349,41 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
             for (long d = 0; d < hd; d++) acc[d] += w * muse_f16_to_f32(vr[d]);
         }
         const float *g = j->g + (r * Hq + h) * hd;
-        float *o = j->o + (r * Hq + h) * hd;
         for (long d = 0; d < hd; d++) o[d] = muse_round_f16((float)acc[d] * sigmoid_f(g[d]));
     }
 }
 
-static void cpu_attention(muse_backend *be, int layer, const muse_batch *b, const float *q,
-                          const float *k, const float *v, const float *g, float *o)
+static void cpu_attention(muse_backend *be, int layer, muse_act q, muse_act k_a, muse_act v_a,
+                          muse_act g, muse_act o)
 {
     cpu_backend *c = cpu(be);
     const muse_config *cfg = &be->model->cfg;
     long KV = (long)(cfg->n_kv_heads * cfg->head_dim);
-    for (long r = 0; r < b->rows; r++) {
-        size_t at = kv_offset(c, layer, b->seqs[r], b->positions[r], KV);
+    const float *k = act(c, k_a), *v = act(c, v_a);
+    for (long r = 0; r < c->rows; r++) {
+        if (c->seqs[r] < 0) continue; /* padding */
+        size_t at = kv_offset(c, layer, c->seqs[r], c->positions[r], KV);
         for (long d = 0; d < KV; d++) {
             c->k_cache[layer][at + d] = muse_f32_to_f16(k[r * KV + d]);
             c->v_cache[layer][at + d] = muse_f32_to_f16(v[r * KV + d]);
         }
     }
-    attn_job j = {c, layer, b, q, g, o};
-    muse_pool_run_t(c->pool, attn_rows, &j, b->rows * (long)cfg->n_heads);
+    attn_job j = {c, layer, act(c, q), act(c, g), act(c, o)};
+    muse_pool_run_t(c->pool, attn_rows, &j, c->rows * (long)cfg->n_heads);
 }
 
-static void cpu_swiglu(muse_backend *be, const float *gate, const float *up, long n, float *out)
+static void swiglu_n(const float *gate, const float *up, long n, float *out)
 {
-    (void)be;
     for (long i = 0; i < n; i++) {
         double gv = gate[i];
         out[i] = muse_round_f16((float)(gv / (1.0 + exp(-gv))) * up[i]);
     }
+}
+
+static void cpu_swiglu(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out)
+{
+    cpu_backend *c = cpu(be);
+    swiglu_n(act(c, gate), act(c, up), c->rows * width, act(c, out));
 }
 
 typedef struct {
@@ -297,7 +418,7 @@ static void select_experts(const muse_config *cfg, const muse_layer *ly, const f
     MUSE_CHECK(E <= 4096);
     for (long x = 0; x < E; x++) {
         s[x] = sigmoid_f(logits[x]);
-        key[x] = ly->router_bias ? s[x] + ly->router_bias[x] : s[x];
+        key[x] = ly->router_bias.v ? s[x] + ly->router_bias.v[x] : s[x];
         taken[x] = false;
     }
     float sum = 0;
@@ -317,18 +438,21 @@ static void select_experts(const muse_config *cfg, const muse_layer *ly, const f
     }
 }
 
-static void run_mlp(muse_backend *be, const muse_mlp *mlp, const float *x, long rows, long I,
+static void run_mlp(cpu_backend *c, const muse_mlp *mlp, const float *x, long rows, long I,
                     float *g, float *u, float *a, float *out)
 {
-    cpu_linear(be, &mlp->gate, x, rows, 1, g);
-    cpu_linear(be, &mlp->up, x, rows, 1, u);
-    cpu_swiglu(be, g, u, rows * I, a);
-    cpu_linear(be, &mlp->down, a, rows, 0, out);
+    linear_rows(c, &mlp->gate, x, rows, 1, g);
+    linear_rows(c, &mlp->up, x, rows, 1, u);
+    swiglu_n(g, u, rows * I, a);
+    linear_rows(c, &mlp->down, a, rows, 0, out);
 }
 
-static void cpu_moe(muse_backend *be, const muse_layer *ly, const float *b, long rows, float *y)
+static void cpu_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_act y_a)
 {
     cpu_backend *c = cpu(be);
+    const float *b = act(c, b_a);
+    float *y = act(c, y_a);
+    long rows = c->rows;
     const muse_config *cfg = &be->model->cfg;
     long H = (long)cfg->hidden_size, E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
     long I = (long)cfg->moe_intermediate_size;
@@ -346,10 +470,10 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, const float *b, long
         if (!n) continue;
         for (long i = 0; i < n; i++)
             memcpy(c->xg + i * H, b + (long)c->rows_of[i] * H, (size_t)H * sizeof(float));
-        run_mlp(be, &ly->experts[x], c->xg, n, I, c->eg, c->eu, c->ea, c->zg);
+        run_mlp(c, &ly->experts[x], c->xg, n, I, c->eg, c->eu, c->ea, c->zg);
         if (cfg->expert_output_norm)
-            cpu_norm(be, c->zg, n, H, ly->expert_norm[x], MUSE_NORM_PLUS1, (float)cfg->rms_norm_eps,
-                     0, c->zg);
+            norm_rows(c->zg, n, H, ly->expert_norm[x].v, MUSE_NORM_PLUS1, (float)cfg->rms_norm_eps,
+                      0, c->zg);
         for (long i = 0; i < n; i++) {
             long r = c->rows_of[i];
             float w = 0;
@@ -359,23 +483,31 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, const float *b, long
         }
     }
     if (cfg->num_shared_experts > 0) {
-        run_mlp(be, &ly->shared, b, rows, I * (long)cfg->num_shared_experts, c->eg, c->eu, c->ea,
+        run_mlp(c, &ly->shared, b, rows, I * (long)cfg->num_shared_experts, c->eg, c->eu, c->ea,
                 c->zg);
         for (long i = 0; i < rows * H; i++) y[i] += c->zg[i];
     }
 }
 
-static void cpu_head(muse_backend *be, const float *x, const muse_batch *b, float *logits)
+static void cpu_all_reduce(muse_backend *be, muse_act x, long width)
+{
+    (void)be, (void)x, (void)width; /* one rank holds the whole sum */
+}
+
+static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
 {
     cpu_backend *c = cpu(be);
     const muse_model *m = be->model;
     const muse_config *cfg = &m->cfg;
-    long H = (long)cfg->hidden_size, V = (long)cfg->vocab_size, N = (long)m->head.n, n = 0;
-    for (long r = 0; r < b->rows; r++)
-        if (!b->want_logits || b->want_logits[r])
-            memcpy(c->xsel + (n++) * H, x + r * H, (size_t)H * sizeof(float));
+    long H = (long)cfg->hidden_size, V = (long)cfg->vocab_size, N = (long)m->head.n;
+    long n = c->wanted;
+    const float *x = act(c, x_a);
+    float *logits = act(c, logits_a);
+    c->logits = logits_a;
+    for (long i = 0; i < n; i++)
+        memcpy(c->xsel + i * H, x + (long)c->want_rows[i] * H, (size_t)H * sizeof(float));
     if (!n) return;
-    cpu_linear(be, &m->head, c->xsel, n, 0, logits);
+    linear_rows(c, &m->head, c->xsel, n, 0, logits);
     double mult = cfg->output_multiplier, cap = cfg->final_logit_softcapping;
     for (long r = 0; r < n; r++)
         for (long j = 0; j < V; j++) {
@@ -390,17 +522,31 @@ static int64_t sliding_first(const muse_config *cfg, int64_t end_pos)
     return end_pos > cfg->sliding_window ? end_pos - cfg->sliding_window : 0;
 }
 
-static size_t cpu_sliding_bytes(muse_backend *be, int64_t end_pos)
+/* Draws wanted rows [begin, end) with this thread's sampler. */
+static void draw_rows(void *ctx, long begin, long end, int thread)
 {
-    const muse_config *cfg = &be->model->cfg;
-    size_t layers = 0, KV = (size_t)(cfg->n_kv_heads * cfg->head_dim);
-    for (int64_t i = 0; i < cfg->num_layers; i++) layers += cfg->attn_kind[i] == MUSE_ATTN_SLIDING;
-    return layers * 2 * (size_t)(end_pos - sliding_first(cfg, end_pos)) * KV * sizeof(uint16_t);
+    cpu_backend *c = ctx;
+    long V = (long)c->base.model->cfg.vocab_size;
+    const float *logits = act(c, c->logits);
+    for (long i = begin; i < end; i++)
+        c->drawn[i] = (int32_t)muse_sample(c->samplers[thread], logits + i * V, &c->sampling[i],
+                                           c->draw_pos[i]);
 }
 
-/* Copies K then V of each sliding layer, positions ascending, between the rings and buf. */
-static void sliding_copy(cpu_backend *c, int seq, int64_t end_pos, uint16_t *buf, int save)
+static void cpu_sample(muse_backend *be, muse_act logits)
 {
+    cpu_backend *c = cpu(be);
+    c->logits = logits;
+    /* every draw depends only on its own logits, seed and position: the split cannot matter */
+    muse_pool_run_t(c->pool, draw_rows, c, c->wanted);
+}
+
+/* Copies K then V of each sliding layer, positions ascending, between the rings and a slot.
+ * Reads the live block tables: snapshots are taken between rounds. */
+static void sliding_copy(cpu_backend *c, int seq, int64_t end_pos, int slot, int save)
+{
+    MUSE_CHECK(!c->in_round && slot >= 0 && slot < c->base.opts.snapshot_slots);
+    uint16_t *buf = c->snapshots + (size_t)slot * (c->base.snapshot_bytes / sizeof *buf);
     const muse_config *cfg = &c->base.model->cfg;
     long KV = (long)(cfg->n_kv_heads * cfg->head_dim);
     for (int i = 0; i < (int)cfg->num_layers; i++) {
@@ -418,19 +564,26 @@ static void sliding_copy(cpu_backend *c, int seq, int64_t end_pos, uint16_t *buf
     }
 }
 
-static void cpu_sliding_save(muse_backend *be, int seq, int64_t end_pos, void *dst)
+static void cpu_snapshot_save(muse_backend *be, int seq, int64_t end_pos, int slot)
 {
-    sliding_copy(cpu(be), seq, end_pos, dst, 1);
+    sliding_copy(cpu(be), seq, end_pos, slot, 1);
 }
 
-static void cpu_sliding_load(muse_backend *be, int seq, int64_t end_pos, const void *src)
+static void cpu_snapshot_load(muse_backend *be, int seq, int64_t end_pos, int slot)
 {
-    sliding_copy(cpu(be), seq, end_pos, (uint16_t *)(uintptr_t)src, 0);
+    sliding_copy(cpu(be), seq, end_pos, slot, 0);
 }
+
+static void cpu_destroy(muse_backend *be);
 
 static const muse_backend_ops cpu_ops = {
     .name = "cpu",
+    .destroy = cpu_destroy,
     .alloc = cpu_alloc,
+    .write = cpu_write,
+    .read = cpu_read,
+    .begin_round = cpu_begin_round,
+    .end_round = cpu_end_round,
     .embed = cpu_embed,
     .norm = cpu_norm,
     .add_norm = cpu_add_norm,
@@ -439,23 +592,12 @@ static const muse_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .moe = cpu_moe,
+    .all_reduce = cpu_all_reduce,
     .head = cpu_head,
-    .sliding_bytes = cpu_sliding_bytes,
-    .sliding_save = cpu_sliding_save,
-    .sliding_load = cpu_sliding_load,
+    .sample = cpu_sample,
+    .snapshot_save = cpu_snapshot_save,
+    .snapshot_load = cpu_snapshot_load,
 };
-
-uint64_t muse_kv_bytes_per_token(const muse_config *c)
-{
-    return (uint64_t)c->num_layers * 2 * (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
-}
-
-uint64_t muse_kv_full_bytes_per_token(const muse_config *c)
-{
-    uint64_t layers = 0;
-    for (int64_t i = 0; i < c->num_layers; i++) layers += c->attn_kind[i] == MUSE_ATTN_FULL;
-    return layers * 2 * (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
-}
 
 static size_t exl3_ws_max(const muse_model *m, long rows)
 {
@@ -484,8 +626,10 @@ static size_t exl3_ws_max(const muse_model *m, long rows)
 muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e)
 {
     const muse_config *cfg = &m->cfg;
-    if (o->max_rows <= 0 || o->max_seqs <= 0 || o->context <= 0)
-        return muse_fail(e, "backend: max rows, sequences and context must be positive"), NULL;
+    if (o->ranks > 1)
+        return muse_fail(e, "--ranks %d: the CPU backend runs one rank today; use --ranks 1",
+                         o->ranks),
+               NULL;
     if (cfg->head_dim > 512)
         return muse_fail(e, "config.json: head_dim %lld exceeds the CPU backend's limit of 512",
                          (long long)cfg->head_dim),
@@ -499,8 +643,12 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
                NULL;
     cpu_backend *c = MUSE_CALLOC(1, sizeof *c);
     c->base.ops = &cpu_ops;
-    c->base.model = m;
-    c->base.opts = *o;
+    if (muse_backend_init_common(&c->base, m, o, e)) {
+        free(c);
+        return NULL;
+    }
+    muse_rank_mem *mem = &c->base.ranks[0];
+    mem->weights = muse_st_total_bytes(m->st);
     c->pool = muse_pool_create(o->threads);
     c->threads = muse_pool_threads(c->pool);
     long H = (long)cfg->hidden_size, R = o->max_rows, E = (long)cfg->num_experts;
@@ -515,36 +663,42 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     c->scratch_floats = (size_t)widest;
     c->scratch = MUSE_CALLOC((size_t)c->threads, sizeof *c->scratch);
     c->attn_scratch = MUSE_CALLOC((size_t)c->threads, sizeof *c->attn_scratch);
+    c->samplers = MUSE_CALLOC((size_t)c->threads, sizeof *c->samplers);
     for (int t = 0; t < c->threads; t++) {
         c->scratch[t] = MUSE_MALLOC(c->scratch_floats * sizeof(float));
         c->attn_scratch[t] = MUSE_MALLOC((size_t)(o->context + cfg->head_dim) * sizeof(double));
+        c->samplers[t] = muse_sampler_create(cfg->vocab_size);
+        MUSE_CHECK(c->samplers[t]);
+        mem->workspace += c->scratch_floats * sizeof(float) +
+                          (size_t)(o->context + cfg->head_dim) * sizeof(double);
     }
     size_t ws = exl3_ws_max(m, R);
     c->exl3_ws = ws ? MUSE_MALLOC(ws) : NULL;
+    mem->workspace += ws;
     long L = (long)cfg->num_layers, KV = (long)(cfg->n_kv_heads * cfg->head_dim);
     c->kv_cap = MUSE_CALLOC((size_t)L, sizeof *c->kv_cap);
     c->k_cache = MUSE_CALLOC((size_t)L, sizeof *c->k_cache);
     c->v_cache = MUSE_CALLOC((size_t)L, sizeof *c->v_cache);
-    int64_t blocks_per_seq = (o->context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
-    int64_t n_blocks = o->kv_blocks > 0 ? o->kv_blocks : o->max_seqs * blocks_per_seq;
-    muse_kv_pool_init(&c->base.kv, (int32_t)n_blocks, o->max_seqs, o->context);
+    int64_t n_blocks = c->base.kv.n_blocks;
     for (long i = 0; i < L; i++) {
         size_t n;
         if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING) {
             int64_t cap = o->context;
-            if (cfg->sliding_window + R - 1 < cap)
-                cap = cfg->sliding_window + R -
-                      1; /* a ring: a chunk never overwrites keys it reads */
+            /* a ring: a chunk never overwrites keys it reads */
+            if (cfg->sliding_window + R - 1 < cap) cap = cfg->sliding_window + R - 1;
             c->kv_cap[i] = cap;
             n = (size_t)o->max_seqs * (size_t)cap * (size_t)KV;
+            mem->sliding += 2 * n * sizeof(uint16_t);
         } else {
             n = (size_t)n_blocks * MUSE_KV_BLOCK * (size_t)KV;
-            c->base.kv_block_bytes += 2 * MUSE_KV_BLOCK * (uint64_t)KV * sizeof(uint16_t);
+            mem->kv += 2 * n * sizeof(uint16_t);
         }
-        c->base.kv_bytes += 2 * n * sizeof(uint16_t);
         c->k_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
         c->v_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
     }
+    size_t snap = (size_t)o->snapshot_slots * c->base.snapshot_bytes;
+    c->snapshots = MUSE_MALLOC(snap ? snap : 1);
+    mem->snapshots = snap;
     c->router_logits = MUSE_MALLOC((size_t)(R * E) * sizeof(float));
     c->sel = MUSE_MALLOC((size_t)(R * K) * sizeof(int32_t));
     c->sel_w = MUSE_MALLOC((size_t)(R * K) * sizeof(float));
@@ -555,23 +709,38 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     c->eg = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     c->eu = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     c->ea = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
+    mem->workspace += (size_t)R * ((size_t)E * 4 + (size_t)K * 8 + 4 + (size_t)H * 12 +
+                                   (size_t)Imoe * 12);
+    c->tokens = MUSE_MALLOC((size_t)R * sizeof *c->tokens);
+    c->seqs = MUSE_MALLOC((size_t)R * sizeof *c->seqs);
+    c->want_rows = MUSE_MALLOC((size_t)R * sizeof *c->want_rows);
+    c->positions = MUSE_MALLOC((size_t)R * sizeof *c->positions);
+    c->sampling = MUSE_MALLOC((size_t)R * sizeof *c->sampling);
+    c->draw_pos = MUSE_MALLOC((size_t)R * sizeof *c->draw_pos);
+    c->drawn = MUSE_MALLOC((size_t)R * sizeof *c->drawn);
+    size_t tables = (size_t)o->max_seqs * (size_t)c->base.kv.blocks_per_seq;
+    c->tables = MUSE_MALLOC(tables * sizeof *c->tables);
+    for (size_t i = 0; i < tables; i++) c->tables[i] = -1;
+    mem->staging = (size_t)R * (4 * 4 + 8 * 2 + sizeof(muse_sampling)) + tables * 4;
     return &c->base;
 }
 
-void muse_cpu_backend_destroy(muse_backend *be)
+static void cpu_destroy(muse_backend *be)
 {
-    if (!be) return;
     cpu_backend *c = cpu(be);
     muse_pool_destroy(c->pool);
     for (int t = 0; t < c->threads; t++) {
         free(c->scratch[t]);
         free(c->attn_scratch[t]);
+        muse_sampler_destroy(c->samplers[t]);
     }
     free(c->scratch);
     free(c->attn_scratch);
+    free(c->samplers);
     free(c->exl3_ws);
-    for (size_t i = 0; i < c->n_allocs; i++) free(c->allocs[i]);
-    free(c->allocs);
+    for (int i = 0; i < c->n_acts; i++) free(c->acts[i]);
+    free(c->acts);
+    free(c->act_width);
     for (int64_t i = 0; i < be->model->cfg.num_layers; i++) {
         free(c->k_cache[i]);
         free(c->v_cache[i]);
@@ -580,6 +749,7 @@ void muse_cpu_backend_destroy(muse_backend *be)
     free(c->kv_cap);
     free(c->k_cache);
     free(c->v_cache);
+    free(c->snapshots);
     free(c->router_logits);
     free(c->sel);
     free(c->sel_w);
@@ -590,5 +760,13 @@ void muse_cpu_backend_destroy(muse_backend *be)
     free(c->eg);
     free(c->eu);
     free(c->ea);
+    free(c->tokens);
+    free(c->seqs);
+    free(c->want_rows);
+    free(c->positions);
+    free(c->sampling);
+    free(c->draw_pos);
+    free(c->drawn);
+    free(c->tables);
     free(c);
 }

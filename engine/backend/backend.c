@@ -1,0 +1,93 @@
+/* Makes a backend by name and holds what every backend shares: row buckets, the KV pool's
+ * bookkeeping, and the byte counts of one rank's KV, snapshots and staging. */
+#include "backend/backend.h"
+
+typedef muse_backend *(*create_fn)(const muse_model *m, const muse_backend_opts *o, muse_err *e);
+
+static const struct {
+    const char *name;
+    create_fn create;
+} backends[] = {
+    {"cpu", muse_cpu_backend_create},
+};
+
+const char *muse_backend_names(void)
+{
+    return "cpu";
+}
+
+muse_backend *muse_backend_create(const char *name, const muse_model *m,
+                                  const muse_backend_opts *o, muse_err *e)
+{
+    for (size_t i = 0; i < sizeof backends / sizeof *backends; i++)
+        if (!strcmp(name, backends[i].name)) return backends[i].create(m, o, e);
+    if (!strcmp(name, "cuda"))
+        return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
+                            "use --backend cpu"),
+               NULL;
+    return muse_fail(e, "--backend %s: unknown backend; this binary has: %s", name,
+                     muse_backend_names()),
+           NULL;
+}
+
+void muse_backend_destroy(muse_backend *be)
+{
+    if (be) be->ops->destroy(be);
+}
+
+/* Powers of two up to max_rows, then max_rows: few enough that a graph a bucket is cheap. */
+static void make_buckets(muse_backend *be)
+{
+    long max = be->opts.max_rows;
+    be->n_buckets = 0;
+    for (long b = 1; b < max && be->n_buckets < MUSE_MAX_BUCKETS - 1; b *= 2)
+        be->buckets[be->n_buckets++] = b;
+    be->buckets[be->n_buckets++] = max;
+}
+
+long muse_backend_bucket(const muse_backend *be, long rows)
+{
+    if (be->opts.exact_rows) return rows;
+    for (int i = 0; i < be->n_buckets; i++)
+        if (be->buckets[i] >= rows) return be->buckets[i];
+    return be->opts.max_rows;
+}
+
+int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_backend_opts *o,
+                             muse_err *e)
+{
+    if (o->max_rows <= 0 || o->max_seqs <= 0 || o->context <= 0)
+        return muse_fail(e, "backend: max rows, sequences and context must be positive");
+    if (o->snapshot_slots < 0)
+        return muse_fail(e, "backend: snapshot slots must be 0 or more");
+    int ranks = o->ranks > 0 ? o->ranks : 1;
+    if (ranks > MUSE_MAX_RANKS)
+        return muse_fail(e, "--ranks %d: at most %d ranks in one process", ranks, MUSE_MAX_RANKS);
+    be->model = m;
+    be->opts = *o;
+    be->opts.ranks = ranks;
+    be->n_ranks = ranks;
+    make_buckets(be);
+    const muse_config *cfg = &m->cfg;
+    int64_t blocks_per_seq = (o->context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
+    int64_t n_blocks = o->kv_blocks > 0 ? o->kv_blocks : o->max_seqs * blocks_per_seq;
+    if (n_blocks > INT32_MAX)
+        return muse_fail(e, "--kv-blocks %lld: at most %d", (long long)n_blocks, INT32_MAX);
+    muse_kv_pool_init(&be->kv, (int32_t)n_blocks, o->max_seqs, o->context);
+    /* a rank holds its KV heads; when there are fewer heads than ranks each rank holds one */
+    uint64_t heads = (uint64_t)cfg->n_kv_heads, per_rank = heads >= (uint64_t)ranks ? heads / (uint64_t)ranks : 1;
+    be->kv_block_bytes = muse_kv_full_bytes_per_token(cfg) / heads * per_rank * MUSE_KV_BLOCK;
+    be->snapshot_bytes = muse_kv_snapshot_bytes(cfg) / heads * per_rank;
+    for (int r = 0; r < ranks; r++) be->ranks[r].device = o->devices[r];
+    return 0;
+}
+
+uint64_t muse_backend_bytes(const muse_backend *be)
+{
+    uint64_t sum = 0;
+    for (int r = 0; r < be->n_ranks; r++) {
+        const muse_rank_mem *k = &be->ranks[r];
+        sum += k->weights + k->kv + k->sliding + k->snapshots + k->workspace + k->staging;
+    }
+    return sum;
+}
