@@ -26,6 +26,10 @@ ENGINE_H  := $(shell find engine -name '*.h')
 UNIT_SRCS := $(wildcard t/unit/test_*.c)
 UNITS     := $(patsubst t/unit/%.c,$(BUILD)/t/%,$(UNIT_SRCS))
 
+# The op harness: t/ops/ops_harness.c -> build/t/ops-harness, run by t/ops/ops.t on packs.
+OPS_HARNESS := $(BUILD)/t/ops-harness
+EXTRA_ALL   += $(OPS_HARNESS)
+
 # Fuzz harnesses: t/fuzz/fuzz_NAME.c -> build/fuzz/fuzz_NAME (libFuzzer + ASan, clang).
 FUZZ_SRCS := $(wildcard t/fuzz/fuzz_*.c)
 FUZZERS   := $(patsubst t/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
@@ -60,6 +64,10 @@ $(BUILD)/t/%: t/unit/%.c t/unit/tap.h $(LIB) | $(BUILD)/t
 	@mkdir -p $(BUILD)/obj/t
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/$*.d -It/unit $< $(LIB) $(LDLIBS) -o $@
 
+$(OPS_HARNESS): t/ops/ops_harness.c $(LIB) | $(BUILD)/t
+	@mkdir -p $(BUILD)/obj/t
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/ops-harness.d $< $(LIB) $(LDLIBS) -o $@
+
 FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(ENGINE_H) | $(BUILD)/fuzz
 	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) $(LDLIBS) -o $@
@@ -72,12 +80,12 @@ $(BUILD) $(BUILD)/obj $(BUILD)/t $(BUILD)/fuzz:
 test: all fuzz
 	@t/run-tests
 
-LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c
+LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c t/ops/*.c
 # ngx_muse_module.c is written in nginx's own style and built with nginx's -Werror instead.
 lint:
 	clang-format --dry-run --Werror $(LINT_C)
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability \
-	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz t/tools
+	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz t/tools t/ops
 
 format:
 	clang-format -i $(LINT_C)

@@ -16,8 +16,8 @@ const char *muse_backend_names(void)
     return "cpu";
 }
 
-muse_backend *muse_backend_create(const char *name, const muse_model *m,
-                                  const muse_backend_opts *o, muse_err *e)
+muse_backend *muse_backend_create(const char *name, const muse_model *m, const muse_backend_opts *o,
+                                  muse_err *e)
 {
     for (size_t i = 0; i < sizeof backends / sizeof *backends; i++)
         if (!strcmp(name, backends[i].name)) return backends[i].create(m, o, e);
@@ -58,8 +58,7 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
 {
     if (o->max_rows <= 0 || o->max_seqs <= 0 || o->context <= 0)
         return muse_fail(e, "backend: max rows, sequences and context must be positive");
-    if (o->snapshot_slots < 0)
-        return muse_fail(e, "backend: snapshot slots must be 0 or more");
+    if (o->snapshot_slots < 0) return muse_fail(e, "backend: snapshot slots must be 0 or more");
     int ranks = o->ranks > 0 ? o->ranks : 1;
     if (ranks > MUSE_MAX_RANKS)
         return muse_fail(e, "--ranks %d: at most %d ranks in one process", ranks, MUSE_MAX_RANKS);
@@ -75,7 +74,8 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
         return muse_fail(e, "--kv-blocks %lld: at most %d", (long long)n_blocks, INT32_MAX);
     muse_kv_pool_init(&be->kv, (int32_t)n_blocks, o->max_seqs, o->context);
     /* a rank holds its KV heads; when there are fewer heads than ranks each rank holds one */
-    uint64_t heads = (uint64_t)cfg->n_kv_heads, per_rank = heads >= (uint64_t)ranks ? heads / (uint64_t)ranks : 1;
+    uint64_t heads = (uint64_t)cfg->n_kv_heads,
+             per_rank = heads >= (uint64_t)ranks ? heads / (uint64_t)ranks : 1;
     be->kv_block_bytes = muse_kv_full_bytes_per_token(cfg) / heads * per_rank * MUSE_KV_BLOCK;
     be->snapshot_bytes = muse_kv_snapshot_bytes(cfg) / heads * per_rank;
     for (int r = 0; r < ranks; r++) be->ranks[r].device = o->devices[r];

@@ -45,15 +45,15 @@ typedef struct muse_backend muse_backend;
 
 /* Sizes fixed at start: every workspace, staging buffer and the KV cache come from these. */
 typedef struct {
-    long max_rows;       /* rows a round may carry */
-    int max_seqs;        /* KV slots */
-    int64_t context;     /* positions per sequence */
-    int64_t kv_blocks;   /* full-attention KV blocks in the pool; 0: max_seqs x context */
-    int snapshot_slots;  /* sliding-window snapshots the prompt cache may hold */
-    int ranks;           /* tensor-parallel ranks in this process (0 or 1: one) */
+    long max_rows;               /* rows a round may carry */
+    int max_seqs;                /* KV slots */
+    int64_t context;             /* positions per sequence */
+    int64_t kv_blocks;           /* full-attention KV blocks in the pool; 0: max_seqs x context */
+    int snapshot_slots;          /* sliding-window snapshots the prompt cache may hold */
+    int ranks;                   /* tensor-parallel ranks in this process (0 or 1: one) */
     int devices[MUSE_MAX_RANKS]; /* device of each rank (GPU ordinal; ignored by cpu) */
-    int threads;         /* CPU threads (<= 0: all cores) */
-    int exact_rows;      /* 1: no padding of rows to buckets (tests compare both) */
+    int threads;                 /* CPU threads (<= 0: all cores) */
+    int exact_rows;              /* 1: no padding of rows to buckets (tests compare both) */
 } muse_backend_opts;
 
 /* Memory a rank holds, by term (bytes). */
@@ -80,8 +80,8 @@ typedef struct {
     /* out[R,H] = rms(embed[tokens], eps), fp32 (the residual stream) */
     void (*embed)(muse_backend *be, muse_act out);
     /* out[R,W] = rms(x, eps) * (w | 1+w | 1), rounded to fp16 when round16 */
-    void (*norm)(muse_backend *be, muse_act x, long width, const muse_vec *w,
-                 muse_norm_weight mode, float eps, int round16, muse_act out);
+    void (*norm)(muse_backend *be, muse_act x, long width, const muse_vec *w, muse_norm_weight mode,
+                 float eps, int round16, muse_act out);
     /* h[R,H] += (1 + w) * rms(y, eps) */
     void (*add_norm)(muse_backend *be, muse_act h, muse_act y, long width, const muse_vec *w,
                      float eps);
@@ -92,8 +92,8 @@ typedef struct {
                          float eps);
     /* Writes k, v [R,KV] of layer to the cache, then o[R,Q] = softmax(q k^T * scale) v,
      * causal, sliding when window > 0, then o = fp16(o * sigmoid(g)). Padding rows skip both. */
-    void (*attention)(muse_backend *be, int layer, muse_act q, muse_act k, muse_act v,
-                      muse_act g, muse_act o);
+    void (*attention)(muse_backend *be, int layer, muse_act q, muse_act k, muse_act v, muse_act g,
+                      muse_act o);
     /* out[R,W] = fp16(silu(gate) * up) */
     void (*swiglu)(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out);
     /* y[R,H] = routed experts (router, selection, weights, outputs) + shared experts */
@@ -116,9 +116,9 @@ struct muse_backend {
     const muse_backend_ops *ops;
     const muse_model *model;
     muse_backend_opts opts;
-    muse_kv_pool kv;          /* block tables of the full-attention layers (shared by ranks) */
-    uint64_t kv_block_bytes;  /* one block on one rank: every full layer's K and V */
-    uint64_t snapshot_bytes;  /* one snapshot slot on one rank */
+    muse_kv_pool kv;         /* block tables of the full-attention layers (shared by ranks) */
+    uint64_t kv_block_bytes; /* one block on one rank: every full layer's K and V */
+    uint64_t snapshot_bytes; /* one snapshot slot on one rank */
     int n_ranks;
     muse_rank_mem ranks[MUSE_MAX_RANKS];
     int n_buckets;
@@ -127,8 +127,8 @@ struct muse_backend {
 };
 
 /* Makes the backend called name ("cpu"; "cuda" where built). Errors name the fix. */
-muse_backend *muse_backend_create(const char *name, const muse_model *m,
-                                  const muse_backend_opts *o, muse_err *e);
+muse_backend *muse_backend_create(const char *name, const muse_model *m, const muse_backend_opts *o,
+                                  muse_err *e);
 void muse_backend_destroy(muse_backend *be);
 /* The names this binary can make, comma-separated. */
 const char *muse_backend_names(void);
@@ -142,7 +142,6 @@ long muse_backend_bucket(const muse_backend *be, long rows);
 uint64_t muse_backend_bytes(const muse_backend *be);
 
 /* The CPU reference backend. */
-muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o,
-                                      muse_err *e);
+muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e);
 
 #endif

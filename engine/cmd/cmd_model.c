@@ -164,8 +164,7 @@ static int session_open(const char *cmd, const run_flags *f, long long extra, se
  * (all_logits) or, with sampling, stores the token drawn after the last id in *drawn. */
 typedef int (*chunk_fn)(void *ctx, const float *logits, long rows);
 static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all_logits,
-                const muse_sampling *sampling, int32_t *drawn, chunk_fn fn, void *ctx,
-                muse_err *e)
+                const muse_sampling *sampling, int32_t *drawn, chunk_fn fn, void *ctx, muse_err *e)
 {
     long R = s->be->opts.max_rows;
     int64_t pos[4096];

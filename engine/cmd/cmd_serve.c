@@ -446,13 +446,13 @@ int muse_cmd_serve(int argc, char **argv)
             blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
         if (blocks > INT32_MAX) blocks = INT32_MAX;
         uint64_t cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0);
-        muse_backend_opts bo = {
-            .max_rows = (long)f.max_rows,
-            .max_seqs = (int)f.streams,
-            .context = f.context,
-            .threads = (int)f.threads,
-            .kv_blocks = blocks,
-            .snapshot_slots = muse_pcache_slots_for(cache_bytes, muse_kv_snapshot_bytes(&model.cfg))};
+        muse_backend_opts bo = {.max_rows = (long)f.max_rows,
+                                .max_seqs = (int)f.streams,
+                                .context = f.context,
+                                .threads = (int)f.threads,
+                                .kv_blocks = blocks,
+                                .snapshot_slots = muse_pcache_slots_for(
+                                    cache_bytes, muse_kv_snapshot_bytes(&model.cfg))};
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         h.be = be;
         fwd = muse_forward_create(be);

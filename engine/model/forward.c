@@ -3,14 +3,14 @@
 struct muse_forward {
     muse_backend *be;
     const muse_model *m;
-    muse_act h;                           /* [R, H] residual stream, fp32 */
-    muse_act a;                           /* [R, H] normed input of a block part, fp16 values */
-    muse_act q, g, o;                     /* [R, Q] */
-    muse_act k, v;                        /* [R, KV] */
-    muse_act y;                           /* [R, H] output of attention or feed-forward, fp32 */
-    muse_act mlp_gate, mlp_up, mlp_act;   /* [R, I] dense layers */
-    muse_act logits;                      /* [N, V (padded)] */
-    int64_t *last_pos;                    /* [max_seqs] scratch of check_batch */
+    muse_act h;                         /* [R, H] residual stream, fp32 */
+    muse_act a;                         /* [R, H] normed input of a block part, fp16 values */
+    muse_act q, g, o;                   /* [R, Q] */
+    muse_act k, v;                      /* [R, KV] */
+    muse_act y;                         /* [R, H] output of attention or feed-forward, fp32 */
+    muse_act mlp_gate, mlp_up, mlp_act; /* [R, I] dense layers */
+    muse_act logits;                    /* [N, V (padded)] */
+    int64_t *last_pos;                  /* [max_seqs] scratch of check_batch */
 };
 
 muse_forward *muse_forward_create(muse_backend *be)

@@ -12,7 +12,7 @@ struct muse_pcache {
     uint64_t block_bytes, budget, used, clock, hits, misses;
     size_t cap, live, tombs;
     muse_pcache_entry *slots;
-    uint8_t *tomb; /* 1: a deleted entry's slot (keeps probe chains intact) */
+    uint8_t *tomb;       /* 1: a deleted entry's slot (keeps probe chains intact) */
     uint64_t snap_bytes; /* one snapshot slot */
     int n_snaps, n_free_snaps;
     int *free_snaps; /* stack of free snapshot slots */

@@ -15,7 +15,8 @@ typedef struct {
     uint8_t key[32];
     int64_t n_blocks; /* the prefix is n_blocks * MUSE_KV_BLOCK tokens */
     int32_t *blocks;
-    int slot; /* the backend's snapshot slot holding the sliding window at the prefix end (-1: none) */
+    int slot; /* the backend's snapshot slot holding the sliding window at the prefix end (-1: none)
+               */
     uint64_t bytes, last_used; /* bytes: the snapshot and bookkeeping, not the shared blocks */
 } muse_pcache_entry;
 

@@ -59,7 +59,7 @@ struct muse_sched {
     const muse_tokenizer *tok;
     muse_server *srv;
     muse_chat_ids ids;
-    char *detok_buf;         /* the longest text one token can decode to */
+    char *detok_buf; /* the longest text one token can decode to */
     size_t detok_cap;
     muse_backend *be;   /* NULL for the script backend */
     muse_pcache *cache; /* NULL when off */
@@ -71,7 +71,7 @@ struct muse_sched {
     int32_t *b_tokens, *b_seqs;
     int64_t *b_pos;
     uint8_t *b_want;
-    int *b_lane_of_logits;    /* lane of each logits row */
+    int *b_lane_of_logits;     /* lane of each logits row */
     muse_sampling *b_sampling; /* sampling of each logits row */
     int64_t *b_draw_pos;       /* position of the token drawn from each logits row */
     pthread_mutex_t stats_mu;
@@ -376,8 +376,8 @@ static void cache_keep(muse_sched *s, lane *l)
         int64_t cut = l->cuts[l->next_cut++], n_blocks = cut / MUSE_KV_BLOCK;
         if (cut != l->fed || muse_pcache_find(s->cache, l->keys[n_blocks - 1])) continue;
         int seq = (int)(l - s->lanes);
-        const muse_pcache_entry *kept = muse_pcache_insert(s->cache, l->keys[n_blocks - 1],
-                                                           n_blocks, muse_kv_table(&s->be->kv, seq));
+        const muse_pcache_entry *kept = muse_pcache_insert(
+            s->cache, l->keys[n_blocks - 1], n_blocks, muse_kv_table(&s->be->kv, seq));
         if (kept && kept->slot >= 0) s->be->ops->snapshot_save(s->be, seq, cut, kept->slot);
     }
 }
@@ -462,8 +462,10 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
  * streams and nothing is served from a broken context. */
 static void round_failed(muse_sched *s, const muse_err *e)
 {
-    fprintf(stderr, "muse-engine serve: sticky device error: %s; marking the segment FATAL and "
-                    "exiting\n", e->msg);
+    fprintf(stderr,
+            "muse-engine serve: sticky device error: %s; marking the segment FATAL and "
+            "exiting\n",
+            e->msg);
     muse_server_set_state(s->srv, MUSE_ENGINE_FATAL);
     _exit(MUSE_EXIT_DEVICE_FATAL);
 }

@@ -26,7 +26,7 @@ typedef struct {
     int64_t *draw_pos;                  /* [max_rows] */
     int32_t *drawn;                     /* [max_rows] */
     int do_sample, return_logits, in_round;
-    muse_act logits; /* the head's output of this round */
+    muse_act logits;         /* the head's output of this round */
     muse_sampler **samplers; /* one per pool thread */
     uint16_t *snapshots;     /* [snapshot_slots][snapshot_bytes / 2] */
     /* KV cache, per layer, fp16: sliding layers a ring [max_seqs][cap][KV]; full layers
@@ -183,8 +183,8 @@ static void cpu_embed(muse_backend *be, muse_act out_a)
     }
 }
 
-static void norm_rows(const float *x, long rows, long width, const float *w,
-                      muse_norm_weight mode, float eps, int round16, float *out)
+static void norm_rows(const float *x, long rows, long width, const float *w, muse_norm_weight mode,
+                      float eps, int round16, float *out)
 {
     for (long r = 0; r < rows; r++) {
         const float *xr = x + r * width;
@@ -709,8 +709,8 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     c->eg = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     c->eu = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     c->ea = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
-    mem->workspace += (size_t)R * ((size_t)E * 4 + (size_t)K * 8 + 4 + (size_t)H * 12 +
-                                   (size_t)Imoe * 12);
+    mem->workspace +=
+        (size_t)R * ((size_t)E * 4 + (size_t)K * 8 + 4 + (size_t)H * 12 + (size_t)Imoe * 12);
     c->tokens = MUSE_MALLOC((size_t)R * sizeof *c->tokens);
     c->seqs = MUSE_MALLOC((size_t)R * sizeof *c->seqs);
     c->want_rows = MUSE_MALLOC((size_t)R * sizeof *c->want_rows);

@@ -1,0 +1,739 @@
+/* The op harness (in the spirit of ggml's test-backend-ops): every operation of the backend
+ * seam on random non-zero inputs of several row counts (1, 16, 17, the max) and every width the
+ * pack uses, outputs poisoned before the call, compared with the CPU reference backend by
+ * relative error; batch invariance bitwise (row r of an M-row call equals the 1-row call),
+ * prompt rows equal decode rows (attention), repeatability bitwise. Planted controls (broken
+ * variants compiled only into this harness) must show red. Prints TAP and one SUMMARY line.
+ * usage: ops-harness --model DIR [--backend NAME] [--max-rows N] */
+#include <math.h>
+
+#include "backend/backend.h"
+#include "model/forward.h"
+#include "base/muse_common.h"
+#include "text/sampler.h"
+
+#define MAX_W    8 /* distinct widths */
+#define N_SLOTS  5 /* activations a width */
+#define MAX_SEQS 4
+
+/* ---- one side of a comparison: a backend and its activations by width ---- */
+typedef struct {
+    muse_backend *be;
+    long widths[MAX_W];
+    muse_act acts[MAX_W][N_SLOTS];
+    int n_widths;
+} side;
+
+static muse_act act_of(side *s, long width, int slot)
+{
+    for (int i = 0; i < s->n_widths; i++)
+        if (s->widths[i] == width) return s->acts[i][slot];
+    MUSE_CHECK(s->n_widths < MAX_W);
+    s->widths[s->n_widths] = width;
+    for (int k = 0; k < N_SLOTS; k++) s->acts[s->n_widths][k] = s->be->ops->alloc(s->be, width);
+    return s->acts[s->n_widths++][slot];
+}
+
+/* ---- deterministic non-zero inputs: row id -> values ---- */
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static void fill_row(uint64_t seed, int64_t id, long width, int round16, float *dst)
+{
+    for (long j = 0; j < width; j++) {
+        uint64_t h = mix(seed * 1000003u + (uint64_t)id * 65537u + (uint64_t)j);
+        float v = (float)((double)(h >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+        if (fabsf(v) < 0.05f) v = v < 0 ? -0.5f : 0.5f; /* never zero */
+        dst[j] = round16 ? muse_round_f16(v) : v;
+    }
+}
+
+static void poison(side *s, muse_act a, long width, long rows)
+{
+    float *p = MUSE_MALLOC((size_t)(rows * width) * sizeof *p);
+    for (long i = 0; i < rows * width; i++) p[i] = muse_bits_to_f32(0x7fc0beefu); /* a NaN */
+    s->be->ops->write(s->be, a, p, rows);
+    free(p);
+}
+
+/* ---- a case: one op on rows with global ids, out[M, out_width] ---- */
+typedef struct op_case op_case;
+typedef void (*case_fn)(side *s, const op_case *k, const int64_t *ids, long M, float *out);
+struct op_case {
+    char name[96];
+    const char *op;
+    long in_width, out_width;
+    case_fn fn;
+    const void *arg;  /* the weight or layer */
+    long param;       /* mode, heads, layer */
+    double tol;       /* relative L2 against the reference */
+    int rows_related; /* attention: rows of one sequence (checked prompt == decode instead) */
+};
+
+static void round_begin(side *s, const int64_t *ids, long M, int seq, const int64_t *pos)
+{
+    int32_t tok[4096], seqs[4096];
+    int64_t p[4096];
+    MUSE_CHECK(M <= 4096);
+    for (long r = 0; r < M; r++) {
+        tok[r] = (int32_t)(mix((uint64_t)ids[r]) % (uint64_t)s->be->model->cfg.vocab_size);
+        seqs[r] = seq;
+        p[r] = pos ? pos[r] : ids[r] % 100;
+    }
+    muse_round rd = {.rows = M, .tokens = tok, .positions = p, .seqs = seqs};
+    muse_err e;
+    MUSE_CHECK(s->be->ops->begin_round(s->be, &rd, &e) == 0);
+}
+
+static void round_end(side *s)
+{
+    muse_round_out out;
+    muse_err e;
+    MUSE_CHECK(s->be->ops->end_round(s->be, &out, &e) == 0);
+}
+
+static void write_inputs(side *s, muse_act a, uint64_t seed, const int64_t *ids, long M, long W,
+                         int round16)
+{
+    float *x = MUSE_MALLOC((size_t)(M * W) * sizeof *x);
+    for (long r = 0; r < M; r++) fill_row(seed, ids[r], W, round16, x + r * W);
+    s->be->ops->write(s->be, a, x, M);
+    free(x);
+}
+
+static void read_out(side *s, muse_act a, long M, long W, float *out)
+{
+    long aw = W; /* the head's output is [M, V] inside an [M, N] buffer */
+    float *tmp = MUSE_MALLOC((size_t)(s->be->opts.max_rows * (aw + 128)) * sizeof *tmp);
+    s->be->ops->read(s->be, a, tmp, M);
+    memcpy(out, tmp, (size_t)(M * W) * sizeof *out);
+    free(tmp);
+}
+
+static void case_embed(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    muse_act o = act_of(s, k->out_width, 0);
+    poison(s, o, k->out_width, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->embed(s->be, o);
+    round_end(s);
+    read_out(s, o, M, k->out_width, out);
+}
+
+static void case_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    long W = k->in_width;
+    muse_act x = act_of(s, W, 0), o = act_of(s, W, 1);
+    write_inputs(s, x, 11, ids, M, W, 0);
+    poison(s, o, W, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->norm(s->be, x, W, k->arg, (muse_norm_weight)(k->param % 3), 1e-5f,
+                     (int)(k->param / 3), o);
+    round_end(s);
+    read_out(s, o, M, W, out);
+}
+
+static void case_add_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    long W = k->in_width;
+    muse_act h = act_of(s, W, 0), y = act_of(s, W, 1);
+    write_inputs(s, h, 12, ids, M, W, 0);
+    write_inputs(s, y, 13, ids, M, W, 0);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->add_norm(s->be, h, y, W, k->arg, 1e-6f);
+    round_end(s);
+    read_out(s, h, M, W, out);
+}
+
+static void case_linear(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    const muse_linear *l = k->arg;
+    muse_act x = act_of(s, (long)l->k, 0), y = act_of(s, (long)l->n, 1);
+    write_inputs(s, x, 14, ids, M, (long)l->k, 1); /* fp16 activations in */
+    poison(s, y, (long)l->n, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->linear(s->be, l, x, (int)k->param, y);
+    round_end(s);
+    read_out(s, y, M, (long)l->n, out);
+}
+
+static void case_qk(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    const muse_config *c = &s->be->model->cfg;
+    long W = k->in_width, heads = W / (long)c->head_dim;
+    muse_act x = act_of(s, W, 0);
+    write_inputs(s, x, 15, ids, M, W, 1);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->qk_norm_rope(s->be, x, heads, (long)c->head_dim, c->rope_theta_layer[k->param],
+                             1e-5f);
+    round_end(s);
+    read_out(s, x, M, W, out);
+}
+
+static void case_swiglu(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    long W = k->in_width;
+    muse_act g = act_of(s, W, 0), u = act_of(s, W, 1), o = act_of(s, W, 2);
+    write_inputs(s, g, 16, ids, M, W, 1);
+    write_inputs(s, u, 17, ids, M, W, 1);
+    poison(s, o, W, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->swiglu(s->be, g, u, W, o);
+    round_end(s);
+    read_out(s, o, M, W, out);
+}
+
+static void case_moe(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    long H = k->in_width;
+    muse_act b = act_of(s, H, 0), y = act_of(s, H, 1);
+    write_inputs(s, b, 18, ids, M, H, 1);
+    poison(s, y, H, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->moe(s->be, k->arg, b, y);
+    round_end(s);
+    read_out(s, y, M, H, out);
+}
+
+static void case_all_reduce(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    long H = k->in_width;
+    muse_act x = act_of(s, H, 0);
+    write_inputs(s, x, 19, ids, M, H, 0);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->all_reduce(s->be, x, H);
+    round_end(s);
+    read_out(s, x, M, H, out);
+}
+
+static void case_head(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    const muse_model *m = s->be->model;
+    long H = (long)m->cfg.hidden_size, N = (long)m->head.n;
+    muse_act x = act_of(s, H, 0), lg = act_of(s, N, 0);
+    write_inputs(s, x, 20, ids, M, H, 1);
+    poison(s, lg, N, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->head(s->be, x, lg);
+    round_end(s);
+    read_out(s, lg, M, k->out_width, out);
+}
+
+/* Attention over one sequence: M rows at positions 0 .. M-1 of a fresh slot, or (param2) the
+ * same rows as M one-row rounds, the decode path. */
+static void attention_rows(side *s, const op_case *k, long M, int seq, int one_by_one, float *out)
+{
+    const muse_config *c = &s->be->model->cfg;
+    long Q = (long)(c->n_heads * c->head_dim), KV = (long)(c->n_kv_heads * c->head_dim);
+    int layer = (int)k->param;
+    muse_kv_release(&s->be->kv, seq);
+    MUSE_CHECK(muse_kv_ensure(&s->be->kv, seq, M) == 0);
+    muse_act q = act_of(s, Q, 0), g = act_of(s, Q, 1), o = act_of(s, Q, 2);
+    muse_act kk = act_of(s, KV, 0), v = act_of(s, KV, 1);
+    long step = one_by_one ? 1 : M;
+    for (long at = 0; at < M; at += step) {
+        int64_t ids[4096], pos[4096];
+        for (long r = 0; r < step; r++) ids[r] = pos[r] = at + r;
+        write_inputs(s, q, 21, ids, step, Q, 1);
+        write_inputs(s, g, 22, ids, step, Q, 1);
+        write_inputs(s, kk, 23, ids, step, KV, 1);
+        write_inputs(s, v, 24, ids, step, KV, 1);
+        poison(s, o, Q, step);
+        round_begin(s, ids, step, seq, pos);
+        s->be->ops->attention(s->be, layer, q, kk, v, g, o);
+        round_end(s);
+        read_out(s, o, step, Q, out + at * Q);
+    }
+}
+
+static void case_attention(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    (void)ids;
+    attention_rows(s, k, M, 1, 0, out);
+}
+
+/* Sampling where the logits are: rows of random logits (some with ties, NaN and inf), each
+ * drawn with its own parameters and seed; out[r] = the drawn id. */
+static void sample_logits(const op_case *k, int64_t id, float *row)
+{
+    long V = k->in_width;
+    fill_row(25, id, V, 0, row);
+    for (long j = 0; j < V; j++) row[j] *= 4.0f;
+    if (id % 5 == 1) row[7] = row[3] = 50.0f; /* a tie at the top: the lower id wins */
+    if (id % 5 == 2) row[11] = NAN;           /* NaN is never drawn */
+    if (id % 5 == 3) row[V - 1] = INFINITY;   /* +inf wins outright */
+}
+
+static muse_sampling sample_params(int64_t id)
+{
+    muse_sampling p = {.temperature = id % 4 == 0 ? 0.0f : 0.5f + (float)(id % 3) * 0.4f,
+                       .top_k = id % 3 == 1 ? 20 : 0,
+                       .top_p = id % 4 == 2 ? 0.9f : 1.0f,
+                       .min_p = id % 6 == 5 ? 0.05f : 0.0f,
+                       .seed = (uint64_t)id * 7919u};
+    return p;
+}
+
+static void case_sample(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    const muse_model *m = s->be->model;
+    long V = k->out_width, N = (long)m->head.n;
+    muse_act lg = act_of(s, N, 1);
+    V = k->in_width;
+    float *x = MUSE_MALLOC((size_t)(M * N) * sizeof *x);
+    for (long r = 0; r < M; r++) sample_logits(k, ids[r], x + r * V); /* [M, V] contiguous */
+    s->be->ops->write(s->be, lg, x, M);
+    int32_t tok[4096], seqs[4096];
+    int64_t pos[4096], draw[4096];
+    muse_sampling sp[4096];
+    for (long r = 0; r < M; r++) {
+        tok[r] = 1;
+        seqs[r] = 0;
+        pos[r] = 0;
+        draw[r] = ids[r];
+        sp[r] = sample_params(ids[r]);
+    }
+    muse_round rd = {
+        .rows = M, .tokens = tok, .positions = pos, .seqs = seqs, .sampling = sp, .draw_pos = draw};
+    muse_err e;
+    MUSE_CHECK(s->be->ops->begin_round(s->be, &rd, &e) == 0);
+    s->be->ops->sample(s->be, lg);
+    muse_round_out o;
+    MUSE_CHECK(s->be->ops->end_round(s->be, &o, &e) == 0 && o.wanted == M && o.tokens);
+    for (long r = 0; r < M; r++) out[r] = (float)o.tokens[r];
+    free(x);
+}
+
+/* ---- checks ---- */
+typedef struct {
+    int quiet; /* controls: count reds, print nothing */
+    int checks, passed, failed;
+    int tap;
+} tally;
+
+static void check(tally *t, int good, const char *fmt, const char *name, long M, const char *what)
+{
+    t->checks++;
+    if (good)
+        t->passed++;
+    else
+        t->failed++;
+    if (t->quiet) return;
+    printf("%sok %d - %s M=%ld: %s", good ? "" : "not ", ++t->tap, name, M, what);
+    (void)fmt;
+    printf("\n");
+}
+
+static double rel_l2(const float *a, const float *b, long n, int *nan)
+{
+    double num = 0, den = 0;
+    *nan = 0;
+    for (long i = 0; i < n; i++) {
+        if (!isfinite(a[i])) *nan = 1;
+        double d = (double)a[i] - (double)b[i];
+        num += d * d;
+        den += (double)b[i] * (double)b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Every check of one case at one row count. */
+static void run_case(tally *t, side *test, side *ref, const op_case *k, long M)
+{
+    long W = k->out_width;
+    float *a = MUSE_MALLOC((size_t)(M * W) * sizeof *a),
+          *b = MUSE_MALLOC((size_t)(M * W) * sizeof *b);
+    float *again = MUSE_MALLOC((size_t)(M * W) * sizeof *again),
+          *one = MUSE_MALLOC((size_t)W * sizeof *one);
+    int64_t ids[4096];
+    for (long r = 0; r < M; r++) ids[r] = 1000 * M + r * 7 + 3;
+    k->fn(test, k, ids, M, a);
+    k->fn(ref, k, ids, M, b);
+    int nan;
+    double err = rel_l2(a, b, M * W, &nan);
+    char what[160];
+    snprintf(what, sizeof what, "outputs written (no poison left)");
+    check(t, !nan, "", k->name, M, what);
+    snprintf(what, sizeof what, "relative L2 %.2e against the reference (bound %.0e)", err, k->tol);
+    check(t, !nan && err <= k->tol, "", k->name, M, what);
+    k->fn(test, k, ids, M, again);
+    check(t, memcmp(a, again, (size_t)(M * W) * sizeof *a) == 0, "", k->name, M,
+          "repeatable bitwise");
+    if (k->rows_related) {
+        attention_rows(test, k, M, 2, 1, again);
+        check(t, memcmp(a, again, (size_t)(M * W) * sizeof *a) == 0, "", k->name, M,
+              "prompt rows equal decode rows bitwise");
+    } else if (M > 1) {
+        int same = 1;
+        long rows[3] = {0, M / 2, M - 1};
+        for (int i = 0; i < 3; i++) {
+            k->fn(test, k, &ids[rows[i]], 1, one);
+            same &= memcmp(one, a + rows[i] * W, (size_t)W * sizeof *one) == 0;
+        }
+        check(t, same, "", k->name, M, "rows 0, M/2, M-1 equal the 1-row call bitwise");
+    }
+    free(a);
+    free(b);
+    free(again);
+    free(one);
+}
+
+/* ---- the cases of a model ---- */
+static int add_case(op_case *cs, int n, const char *name, const char *op, long in_w, long out_w,
+                    case_fn fn, const void *arg, long param, double tol)
+{
+    op_case *k = &cs[n];
+    memset(k, 0, sizeof *k);
+    snprintf(k->name, sizeof k->name, "%s", name);
+    k->op = op;
+    k->in_width = in_w;
+    k->out_width = out_w;
+    k->fn = fn;
+    k->arg = arg;
+    k->param = param;
+    k->tol = tol;
+    k->rows_related = fn == case_attention;
+    return n + 1;
+}
+
+static int linear_case(op_case *cs, int n, const muse_linear *l, int round16)
+{
+    char name[96];
+    const char *tail = strrchr(l->key, '.');
+    const char *shortkey = tail ? tail + 1 : l->key;
+    snprintf(name, sizeof name, "linear %s %.24s %lldx%lld%s",
+             l->kind == MUSE_LIN_EXL3 ? "exl3" : "fp16", shortkey, (long long)l->k, (long long)l->n,
+             round16 ? " fp16 out" : "");
+    return add_case(cs, n, name, "linear", (long)l->k, (long)l->n, case_linear, l, round16, 1e-6);
+}
+
+static int make_cases(const muse_model *m, op_case *cs)
+{
+    const muse_config *c = &m->cfg;
+    long H = (long)c->hidden_size, Q = (long)(c->n_heads * c->head_dim);
+    long KV = (long)(c->n_kv_heads * c->head_dim);
+    int n = 0, moe_done = 0, dense_done = 0, full_done = 0, slide_done = 0;
+    n = add_case(cs, n, "embed", "embed", H, H, case_embed, NULL, 0, 1e-6);
+    static const char *modes[] = {"none", "1+w", "w"};
+    for (long mode = 0; mode < 6; mode++) {
+        char name[96];
+        snprintf(name, sizeof name, "norm %s%s width %ld", modes[mode % 3],
+                 mode >= 3 ? " fp16" : "", H);
+        n = add_case(cs, n, name, "norm", H, H, case_norm, &m->layers[0].input_norm, mode, 1e-6);
+    }
+    n = add_case(cs, n, "add_norm", "add_norm", H, H, case_add_norm, &m->layers[0].post_attn_norm,
+                 0, 1e-6);
+    const muse_layer *l0 = &m->layers[0];
+    n = linear_case(cs, n, &l0->q, 1);
+    n = linear_case(cs, n, &l0->k, 1);
+    n = linear_case(cs, n, &l0->o, 0);
+    for (int i = 0; i < (int)c->num_layers; i++) {
+        const muse_layer *ly = &m->layers[i];
+        char name[96];
+        if (c->attn_kind[i] == MUSE_ATTN_FULL ? !full_done++ : !slide_done++) {
+            snprintf(name, sizeof name, "qk_norm_rope q layer %d (%s)", i,
+                     c->rope_theta_layer[i] ? "RoPE" : "NoPE");
+            n = add_case(cs, n, name, "qk_norm_rope", Q, Q, case_qk, NULL, i, 1e-6);
+            snprintf(name, sizeof name, "qk_norm_rope k layer %d", i);
+            n = add_case(cs, n, name, "qk_norm_rope", KV, KV, case_qk, NULL, i, 1e-6);
+            snprintf(name, sizeof name, "attention layer %d (%s)", i,
+                     c->attn_kind[i] == MUSE_ATTN_FULL ? "full" : "sliding");
+            n = add_case(cs, n, name, "attention", Q, Q, case_attention, NULL, i, 1e-6);
+        }
+        if (c->mlp_kind[i] == MUSE_MLP_DENSE && !dense_done++) {
+            n = linear_case(cs, n, &ly->dense.gate, 1);
+            n = linear_case(cs, n, &ly->dense.down, 0);
+            snprintf(name, sizeof name, "swiglu width %lld", (long long)c->intermediate_size);
+            n = add_case(cs, n, name, "swiglu", (long)c->intermediate_size,
+                         (long)c->intermediate_size, case_swiglu, NULL, 0, 1e-6);
+        }
+        if (c->mlp_kind[i] == MUSE_MLP_MOE && !moe_done++) {
+            n = linear_case(cs, n, &ly->experts[0].up, 1);
+            n = linear_case(cs, n, &ly->experts[0].down, 0);
+            snprintf(name, sizeof name, "swiglu width %lld", (long long)c->moe_intermediate_size);
+            n = add_case(cs, n, name, "swiglu", (long)c->moe_intermediate_size,
+                         (long)c->moe_intermediate_size, case_swiglu, NULL, 0, 1e-6);
+            snprintf(name, sizeof name, "moe layer %d (%lld experts, top %lld)", i,
+                     (long long)c->num_experts, (long long)c->num_experts_per_tok);
+            n = add_case(cs, n, name, "moe", H, H, case_moe, ly, 0, 1e-6);
+        }
+    }
+    n = add_case(cs, n, "all_reduce", "all_reduce", H, H, case_all_reduce, NULL, 0, 0);
+    n = add_case(cs, n, "head", "head", H, (long)c->vocab_size, case_head, NULL, 0, 1e-6);
+    n = add_case(cs, n, "sample", "sample", (long)c->vocab_size, (long)c->vocab_size, case_sample,
+                 NULL, 0, 0);
+    cs[n - 1].out_width = 1; /* one id a row */
+    cs[n - 1].in_width = (long)c->vocab_size;
+    return n;
+}
+
+/* ---- planted controls: the CPU backend with one op broken, compiled only here ---- */
+static const muse_backend_ops *real_ops;
+static muse_backend_ops broken_ops;
+static long round_rows;
+static int calls;
+
+static int ctl_begin(muse_backend *be, const muse_round *r, muse_err *e)
+{
+    round_rows = r->rows;
+    return real_ops->begin_round(be, r, e);
+}
+
+/* a row off by one: row r gets row r+1's result */
+static void ctl_norm_off_by_one(muse_backend *be, muse_act x, long width, const muse_vec *w,
+                                muse_norm_weight mode, float eps, int round16, muse_act out)
+{
+    real_ops->norm(be, x, width, w, mode, eps, round16, out);
+    float *t = MUSE_MALLOC((size_t)(be->opts.max_rows * width) * sizeof *t);
+    real_ops->read(be, out, t, round_rows);
+    if (round_rows > 1) memmove(t, t + width, (size_t)((round_rows - 1) * width) * sizeof *t);
+    real_ops->write(be, out, t, round_rows);
+    free(t);
+}
+
+/* a sum order that depends on M: the last bit of row 0 moves when the call has more rows */
+static void ctl_linear_order_by_m(muse_backend *be, const muse_linear *l, muse_act x, int round16,
+                                  muse_act y)
+{
+    real_ops->linear(be, l, x, round16, y);
+    if (round_rows < 2) return;
+    float *t = MUSE_MALLOC((size_t)(be->opts.max_rows * l->n) * sizeof *t);
+    real_ops->read(be, y, t, round_rows);
+    for (long j = 0; j < l->n; j++) t[j] = muse_bits_to_f32(muse_f32_to_bits(t[j]) ^ 1u);
+    real_ops->write(be, y, t, round_rows);
+    free(t);
+}
+
+/* a racy reduction: every other call's result differs in a low bit */
+static void ctl_swiglu_racy(muse_backend *be, muse_act g, muse_act u, long width, muse_act o)
+{
+    real_ops->swiglu(be, g, u, width, o);
+    if (++calls % 2) return;
+    float *t = MUSE_MALLOC((size_t)(be->opts.max_rows * width) * sizeof *t);
+    real_ops->read(be, o, t, round_rows);
+    t[round_rows * width - 1] = muse_bits_to_f32(muse_f32_to_bits(t[round_rows * width - 1]) ^ 1u);
+    real_ops->write(be, o, t, round_rows);
+    free(t);
+}
+
+/* a row left unwritten: the last row of embed keeps whatever was there */
+static void ctl_embed_short(muse_backend *be, muse_act out)
+{
+    long H = (long)be->model->cfg.hidden_size;
+    float *keep = MUSE_MALLOC((size_t)(be->opts.max_rows * H) * sizeof *keep);
+    real_ops->read(be, out, keep, round_rows);
+    real_ops->embed(be, out);
+    float *t = MUSE_MALLOC((size_t)(be->opts.max_rows * H) * sizeof *t);
+    real_ops->read(be, out, t, round_rows);
+    memcpy(t + (round_rows - 1) * H, keep + (round_rows - 1) * H, (size_t)H * sizeof *t);
+    real_ops->write(be, out, t, round_rows);
+    free(t);
+    free(keep);
+}
+
+typedef struct {
+    const char *name, *op;
+    void (*plant)(muse_backend_ops *o);
+} control;
+
+static void plant_norm(muse_backend_ops *o)
+{
+    o->norm = ctl_norm_off_by_one;
+}
+static void plant_linear(muse_backend_ops *o)
+{
+    o->linear = ctl_linear_order_by_m;
+}
+static void plant_swiglu(muse_backend_ops *o)
+{
+    o->swiglu = ctl_swiglu_racy;
+}
+static void plant_embed(muse_backend_ops *o)
+{
+    o->embed = ctl_embed_short;
+}
+
+static const control controls[] = {
+    {"norm: a row off by one", "norm", plant_norm},
+    {"linear: a sum order that depends on M", "linear", plant_linear},
+    {"swiglu: a racy reduction", "swiglu", plant_swiglu},
+    {"embed: a row left unwritten", "embed", plant_embed},
+};
+
+static muse_backend *make(const char *name, const muse_model *m, long max_rows, muse_err *e)
+{
+    muse_backend_opts o = {.max_rows = max_rows,
+                           .max_seqs = MAX_SEQS,
+                           .context = max_rows + 8,
+                           .threads = 2,
+                           .snapshot_slots = 1};
+    return muse_backend_create(name, m, &o, e);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *name = "cpu";
+    long max_rows = 64;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model"))
+            dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--backend"))
+            name = argv[i + 1];
+        else if (!strcmp(argv[i], "--max-rows"))
+            max_rows = atol(argv[i + 1]);
+    }
+    if (!dir || max_rows < 17 || max_rows > 4096) {
+        fprintf(stderr, "usage: ops-harness --model DIR [--backend cpu] [--max-rows 17..4096]\n");
+        return 2;
+    }
+    muse_model m;
+    muse_err e = {{0}};
+    if (muse_model_load(dir, &m, &e)) {
+        fprintf(stderr, "ops-harness: %s\n", e.msg);
+        return 2;
+    }
+    static op_case cs[64];
+    int n = make_cases(&m, cs);
+    side test = {0}, ref = {0};
+    if (!(test.be = make(name, &m, max_rows, &e)) || !(ref.be = make("cpu", &m, max_rows, &e))) {
+        fprintf(stderr, "ops-harness: %s\n", e.msg);
+        return 2;
+    }
+    long shapes[4] = {1, 16, 17, max_rows};
+    tally t = {0};
+    int kernels_failed = 0;
+    for (int i = 0; i < n; i++) {
+        int before = t.failed;
+        for (int s = 0; s < 4; s++) run_case(&t, &test, &ref, &cs[i], shapes[s]);
+        kernels_failed += t.failed > before;
+    }
+    /* the sampler against the host's muse_sample on the same rows */
+    {
+        const op_case *k = &cs[n - 1];
+        long M = max_rows, V = k->in_width;
+        float *ids_out = MUSE_MALLOC((size_t)M * sizeof *ids_out),
+              *row = MUSE_MALLOC((size_t)V * sizeof *row);
+        int64_t ids[4096];
+        for (long r = 0; r < M; r++) ids[r] = 5000 + r;
+        k->fn(&test, k, ids, M, ids_out);
+        muse_sampler *smp = muse_sampler_create(V);
+        int same = 1;
+        for (long r = 0; r < M; r++) {
+            sample_logits(k, ids[r], row);
+            muse_sampling p = sample_params(ids[r]);
+            same &= (int64_t)ids_out[r] == muse_sample(smp, row, &p, ids[r]);
+        }
+        check(&t, same, "", "sample", M, "every draw equals the host sampler's (ties, NaN, inf)");
+        muse_sampler_destroy(smp);
+        free(row);
+        free(ids_out);
+    }
+    /* a snapshot slot brings a sliding layer back: decode after a load equals decode after the
+     * prompt itself */
+    for (int i = 0; i < (int)m.cfg.num_layers; i++) {
+        if (m.cfg.attn_kind[i] != MUSE_ATTN_SLIDING) continue;
+        op_case k = {.param = i, .out_width = (long)(m.cfg.n_heads * m.cfg.head_dim)};
+        long M = 17, Q = k.out_width;
+        float *p = MUSE_MALLOC((size_t)(M * Q) * sizeof *p);
+        attention_rows(&test, &k, M, 1, 0, p); /* the prompt on seq 1 */
+        test.be->ops->snapshot_save(test.be, 1, M, 0);
+        test.be->ops->snapshot_load(test.be, 3, M, 0);
+        float *d1 = MUSE_MALLOC((size_t)Q * sizeof *d1), *d3 = MUSE_MALLOC((size_t)Q * sizeof *d3);
+        for (int seq = 1; seq <= 3; seq += 2) {
+            const muse_config *c = &m.cfg;
+            long KV = (long)(c->n_kv_heads * c->head_dim);
+            MUSE_CHECK(muse_kv_ensure(&test.be->kv, seq, M + 1) == 0);
+            muse_act q = act_of(&test, Q, 0), g = act_of(&test, Q, 1), o = act_of(&test, Q, 2);
+            muse_act kk = act_of(&test, KV, 0), v = act_of(&test, KV, 1);
+            int64_t id = M, pos = M;
+            write_inputs(&test, q, 21, &id, 1, Q, 1);
+            write_inputs(&test, g, 22, &id, 1, Q, 1);
+            write_inputs(&test, kk, 23, &id, 1, KV, 1);
+            write_inputs(&test, v, 24, &id, 1, KV, 1);
+            round_begin(&test, &id, 1, seq, &pos);
+            test.be->ops->attention(test.be, i, q, kk, v, g, o);
+            round_end(&test);
+            read_out(&test, o, 1, Q, seq == 1 ? d1 : d3);
+        }
+        char nm[64];
+        snprintf(nm, sizeof nm, "snapshot slot, attention layer %d", i);
+        check(&t, memcmp(d1, d3, (size_t)Q * sizeof *d1) == 0, "", nm, 1,
+              "decode after snapshot_load equals decode after the prompt, bitwise");
+        free(p);
+        free(d1);
+        free(d3);
+        break;
+    }
+    /* the whole plan: rows padded up to a bucket give the real rows the bits of an unpadded
+     * round (17 rows run as 32) */
+    {
+        muse_backend_opts o = {
+            .max_rows = max_rows, .max_seqs = 1, .context = max_rows, .threads = 2};
+        muse_backend *padded = muse_backend_create(name, &m, &o, &e);
+        o.exact_rows = 1;
+        muse_backend *exact = muse_backend_create("cpu", &m, &o, &e);
+        MUSE_CHECK(padded && exact);
+        long M = 17, V = (long)m.cfg.vocab_size;
+        float *lg[2];
+        muse_backend *bes[2] = {padded, exact};
+        for (int b = 0; b < 2; b++) {
+            muse_forward *f = muse_forward_create(bes[b]);
+            int32_t tok[17], seq[17] = {0};
+            int64_t pos[17];
+            for (long r = 0; r < M; r++) tok[r] = (int32_t)((r * 37 + 5) % V), pos[r] = r;
+            MUSE_CHECK(muse_kv_ensure(&bes[b]->kv, 0, M) == 0);
+            muse_round rd = {
+                .rows = M, .tokens = tok, .positions = pos, .seqs = seq, .return_logits = 1};
+            muse_round_out out;
+            MUSE_CHECK(muse_forward_run(f, &rd, &out, &e) == 0 && out.wanted == M);
+            lg[b] = MUSE_MALLOC((size_t)(M * V) * sizeof(float));
+            memcpy(lg[b], out.logits, (size_t)(M * V) * sizeof(float));
+            muse_forward_destroy(f);
+        }
+        check(&t,
+              muse_backend_bucket(padded, M) > M && memcmp(lg[0], lg[1], (size_t)(M * V) * 4) == 0,
+              "", "forward, 17 rows padded to a bucket", M,
+              "the real rows' logits equal an unpadded round bitwise");
+        free(lg[0]);
+        free(lg[1]);
+        muse_backend_destroy(padded);
+        muse_backend_destroy(exact);
+    }
+    /* each control must turn at least one check of its op red */
+    int red = 0, missed = 0;
+    for (size_t c = 0; c < sizeof controls / sizeof *controls; c++) {
+        side bad = {0};
+        bad.be = make("cpu", &m, max_rows, &e);
+        MUSE_CHECK(bad.be);
+        real_ops = bad.be->ops;
+        broken_ops = *real_ops;
+        broken_ops.begin_round = ctl_begin;
+        controls[c].plant(&broken_ops);
+        bad.be->ops = &broken_ops;
+        tally ct = {.quiet = 1};
+        for (int i = 0; i < n; i++)
+            if (!strcmp(cs[i].op, controls[c].op))
+                for (int s = 0; s < 4; s++) run_case(&ct, &bad, &ref, &cs[i], shapes[s]);
+        int caught = ct.failed > 0;
+        red += caught;
+        missed += !caught;
+        printf("%sok %d - control '%s' shows red (%d of %d checks)\n", caught ? "" : "not ",
+               ++t.tap, controls[c].name, ct.failed, ct.checks);
+        bad.be->ops = real_ops;
+        muse_backend_destroy(bad.be);
+    }
+    printf("1..%d\n", t.tap);
+    printf("# SUMMARY backend %s: %d ops checked (%d checks), %d passed, %d failed; controls red "
+           "as planted %d of %d, missed %d\n",
+           name, n, t.checks, n - kernels_failed, kernels_failed, red,
+           (int)(sizeof controls / sizeof *controls), missed);
+    muse_backend_destroy(test.be);
+    muse_backend_destroy(ref.be);
+    muse_model_free(&m);
+    return t.failed || missed ? 1 : 0;
+}
