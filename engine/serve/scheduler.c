@@ -1,262 +1,13 @@
+/* The scheduler: rounds and admission. Each round takes every running lane's next rows into
+ * one forward (scheduler.h); a lane's output lives in lane_output.c, its prompt-cache glue in
+ * lane_cache.c, their shared state in sched_lane.h. */
 #include "serve/scheduler.h"
 
 #include <math.h>
-#include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "serve/openai.h"
-#include "serve/prompt_cache.h"
-#include "text/reply.h"
-#include "serve/request.h"
-#include "base/sha256.h"
 #include "base/threadpool.h"
-
-typedef enum { LANE_FREE, LANE_PREFILL, LANE_DECODE, LANE_FINISHING } lane_state;
-
-typedef struct {
-    uint32_t type;
-    int status;
-    char *data;
-    size_t len;
-} record;
-
-typedef struct muse_sched muse_sched;
-
-typedef struct {
-    muse_sched *sched;
-    lane_state state;
-    muse_slot_ref ref; /* the request's slot handle */
-    muse_gen_request req;
-    muse_oa_ctx oa;
-    int64_t fed;       /* prompt tokens in the KV cache */
-    int32_t next;      /* the token the next decode row feeds */
-    int64_t generated; /* tokens sampled */
-    uint64_t served;   /* round this lane last ran in (LRU order) */
-    muse_sha256 sha;
-    muse_reply *reply;           /* chat */
-    muse_detok detok;            /* completions */
-    muse_buf pending;            /* completions: text held back for stop strings */
-    muse_buf content, reasoning; /* non-streaming */
-    cJSON *tool_calls;           /* non-streaming */
-    const char *finish_reason;
-    record *out; /* records not yet in the ring */
-    size_t n_out, cap_out;
-    double t_admit, t_first, t_last;
-    double t_record; /* when the last record went to the ring */
-    bool kv_wait;    /* sat out the last round for want of KV blocks */
-    /* prompt cache: block-chain keys of the prompt and the prefix points still to keep */
-    int64_t cached;      /* prompt tokens taken from the cache */
-    uint8_t (*keys)[32]; /* keys[i]: the prefix of i + 1 blocks */
-    int64_t *cuts;       /* block-aligned prefix ends, ascending */
-    int n_cuts, next_cut;
-} lane;
-
-struct muse_sched {
-    muse_sched_opts o;
-    muse_forward *fwd;
-    const muse_config *cfg;
-    const muse_tokenizer *tok;
-    muse_server *srv;
-    muse_chat_ids ids;
-    char *detok_buf; /* the longest text one token can decode to */
-    size_t detok_cap;
-    muse_backend *be;   /* NULL for the script backend */
-    muse_pcache *cache; /* NULL when off */
-    lane *lanes;
-    uint64_t round;
-    uint64_t seed_counter;
-    uint64_t admitted; /* requests taken into lanes (the OOM test hook counts them) */
-    /* batch buffers, sized once */
-    int32_t *b_tokens, *b_seqs;
-    int64_t *b_pos;
-    uint8_t *b_want;
-    int *b_lane_of_logits;     /* lane of each logits row */
-    muse_sampling *b_sampling; /* sampling of each logits row */
-    int64_t *b_draw_pos;       /* position of the token drawn from each logits row */
-    pthread_mutex_t stats_mu;
-    muse_sched_stats stats;
-};
-
-static uint64_t mix_seed(uint64_t a, uint64_t b)
-{
-    uint64_t x = a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
-    x ^= x >> 30;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 27;
-    x *= 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void hist_init(muse_hist *h, const double *le, int n)
-{
-    h->n = n;
-    memcpy(h->le, le, (size_t)n * sizeof *le);
-}
-
-static void hist_observe(muse_hist *h, double v)
-{
-    for (int i = 0; i < h->n; i++)
-        if (v <= h->le[i]) h->counts[i]++;
-    h->count++;
-    h->sum += v;
-}
-
-int muse_hist_json(const muse_hist *h, const char *name, char *buf, size_t cap)
-{
-    size_t at = 0;
-    int w = snprintf(buf, cap, "\"%s\":{\"le\":[", name);
-    for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < h->n && w >= 0 && (at += (size_t)w) < cap; i++)
-            w = pass ? snprintf(buf + at, cap - at, "%s%llu", i ? "," : "",
-                                (unsigned long long)h->counts[i])
-                     : snprintf(buf + at, cap - at, "%s%g", i ? "," : "", h->le[i]);
-        if (w < 0 || (at += (size_t)w) >= cap) return -1;
-        w = snprintf(buf + at, cap - at, pass ? "]," : "],\"counts\":[");
-    }
-    if (w < 0 || (at += (size_t)w) >= cap) return -1;
-    w = snprintf(buf + at, cap - at, "\"sum\":%.6f,\"count\":%llu}", h->sum,
-                 (unsigned long long)h->count);
-    return w < 0 || at + (size_t)w >= cap ? -1 : (int)(at + (size_t)w);
-}
-
-static void stat_add(muse_sched *s, uint64_t *field, uint64_t n)
-{
-    pthread_mutex_lock(&s->stats_mu);
-    *field += n;
-    pthread_mutex_unlock(&s->stats_mu);
-}
-
-/* Queues a record (takes ownership of data). */
-static void push_record(lane *l, uint32_t type, int status, char *data)
-{
-    if (l->n_out == l->cap_out) {
-        l->cap_out = l->cap_out ? 2 * l->cap_out : 8;
-        l->out = realloc(l->out, l->cap_out * sizeof *l->out);
-        MUSE_CHECK(l->out);
-    }
-    size_t len = data ? strlen(data) : 0;
-    if (len > muse_server_max_payload(l->sched->srv)) { /* it could never enter the ring */
-        muse_api_error err = {.status = 500, .type = "server_error", .code = "event_too_large"};
-        snprintf(
-            err.message, sizeof err.message,
-            "an event of this reply is larger than the engine's output ring; raise the ring size");
-        free(data);
-        data = muse_oa_error(&err);
-        type = MUSE_EV_ERROR;
-        status = 500;
-        len = strlen(data);
-    }
-    l->out[l->n_out++] = (record){type, status, data, len};
-}
-
-/* Moves queued records into the ring; 1 when everything went (else back-pressure). */
-static int flush_lane(muse_sched *s, lane *l)
-{
-    size_t i = 0;
-    for (; i < l->n_out; i++) {
-        record *r = &l->out[i];
-        int rc = muse_server_emit(s->srv, l->ref, r->type, r->status, r->data, r->len);
-        if (rc == 1) break;
-        free(r->data); /* sent, or the slot is gone: either way it is done */
-        l->t_record = now_ms();
-    }
-    memmove(l->out, l->out + i, (l->n_out - i) * sizeof *l->out);
-    l->n_out -= i;
-    return l->n_out == 0;
-}
-
-/* ---- reply events -> records ---- */
-
-static void on_text(lane *l, const char *field, const char *p, size_t n)
-{
-    if (!n) return;
-    if (l->req.stream)
-        push_record(l, MUSE_EV_DATA, 0, muse_oa_delta_chunk(&l->oa, field, p, n));
-    else
-        muse_buf_add(strcmp(field, "content") == 0 ? &l->content : &l->reasoning, p, n);
-}
-
-static void on_reply_event(void *ctx, const muse_reply_ev *ev)
-{
-    lane *l = ctx;
-    switch (ev->kind) {
-    case MUSE_EV_REASONING:
-        on_text(l, "reasoning_content", ev->text, ev->len);
-        break;
-    case MUSE_EV_CONTENT:
-        if (ev->unsplit && !l->req.stream) l->reasoning.len = 0; /* the whole turn is content */
-        on_text(l, "content", ev->text, ev->len);
-        break;
-    case MUSE_EV_TOOL_CALL:
-        if (l->req.stream) {
-            push_record(
-                l, MUSE_EV_DATA, 0,
-                muse_oa_tool_chunk(&l->oa, ev->call_index, ev->call_id, ev->name, ev->arguments));
-        } else {
-            if (!l->tool_calls) l->tool_calls = cJSON_CreateArray();
-            cJSON_AddItemToArray(l->tool_calls,
-                                 muse_oa_tool_call(ev->call_id, ev->name, ev->arguments));
-        }
-        break;
-    case MUSE_EV_FINISH:
-        l->finish_reason = ev->finish_reason;
-        break;
-    }
-}
-
-/* ---- completions text: stop strings over the detokenized stream ---- */
-
-static size_t utf8_boundary(const char *p, size_t n)
-{
-    while (n > 0 && ((unsigned char)p[n] & 0xC0) == 0x80) n--;
-    return n;
-}
-
-/* Emits pending text that can no longer start a stop string; 1 when a stop string matched. */
-static int completion_text(lane *l, const char *p, size_t n, bool final)
-{
-    muse_buf_add(&l->pending, p, n);
-    size_t cut = l->pending.len, longest = 0;
-    int stopped = 0;
-    for (size_t i = 0; i < l->req.n_stops; i++) {
-        size_t sl = strlen(l->req.stops[i]);
-        if (sl > longest) longest = sl;
-        const char *hit =
-            l->pending.p ? memmem(l->pending.p, l->pending.len, l->req.stops[i], sl) : NULL;
-        if (hit && (size_t)(hit - l->pending.p) < cut) {
-            cut = (size_t)(hit - l->pending.p);
-            stopped = 1;
-        }
-    }
-    if (!stopped && !final && longest > 0)
-        cut = l->pending.len > longest - 1
-                  ? utf8_boundary(l->pending.p, l->pending.len - (longest - 1))
-                  : 0;
-    on_text(l, "content", l->pending.p, cut);
-    if (stopped || final)
-        l->pending.len = 0;
-    else {
-        memmove(l->pending.p, l->pending.p + cut, l->pending.len - cut);
-        l->pending.len -= cut;
-    }
-    return stopped;
-}
-
-static bool is_stop_id(const muse_sched *s, int32_t id)
-{
-    if (id == s->ids.end_of_text || id == s->ids.eot) return true;
-    for (int i = 0; s->cfg && i < s->cfg->n_eos; i++)
-        if (s->cfg->eos_ids[i] == id) return true;
-    return false;
-}
+#include "serve/sched_lane.h"
 
 /* ---- lane life ---- */
 
@@ -279,109 +30,6 @@ static void lane_release(muse_sched *s, lane *l)
     l->state = LANE_FREE;
 }
 
-static void error_record(lane *l, int status, const muse_api_error *err)
-{
-    push_record(l, MUSE_EV_ERROR, status, muse_oa_error(err));
-}
-
-/* The end of a response: finish chunk + usage, or the whole body, then END. */
-static void lane_finish(muse_sched *s, lane *l, const char *reason)
-{
-    if (l->req.kind == MUSE_KIND_CHAT)
-        muse_reply_finish(l->reply, reason);
-    else {
-        char tail[16];
-        long n = muse_detok_finish(&l->detok, tail, sizeof tail);
-        completion_text(l, tail, n > 0 ? (size_t)n : 0, true);
-    }
-    const char *finish = l->finish_reason ? l->finish_reason : reason;
-    muse_oa_usage u = {(int64_t)l->req.n_prompt, l->generated, l->cached,
-                       l->reply ? (int64_t)muse_reply_reasoning_tokens(l->reply) : 0};
-    muse_oa_muse m = {.seed = l->req.sampling.seed};
-    uint8_t digest[32];
-    muse_sha256_final(&l->sha, digest);
-    muse_sha256_hex(digest, m.token_sha);
-    m.ttft_ms = l->t_first > 0 ? l->t_first - l->t_admit : 0;
-    m.decode_tokens_per_s = l->generated > 1 && l->t_last > l->t_first
-                                ? (double)(l->generated - 1) * 1e3 / (l->t_last - l->t_first)
-                                : 0;
-    if (l->req.stream) {
-        push_record(l, MUSE_EV_DATA, 0, muse_oa_finish_chunk(&l->oa, finish, &m));
-        if (l->req.include_usage) push_record(l, MUSE_EV_DATA, 0, muse_oa_usage_chunk(&l->oa, &u));
-    } else {
-        char *body =
-            muse_oa_response(&l->oa, l->content.p ? l->content.p : "", l->content.len,
-                             l->reasoning.p, l->reasoning.len, l->tool_calls, finish, &u, &m);
-        size_t max = muse_server_max_payload(s->srv), len = strlen(body);
-        for (size_t at = 0; at < len; at += max) { /* a body larger than one record goes in parts */
-            size_t n = len - at < max ? len - at : max;
-            char *part = MUSE_MALLOC(n + 1);
-            memcpy(part, body + at, n);
-            part[n] = 0;
-            push_record(l, MUSE_EV_BODY, 0, part);
-        }
-        free(body);
-    }
-    stat_add(s, &s->stats.tokens_out, (uint64_t)l->generated);
-    pthread_mutex_lock(&s->stats_mu);
-    if (l->t_first > 0) hist_observe(&s->stats.ttft_seconds, m.ttft_ms / 1e3);
-    if (m.decode_tokens_per_s > 0)
-        hist_observe(&s->stats.decode_tokens_per_second, m.decode_tokens_per_s);
-    pthread_mutex_unlock(&s->stats_mu);
-    l->state = LANE_FINISHING;
-}
-
-/* Prefix points worth keeping: after each end of a message (system block, earlier turns),
- * the end of the prompt, and the last block that leaves a token to read (what the same prompt
- * sent again resumes from), each rounded down to a block. Ascending, no repeats. */
-static void cache_plan(muse_sched *s, lane *l)
-{
-    int64_t n = (int64_t)l->req.n_prompt, last = -1;
-    l->cuts = MUSE_MALLOC((size_t)(n / MUSE_KV_BLOCK + 2) * sizeof *l->cuts);
-    for (int64_t i = 0; i <= n; i++) {
-        bool end = i == n || l->req.prompt[i] == s->ids.eot || l->req.prompt[i] == s->ids.eom;
-        if (!end) continue;
-        int64_t cuts[2] = {(n - 1) / MUSE_KV_BLOCK * MUSE_KV_BLOCK,
-                           n / MUSE_KV_BLOCK * MUSE_KV_BLOCK};
-        if (i < n) cuts[0] = cuts[1] = (i + 1) / MUSE_KV_BLOCK * MUSE_KV_BLOCK;
-        for (int k = 0; k < 2; k++)
-            if (cuts[k] > l->cached && cuts[k] > last) l->cuts[l->n_cuts++] = last = cuts[k];
-    }
-}
-
-/* Resumes a new lane from the longest cached prefix that leaves a token to read. */
-static void cache_resume(muse_sched *s, lane *l, const char *scope, size_t scope_len)
-{
-    int64_t n_blocks = (int64_t)l->req.n_prompt / MUSE_KV_BLOCK;
-    int seq = (int)(l - s->lanes);
-    l->keys = MUSE_MALLOC((size_t)(n_blocks ? n_blocks : 1) * sizeof *l->keys);
-    muse_pcache_keys(scope, scope_len, l->req.prompt, n_blocks, l->keys);
-    const muse_pcache_entry *hit = NULL;
-    for (int64_t b = ((int64_t)l->req.n_prompt - 1) / MUSE_KV_BLOCK; b > 0 && !hit; b--)
-        hit = muse_pcache_find(s->cache, l->keys[b - 1]);
-    if (((int64_t)l->req.n_prompt - 1) / MUSE_KV_BLOCK > 0)
-        muse_pcache_count(s->cache, hit != NULL);
-    if (hit) {
-        muse_kv_share(&s->be->kv, seq, hit->blocks, hit->n_blocks);
-        l->cached = l->fed = hit->n_blocks * MUSE_KV_BLOCK;
-        if (hit->slot >= 0) s->be->ops->snapshot_load(s->be, seq, l->cached, hit->slot);
-    }
-    cache_plan(s, l);
-}
-
-/* After a forward: a lane whose prompt just reached a prefix point leaves it in the cache. */
-static void cache_keep(muse_sched *s, lane *l)
-{
-    while (l->next_cut < l->n_cuts && l->cuts[l->next_cut] <= l->fed) {
-        int64_t cut = l->cuts[l->next_cut++], n_blocks = cut / MUSE_KV_BLOCK;
-        if (cut != l->fed || muse_pcache_find(s->cache, l->keys[n_blocks - 1])) continue;
-        int seq = (int)(l - s->lanes);
-        const muse_pcache_entry *kept = muse_pcache_insert(
-            s->cache, l->keys[n_blocks - 1], n_blocks, muse_kv_table(&s->be->kv, seq));
-        if (kept && kept->slot >= 0) s->be->ops->snapshot_save(s->be, seq, cut, kept->slot);
-    }
-}
-
 static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
 {
     /* a default seed below 2^53, so a JSON client can read it back exactly and reuse it */
@@ -393,7 +41,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
     stat_add(s, &s->stats.requests, 1);
     if (muse_request_parse(&env, (int)rq->kind, rq->flags, rq->body, rq->body_len, &l->req, &err)) {
         stat_add(s, &s->stats.errors, 1);
-        error_record(l, err.status, &err);
+        muse_lane_error(l, err.status, &err);
         l->state = LANE_FINISHING;
         return;
     }
@@ -402,7 +50,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
         snprintf(err.message, sizeof err.message,
                  "the device ran out of memory for this request (injected fault); retry later");
         stat_add(s, &s->stats.errors, 1);
-        error_record(l, 503, &err);
+        muse_lane_error(l, 503, &err);
         l->state = LANE_FINISHING;
         return;
     }
@@ -428,7 +76,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
                                 .call_id_seed = env.default_seed,
                                 .token_bytes = muse_tokenizer_text_bytes,
                                 .token_ctx = (void *)s->tok,
-                                .emit = on_reply_event,
+                                .emit = muse_lane_reply_event,
                                 .emit_ctx = l};
         int32_t eos[MUSE_MAX_EOS];
         size_t neos = 0;
@@ -442,17 +90,17 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
             snprintf(err.param, sizeof err.param, "stop");
             snprintf(err.message, sizeof err.message, "%.400s", e.msg);
             stat_add(s, &s->stats.errors, 1);
-            error_record(l, 400, &err);
+            muse_lane_error(l, 400, &err);
             l->state = LANE_FINISHING;
             return;
         }
     }
-    if (s->cache) cache_resume(s, l, rq->scope, rq->scope_len);
+    if (s->cache) muse_lane_cache_resume(s, l, rq->scope, rq->scope_len);
     /* the first record tells the module the request is admitted (its queue timer stops) */
     if (l->req.stream)
-        push_record(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
+        muse_lane_push(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
     else
-        push_record(l, MUSE_EV_KEEPALIVE, 0, NULL);
+        muse_lane_push(l, MUSE_EV_KEEPALIVE, 0, NULL);
     l->state = LANE_PREFILL;
     l->served = 0; /* new lanes go first */
 }
@@ -484,46 +132,6 @@ static void maybe_inject_sticky(muse_sched *s, const lane *l)
     round_failed(s, &e);
 }
 
-/* One sampled token: into the hash, the parser, the stop rules. */
-static void lane_token(muse_sched *s, lane *l, int32_t tok)
-{
-    maybe_inject_sticky(s, l);
-    double t = now_ms();
-    if (!l->generated) l->t_first = t;
-    l->t_last = t;
-    l->generated++;
-    uint8_t le[4] = {(uint8_t)tok, (uint8_t)(tok >> 8), (uint8_t)(tok >> 16), (uint8_t)(tok >> 24)};
-    muse_sha256_update(&l->sha, le, 4);
-    int stop;
-    if (l->req.kind == MUSE_KIND_CHAT) {
-        stop = muse_reply_push(l->reply, tok);
-    } else if (is_stop_id(s, tok)) {
-        stop = 1;
-    } else if (muse_tokenizer_is_special(s->tok, tok)) {
-        stop = 0; /* a control token stands for no text */
-    } else {
-        long n = muse_detok_push(s->tok, &l->detok, tok, s->detok_buf, s->detok_cap);
-        stop = completion_text(l, s->detok_buf, n > 0 ? (size_t)n : 0, false);
-        if (stop) l->detok.nheld = 0; /* nothing after a stop string, not even a held byte */
-    }
-    if (stop) {
-        lane_finish(s, l, "stop");
-    } else if (l->generated >= l->req.max_tokens ||
-               (int64_t)l->req.n_prompt + l->generated >= s->o.context) {
-        lane_finish(s, l, "length");
-    } else if (s->o.fault_after_tokens > 0 && l->generated >= s->o.fault_after_tokens) {
-        muse_api_error err = {.status = 500, .type = "server_error", .code = "engine_fault"};
-        snprintf(err.message, sizeof err.message,
-                 "the engine failed while generating (injected fault)");
-        stat_add(s, &s->stats.errors, 1);
-        error_record(l, 500, &err);
-        l->state = LANE_FINISHING;
-    } else {
-        l->next = tok;
-        l->state = LANE_DECODE;
-    }
-}
-
 /* ---- rounds ---- */
 
 /* Takes queued requests into free lanes; returns how many it took. */
@@ -541,7 +149,7 @@ static int admit(muse_sched *s, bool draining)
                 .status = 503, .type = "server_error", .code = "engine_unavailable"};
             snprintf(err.message, sizeof err.message, "the engine is shutting down; retry shortly");
             l->ref = rq.ref;
-            error_record(l, 503, &err);
+            muse_lane_error(l, 503, &err);
             l->state = LANE_FINISHING;
             continue;
         }
@@ -604,7 +212,7 @@ static void refuse_kv_starved(muse_sched *s)
              "the KV cache has no room for this request alongside the running ones; retry later or "
              "raise the engine's --kv-blocks");
     stat_add(s, &s->stats.errors, 1);
-    error_record(newest, 503, &err);
+    muse_lane_error(newest, 503, &err);
     muse_kv_release(&s->be->kv, (int)(newest - s->lanes));
     newest->state = LANE_FINISHING;
 }
@@ -667,9 +275,12 @@ static long model_round(muse_sched *s)
     if (muse_forward_run(s->fwd, &b, &out, &e)) round_failed(s, &e);
     MUSE_CHECK(out.wanted == nlogits && out.tokens);
     if (s->cache)
-        for (int k = 0; k < n; k++) cache_keep(s, &s->lanes[order[k]]);
-    for (long i = 0; i < nlogits; i++)
-        lane_token(s, &s->lanes[s->b_lane_of_logits[i]], out.tokens[i]);
+        for (int k = 0; k < n; k++) muse_lane_cache_keep(s, &s->lanes[order[k]]);
+    for (long i = 0; i < nlogits; i++) {
+        lane *l = &s->lanes[s->b_lane_of_logits[i]];
+        maybe_inject_sticky(s, l);
+        muse_lane_token(s, l, out.tokens[i]);
+    }
     return rows;
 }
 
@@ -682,10 +293,11 @@ static long script_round(muse_sched *s)
         lane *l = &s->lanes[order[k]];
         l->fed = (int64_t)l->req.n_prompt;
         size_t which = (size_t)(l->req.sampling.seed % s->o.n_script);
+        maybe_inject_sticky(s, l);
         if ((size_t)l->generated < s->o.script_len[which])
-            lane_token(s, l, s->o.script[which][l->generated]);
+            muse_lane_token(s, l, s->o.script[which][l->generated]);
         else
-            lane_finish(s, l, "length");
+            muse_lane_finish(s, l, "length");
         l->served = s->round;
     }
     if (n && s->o.script_delay_ms > 0) {
@@ -705,7 +317,7 @@ static void keepalives(muse_sched *s)
         lane *l = &s->lanes[i];
         if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) && !l->n_out &&
             now - l->t_record >= every)
-            push_record(l, MUSE_EV_KEEPALIVE, 0, NULL);
+            muse_lane_push(l, MUSE_EV_KEEPALIVE, 0, NULL);
     }
 }
 
@@ -715,7 +327,7 @@ static bool flush_all(muse_sched *s)
     for (int i = 0; i < s->o.streams; i++) {
         lane *l = &s->lanes[i];
         if (l->state == LANE_FREE) continue;
-        int done = flush_lane(s, l);
+        int done = muse_lane_flush(s, l);
         if (done && l->state == LANE_FINISHING)
             lane_release(s, l);
         else if (!done)
@@ -768,9 +380,9 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
                 .status = 503, .type = "server_error", .code = "engine_unavailable"};
             snprintf(err.message, sizeof err.message,
                      "the engine shut down before the reply finished");
-            error_record(l, 503, &err);
+            muse_lane_error(l, 503, &err);
         }
-        flush_lane(s, l);
+        muse_lane_flush(s, l);
         lane_release(s, l);
     }
 }
@@ -829,8 +441,9 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     s->stats.max = o->streams;
     static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
     static const double rate_le[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000};
-    hist_init(&s->stats.ttft_seconds, ttft_le, (int)(sizeof ttft_le / sizeof *ttft_le));
-    hist_init(&s->stats.decode_tokens_per_second, rate_le, (int)(sizeof rate_le / sizeof *rate_le));
+    muse_hist_init(&s->stats.ttft_seconds, ttft_le, (int)(sizeof ttft_le / sizeof *ttft_le));
+    muse_hist_init(&s->stats.decode_tokens_per_second, rate_le,
+                   (int)(sizeof rate_le / sizeof *rate_le));
     return s;
 }
 

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include "model/forward.h"
+#include "serve/hist.h"
 #include "serve/ring_server.h"
 #include "text/tokenizer.h"
 
@@ -32,17 +33,6 @@ typedef struct {
 /* muse-engine serve's exit status after a sticky device error (the segment is left FATAL). */
 #define MUSE_EXIT_DEVICE_FATAL 3
 
-#define MUSE_HIST_MAX 16
-
-/* A Prometheus-style histogram: counts[i] observations <= le[i] (cumulative), + the rest. */
-typedef struct {
-    int n;
-    double le[MUSE_HIST_MAX];
-    uint64_t counts[MUSE_HIST_MAX];
-    uint64_t count;
-    double sum;
-} muse_hist;
-
 typedef struct {
     int running, max;
     uint64_t requests, tokens_in, tokens_out, errors, cancelled;
@@ -50,9 +40,6 @@ typedef struct {
     uint64_t cache_budget, cache_bytes, cache_entries, cache_hits, cache_misses;
     uint64_t kv_free_blocks; /* full-attention KV blocks no stream or cache entry holds */
 } muse_sched_stats;
-
-/* Writes `"name":{"le":[..],"counts":[..],"sum":x,"count":n}` into buf; returns bytes or -1. */
-int muse_hist_json(const muse_hist *h, const char *name, char *buf, size_t cap);
 
 typedef struct muse_sched muse_sched;
 
