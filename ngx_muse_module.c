@@ -5,9 +5,11 @@
  * documents the directives, docs/abi.md the protocol with the engine.
  */
 
+#include "ngx_muse_module.h"
+
+#include <pwd.h>
 #include <sys/un.h>
 
-#include "ngx_muse_module.h"
 #include "ngx_muse_validate.h"
 
 #define NGX_MUSE_MAX_KEY_LEN  256    /* API keys are compared over this many bytes */
@@ -21,6 +23,12 @@ static char *ngx_muse_serve_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *
 static char *ngx_muse_api_key_file(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 static char *ngx_muse_cache_scope(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 static ngx_int_t ngx_muse_handler(ngx_http_request_t *r);
+
+static ngx_conf_enum_t ngx_muse_health_views[] = {
+    { ngx_string("full"), NGX_MUSE_HEALTH_FULL },
+    { ngx_string("public"), NGX_MUSE_HEALTH_PUBLIC },
+    { ngx_null_string, 0 }
+};
 
 static ngx_command_t ngx_muse_commands[] = {
     { ngx_string("muse_engine"),
@@ -47,6 +55,10 @@ static ngx_command_t ngx_muse_commands[] = {
     { ngx_string("muse_cache_scope"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_muse_cache_scope, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL },
+    { ngx_string("muse_health_view"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_muse_loc_conf_t, health_view), &ngx_muse_health_views },
     { ngx_string("muse_max_json_values"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_num_slot, NGX_HTTP_LOC_CONF_OFFSET,
@@ -83,6 +95,7 @@ ngx_muse_create_loc_conf(ngx_conf_t *cf)
     mcf->idle_timeout = NGX_CONF_UNSET_MSEC;
     mcf->api_keys = NGX_CONF_UNSET_PTR;
     mcf->scope_index = NGX_CONF_UNSET;
+    mcf->health_view = NGX_CONF_UNSET_UINT;
     return mcf;
 }
 
@@ -99,16 +112,77 @@ ngx_muse_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_msec_value(conf->idle_timeout, prev->idle_timeout, 60000);
     ngx_conf_merge_ptr_value(conf->api_keys, prev->api_keys, NULL);
     ngx_conf_merge_value(conf->scope_index, prev->scope_index, -1);
+    ngx_conf_merge_uint_value(conf->health_view, prev->health_view, NGX_MUSE_HEALTH_FULL);
     ngx_conf_merge_uint_value(conf->max_json_values, prev->max_json_values,
                               MUSE_LIMIT_JSON_VALUES);
 
     if (conf->serve != 0 && conf->serve != NGX_MUSE_SERVE_MODELS && conf->engine == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"muse_serve\" needs \"muse_engine <socket> <shm name>\" "
+                           "\"muse_serve\" needs \"muse_engine <socket> <engine user>\" "
                            "in this location or above");
         return NGX_CONF_ERROR;
     }
     return NGX_CONF_OK;
+}
+
+/* The socket's directory, and every directory above it, must be writable by the engine's user
+ * or root alone (sticky directories such as /tmp excepted above the socket's own): anyone else
+ * could put a listener of their own in the socket's place. For a directory not made yet, the
+ * first one that exists is held to the socket directory's rule. */
+static char *
+ngx_muse_check_socket_dir(ngx_conf_t *cf, ngx_str_t *path, ngx_uid_t uid)
+{
+    u_char           dir[sizeof(((struct sockaddr_un *) 0)->sun_path)], *p;
+    ngx_file_info_t  fi;
+    ngx_uint_t       own = 1, missing = 0;
+    char             mode[8];
+
+    ngx_cpystrn(dir, path->data, path->len + 1);
+    for ( ;; ) {
+        p = (u_char *) strrchr((char *) dir, '/');
+        if (p == NULL) {
+            return NGX_CONF_OK;
+        }
+        *(p == dir ? p + 1 : p) = '\0';
+        if (ngx_file_info(dir, &fi) == NGX_FILE_ERROR) {
+            if (ngx_errno != NGX_ENOENT) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                                   "muse_engine: cannot check the socket directory \"%s\"",
+                                   dir);
+                return NGX_CONF_ERROR;
+            }
+            missing = 1;
+            own = 1;    /* whoever may write the first existing one can make the rest */
+            continue;
+        }
+        if (!ngx_is_dir(&fi)) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "muse_engine: \"%s\" above the socket is not a directory", dir);
+            return NGX_CONF_ERROR;
+        }
+        if ((fi.st_uid != uid && fi.st_uid != 0)
+            || ((fi.st_mode & (S_IWGRP|S_IWOTH)) && (own || !(fi.st_mode & S_ISVTX))))
+        {
+            snprintf(mode, sizeof(mode), "%04o", (unsigned) (fi.st_mode & 07777));
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "muse_engine: the socket directory \"%s\" (mode %s, owner "
+                               "uid %d) can be written by others than the engine's user: "
+                               "make it owned by that user (or root) and not group- or "
+                               "world-writable, e.g. chmod 0750 and chgrp the workers' group",
+                               dir, mode, (int) fi.st_uid);
+            return NGX_CONF_ERROR;
+        }
+        if (missing) {
+            ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                               "muse_engine: the socket's directory does not exist yet; "
+                               "create it owned by the engine's user, mode 0750");
+            missing = 0;
+        }
+        own = 0;
+        if (p == dir) {
+            return NGX_CONF_OK;
+        }
+    }
 }
 
 static char *
@@ -117,30 +191,52 @@ ngx_muse_engine_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_muse_loc_conf_t  *mcf = conf;
     ngx_str_t            *value = cf->args->elts;
     ngx_muse_engine_t    *eng;
+    struct passwd        *pw;
+    ngx_int_t             n;
+    u_char                name[256];
 
     if (mcf->engine != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
     }
-    if (value[1].len == 0 || value[1].len >= sizeof(((struct sockaddr_un *) 0)->sun_path)) {
-        return "socket path must be 1..107 bytes";
-    }
-    if (value[2].len < 2 || value[2].len > 250 || value[2].data[0] != '/'
-        || ngx_strlchr(value[2].data + 1, value[2].data + value[2].len, '/') != NULL)
+    if (value[1].len < 2 || value[1].data[0] != '/'
+        || value[1].len >= sizeof(((struct sockaddr_un *) 0)->sun_path))
     {
-        return "shm name must look like /muse-engine (one leading slash)";
+        return "socket path must be absolute and at most 107 bytes";
+    }
+    if (value[2].len > 0 && value[2].data[0] == '/') {
+        return "takes the engine's user as its second argument now, not a shm name: the "
+               "engine hands its segment over the socket (docs/nginx.md), e.g. "
+               "muse_engine /run/muse/engine.sock muse";
+    }
+    if (value[2].len == 0 || value[2].len >= sizeof(name)) {
+        return "needs the user muse-engine runs as, e.g. muse_engine /run/muse/engine.sock muse";
     }
     eng = ngx_pcalloc(cf->pool, sizeof(ngx_muse_engine_t));
     if (eng == NULL) {
         return NGX_CONF_ERROR;
     }
+    ngx_cpystrn(name, value[2].data, value[2].len + 1);
+    n = ngx_atoi(value[2].data, value[2].len);
+    pw = getpwnam((char *) name);
+    if (pw != NULL) {
+        eng->uid = pw->pw_uid;
+    } else if (n != NGX_ERROR) {
+        eng->uid = (ngx_uid_t) n;
+    } else {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "muse_engine: no user \"%V\" on this system: "
+                           "name the user muse-engine serve runs as (or its uid)", &value[2]);
+        return NGX_CONF_ERROR;
+    }
+    if (ngx_muse_check_socket_dir(cf, &value[1], eng->uid) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
     eng->socket_path.data = ngx_pstrdup(cf->pool, &value[1]);
-    eng->shm_name.data = ngx_pnalloc(cf->pool, value[2].len + 1);
-    if (eng->socket_path.data == NULL || eng->shm_name.data == NULL) {
+    eng->user.data = ngx_pstrdup(cf->pool, &value[2]);
+    if (eng->socket_path.data == NULL || eng->user.data == NULL) {
         return NGX_CONF_ERROR;
     }
     eng->socket_path.len = value[1].len;
-    ngx_cpystrn(eng->shm_name.data, value[2].data, value[2].len + 1);
-    eng->shm_name.len = value[2].len;
+    eng->user.len = value[2].len;
     mcf->engine = eng;
     return NGX_CONF_OK;
 }
@@ -283,9 +379,10 @@ ngx_int_t
 ngx_muse_send_body(ngx_http_request_t *r, ngx_uint_t status, const char *type, u_char *data,
     size_t len)
 {
-    ngx_buf_t    *b;
-    ngx_chain_t   out;
-    ngx_int_t     rc;
+    ngx_buf_t            *b;
+    ngx_chain_t           out;
+    ngx_int_t             rc;
+    ngx_muse_loc_conf_t  *mcf;
 
     r->headers_out.status = status;
     r->headers_out.content_type.data = (u_char *) type;
@@ -298,7 +395,11 @@ ngx_muse_send_body(ngx_http_request_t *r, ngx_uint_t status, const char *type, u
         }
     }
     if (status == NGX_HTTP_NOT_ALLOWED) {
-        if (ngx_muse_add_header(r, "Allow", "POST") != NGX_OK) {
+        mcf = ngx_http_get_module_loc_conf(r, ngx_muse_module);
+        if (ngx_muse_add_header(r, "Allow", mcf->serve == NGX_MUSE_SERVE_CHAT
+                                            || mcf->serve == NGX_MUSE_SERVE_COMPLETIONS
+                                            ? "POST" : "GET, HEAD") != NGX_OK)
+        {
             return NGX_ERROR;
         }
     }
@@ -403,7 +504,7 @@ ngx_muse_body_handler(ngx_http_request_t *r)
     ngx_http_variable_value_t *vv;
     ngx_muse_verr_t           err;
     ngx_muse_vconf_t          vc;
-    ngx_str_t                 json, scope = ngx_null_string;
+    ngx_str_t                 json;
     ngx_uint_t                flags = 0;
     uint32_t                  vflags;
     char                     *text;
@@ -439,38 +540,34 @@ ngx_muse_body_handler(ngx_http_request_t *r)
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
-    if (mcf->scope_index >= 0) {
-        vv = ngx_http_get_indexed_variable(r, mcf->scope_index);
-        if (vv && !vv->not_found) {
-            if (vv->len > MUSE_RING_MAX_SCOPE) {
-                /* cutting it could merge two tenants' caches: refuse instead */
-                ngx_http_finalize_request(r, ngx_muse_send_error(r, NGX_HTTP_BAD_REQUEST,
-                    "invalid_request_error", NULL, "cache_scope_too_long",
-                    "the prompt-cache scope of this request is longer than 256 bytes"));
-                return;
-            }
-            scope.data = vv->data;
-            scope.len = vv->len;
-        }
-    }
     ctx = ngx_pcalloc(r->pool, sizeof(ngx_muse_ctx_t));
     cln = ngx_http_cleanup_add(r, 0);
     if (ctx == NULL || cln == NULL) {
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
+    if (mcf->scope_index >= 0) {
+        vv = ngx_http_get_indexed_variable(r, mcf->scope_index);
+        if (vv && !vv->not_found && vv->len > 0) {
+            /* any length: only its keyed digest crosses to the engine */
+            ctx->scope.data = vv->data;
+            ctx->scope.len = vv->len;
+            ctx->has_scope = 1;
+        }
+    }
     ctx->request = r;
     ctx->engine = mcf->engine;
+    ctx->body = json;
+    ctx->kind = mcf->serve == NGX_MUSE_SERVE_CHAT ? MUSE_KIND_CHAT : MUSE_KIND_COMPLETIONS;
+    ctx->flags = flags;
     ctx->stream = (flags & MUSE_REQ_STREAM) ? 1 : 0;
     ctx->started = ngx_current_msec;
     cln->handler = ngx_muse_cleanup;
     cln->data = ctx;
     ngx_http_set_ctx(r, ctx, ngx_muse_module);
 
-    rc = ngx_muse_submit(r, ctx, &json, mcf->serve == NGX_MUSE_SERVE_CHAT ? MUSE_KIND_CHAT
-                         : MUSE_KIND_COMPLETIONS, flags, &scope, &why);
+    rc = ngx_muse_submit(ctx, &why);
     if (rc == NGX_ABORT) {
-        ngx_muse_close_peer(ctx);
         ngx_http_finalize_request(r, ngx_muse_send_error(r, NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
                                   "invalid_request_error", NULL, "request_too_large",
                                   "the request is larger than the engine's request area; "
@@ -479,13 +576,11 @@ ngx_muse_body_handler(ngx_http_request_t *r)
         return;
     }
     if (rc != NGX_OK) {
-        ngx_muse_close_peer(ctx);
         ngx_http_finalize_request(r, ngx_muse_unavailable(r, why));
         return;
     }
     r->read_event_handler = ngx_http_test_reading;
     r->write_event_handler = ngx_muse_client_write;
-    ngx_muse_arm_timer(ctx);
 }
 
 /* Constant time over every configured key and over the longer of the two lengths. */
@@ -552,7 +647,11 @@ ngx_muse_handler(ngx_http_request_t *r)
         return NGX_DONE;
     }
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
+        if (ngx_http_discard_request_body(r) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        return ngx_muse_send_error(r, NGX_HTTP_NOT_ALLOWED, "invalid_request_error", NULL,
+                                   "method_not_allowed", "use GET or HEAD");
     }
     if (ngx_http_discard_request_body(r) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;

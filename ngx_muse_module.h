@@ -20,7 +20,11 @@
 #define NGX_MUSE_SERVE_HEALTH      4
 #define NGX_MUSE_SERVE_METRICS     5
 
+#define NGX_MUSE_HEALTH_FULL       1   /* muse_health_view full: the engine's whole page */
+#define NGX_MUSE_HEALTH_PUBLIC     2   /* public: status and reason only */
+
 #define NGX_MUSE_STALE_MS     3000
+#define NGX_MUSE_HELLO_MS     1000   /* a status page waits this long for the engine's hello */
 
 /* One mapping of the engine's segment in this worker; retired mappings live until their last
  * request lets go. */
@@ -28,17 +32,19 @@ typedef struct ngx_muse_map_s {
     u_char                 *base;
     muse_ring_header        lay;    /* the checked layout: never re-read from the segment */
     size_t                  size;
-    dev_t                   dev;
-    ino_t                   ino;
+    u_char                  scope_key[MUSE_SCOPE_KEY_BYTES];  /* from the hello */
     ngx_uint_t              refs;
     unsigned                retired:1;
 } ngx_muse_map_t;
 
 typedef struct {
     ngx_str_t               socket_path;
-    ngx_str_t               shm_name;     /* NUL-terminated */
+    ngx_str_t               user;         /* the engine's user, as configured */
+    ngx_uid_t               uid;          /* SO_PEERCRED of the socket must say this */
     ngx_muse_map_t         *map;          /* current mapping in this worker */
-    ngx_uint_t              abi_logged;
+    const char             *down;         /* why the module saw the engine go, or NULL */
+    uint64_t                down_gen;     /* the segment and heartbeat it saw then */
+    uint64_t                down_beat;
 } ngx_muse_engine_t;
 
 typedef struct {
@@ -50,6 +56,7 @@ typedef struct {
     ngx_array_t            *api_keys;     /* of ngx_str_t */
     ngx_int_t               scope_index;
     ngx_uint_t              max_json_values;
+    ngx_uint_t              health_view;  /* NGX_MUSE_HEALTH_* */
 } ngx_muse_loc_conf_t;
 
 typedef struct {
@@ -64,6 +71,15 @@ typedef struct {
     ngx_msec_t              last_event;
     ngx_chain_t            *free;
     ngx_chain_t            *busy;
+    ngx_str_t               body;         /* the validated request to send */
+    ngx_str_t               scope;        /* the cache scope's value (hashed at the claim) */
+    ngx_uint_t              kind;         /* MUSE_KIND_* */
+    ngx_uint_t              flags;        /* MUSE_REQ_* */
+    unsigned                status:1;     /* a status page waiting for the hello */
+    unsigned                has_scope:1;
+    unsigned                hello:1;      /* the engine's hello came on peer */
+    unsigned                claimed:1;    /* the claim went: peer is the slot's doorbell */
+    unsigned                peer_closed:1;  /* the engine closed the doorbell */
     unsigned                stream:1;
     unsigned                headers_sent:1;
     unsigned                admitted:1;     /* the engine has sent a record: idle timer now */
@@ -82,10 +98,12 @@ ngx_int_t ngx_muse_send_error(ngx_http_request_t *r, ngx_uint_t status, const ch
 
 /* ngx_muse_transport.c: the engine's segment, submitting, the ring drain */
 uint64_t ngx_muse_mono_ns(void);
-ngx_muse_map_t *ngx_muse_attach(ngx_muse_engine_t *eng, ngx_log_t *log);
 void ngx_muse_map_unref(ngx_muse_map_t *m);
-ngx_int_t ngx_muse_submit(ngx_http_request_t *r, ngx_muse_ctx_t *ctx, ngx_str_t *body,
-    ngx_uint_t kind, ngx_uint_t flags, ngx_str_t *scope, const char **why);
+void ngx_muse_mark_down(ngx_muse_engine_t *eng, const char *reason);
+const char *ngx_muse_down_reason(ngx_muse_engine_t *eng);
+ngx_uint_t ngx_muse_map_fresh(ngx_muse_engine_t *eng);
+ngx_int_t ngx_muse_connect(ngx_muse_ctx_t *ctx, const char **why);
+ngx_int_t ngx_muse_submit(ngx_muse_ctx_t *ctx, const char **why);
 void ngx_muse_close_peer(ngx_muse_ctx_t *ctx);
 void ngx_muse_cleanup(void *data);
 void ngx_muse_arm_timer(ngx_muse_ctx_t *ctx);
@@ -93,5 +111,6 @@ void ngx_muse_client_write(ngx_http_request_t *r);
 
 /* ngx_muse_status.c: /v1/models, /health, /metrics */
 ngx_int_t ngx_muse_status_page(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf);
+ngx_int_t ngx_muse_status_answer(ngx_http_request_t *r, const char *why);
 
 #endif /* NGX_MUSE_MODULE_H */

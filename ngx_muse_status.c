@@ -22,9 +22,19 @@ ngx_muse_models(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
     return ngx_muse_send_body(r, NGX_HTTP_OK, "application/json", buf, p - buf);
 }
 
-/* Reads the health page under the seqlock; adds heartbeat_age_ms; 503 unless serving. */
+static void
+ngx_muse_set_string(cJSON *obj, const char *key, const char *value)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(obj, key);
+    cJSON_AddStringToObject(obj, key, value);
+}
+
+/* Reads the health page under the seqlock; adds heartbeat_age_ms; 503 unless serving. What
+ * the module saw itself (a doorbell closed by the engine, a refused connect, a hello that did
+ * not come: why) overrides the page at once. */
 static cJSON *
-ngx_muse_health_json(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, ngx_uint_t *healthy)
+ngx_muse_health_json(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, const char *why,
+    ngx_uint_t *healthy)
 {
     ngx_muse_map_t    *m;
     muse_ring_header  *h;
@@ -32,13 +42,15 @@ ngx_muse_health_json(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, ngx_uint_t
     u_char            *text;
     uint64_t           len = 0, age_ms;
     uint32_t           state;
+    const char        *down;
 
     *healthy = 0;
-    m = ngx_muse_attach(mcf->engine, r->connection->log);
+    m = mcf->engine->map;
+    down = ngx_muse_down_reason(mcf->engine);
     if (m == NULL) {
         root = cJSON_CreateObject();
         cJSON_AddStringToObject(root, "status", "down");
-        cJSON_AddStringToObject(root, "reason", "engine not running");
+        cJSON_AddStringToObject(root, "reason", down ? down : why ? why : "engine not running");
         return root;
     }
     h = (muse_ring_header *) m->base;
@@ -72,10 +84,18 @@ ngx_muse_health_json(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, ngx_uint_t
         cJSON_AddStringToObject(root, "status", state == MUSE_ENGINE_STARTING ? "starting"
                                                                                : "down");
     }
-    if (age_ms > NGX_MUSE_STALE_MS) {
-        cJSON_AddStringToObject(root, "reason", "engine heartbeat stale");
-    } else if (state == MUSE_ENGINE_FATAL) {
-        cJSON_AddStringToObject(root, "reason", "engine reported a fatal error");
+    if (down) {
+        *healthy = 0;
+        ngx_muse_set_string(root, "status", "down");
+    }
+    if (state == MUSE_ENGINE_FATAL) {    /* the engine's last word says the most */
+        ngx_muse_set_string(root, "reason", "engine reported a fatal error");
+    } else if (down) {
+        ngx_muse_set_string(root, "reason", down);
+    } else if (age_ms > NGX_MUSE_STALE_MS) {
+        ngx_muse_set_string(root, "reason", "engine heartbeat stale");
+    } else if (!*healthy && why) {
+        ngx_muse_set_string(root, "reason", why);
     }
     return root;
 }
@@ -137,11 +157,11 @@ ngx_muse_metrics_histograms(u_char *p, u_char *end, cJSON *hists)
 
 /* Prometheus text from the health page's numbers. */
 static ngx_int_t
-ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
+ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, const char *why)
 {
     static const char  *groups[] = { "counters", "streams", "prompt_cache", NULL };
     ngx_uint_t          healthy;
-    cJSON              *root = ngx_muse_health_json(r, mcf, &healthy), *g, *c, *eng;
+    cJSON              *root = ngx_muse_health_json(r, mcf, why, &healthy), *g, *c, *eng;
     u_char             *buf, *p, *end;
     size_t              cap = 16384;
     const char        **gn;
@@ -175,20 +195,67 @@ ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
     return ngx_muse_send_body(r, NGX_HTTP_OK, "text/plain; version=0.0.4", buf, p - buf);
 }
 
+/* The page, from what this worker knows now (why: what went wrong reaching the engine). */
+ngx_int_t
+ngx_muse_status_answer(ngx_http_request_t *r, const char *why)
+{
+    ngx_muse_loc_conf_t  *mcf = ngx_http_get_module_loc_conf(r, ngx_muse_module);
+    ngx_uint_t            healthy;
+    cJSON                *root, *pub, *st, *rs;
+
+    if (mcf->serve == NGX_MUSE_SERVE_METRICS) {
+        return ngx_muse_metrics(r, mcf, why);
+    }
+    root = ngx_muse_health_json(r, mcf, why, &healthy);
+    if (root && mcf->health_view == NGX_MUSE_HEALTH_PUBLIC) {
+        /* liveness only: counters, cache and histograms stay behind the full view */
+        pub = cJSON_CreateObject();
+        st = cJSON_GetObjectItemCaseSensitive(root, "status");
+        rs = cJSON_GetObjectItemCaseSensitive(root, "reason");
+        cJSON_AddStringToObject(pub, "status", cJSON_IsString(st) ? st->valuestring : "down");
+        if (cJSON_IsString(rs)) {
+            cJSON_AddStringToObject(pub, "reason", rs->valuestring);
+        }
+        cJSON_Delete(root);
+        root = pub;
+    }
+    return ngx_muse_send_cjson(r, healthy ? NGX_HTTP_OK : NGX_HTTP_SERVICE_UNAVAILABLE, root,
+                               "application/json");
+}
+
+/* /v1/models at once; /health and /metrics connect to the engine first: a refused connect
+ * answers at once, a fresh segment answers from it, anything else waits for the hello (a new
+ * segment after a restart) at most NGX_MUSE_HELLO_MS. */
 ngx_int_t
 ngx_muse_status_page(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
 {
-    ngx_uint_t  healthy;
-    cJSON      *root;
+    ngx_muse_ctx_t      *ctx;
+    ngx_http_cleanup_t  *cln;
+    const char          *why = NULL;
 
-    switch (mcf->serve) {
-    case NGX_MUSE_SERVE_MODELS:
+    if (mcf->serve == NGX_MUSE_SERVE_MODELS) {
         return ngx_muse_models(r, mcf);
-    case NGX_MUSE_SERVE_HEALTH:
-        root = ngx_muse_health_json(r, mcf, &healthy);
-        return ngx_muse_send_cjson(r, healthy ? NGX_HTTP_OK : NGX_HTTP_SERVICE_UNAVAILABLE, root,
-                                   "application/json");
-    default:
-        return ngx_muse_metrics(r, mcf);
     }
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_muse_ctx_t));
+    cln = ngx_http_cleanup_add(r, 0);
+    if (ctx == NULL || cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+    ctx->request = r;
+    ctx->engine = mcf->engine;
+    ctx->status = 1;
+    ctx->started = ngx_current_msec;
+    cln->handler = ngx_muse_cleanup;
+    cln->data = ctx;
+    ngx_http_set_ctx(r, ctx, ngx_muse_module);
+    if (ngx_muse_connect(ctx, &why) != NGX_OK) {
+        return ngx_muse_status_answer(r, why);
+    }
+    if (ngx_muse_map_fresh(mcf->engine)) {
+        ngx_muse_close_peer(ctx);
+        return ngx_muse_status_answer(r, NULL);
+    }
+    ngx_muse_arm_timer(ctx);
+    r->main->count++;
+    return NGX_DONE;
 }
