@@ -16,7 +16,11 @@ $(NGX_BUILDDIR)/Makefile: config mk/nginx.mk
 	  --add-dynamic-module=$(CURDIR) --builddir=$(NGX_BUILDDIR)' > $(NGX_BUILDDIR)/configure.log 2>&1 \
 	  || { tail -20 $(NGX_BUILDDIR)/configure.log; exit 1; }
 
-$(NGX_SO): ngx_muse_module.c engine/abi/muse_ring.h $(NGX_BUILDDIR)/Makefile
+NGX_MUSE_SRCS := ngx_muse_module.c ngx_muse_validate.c ngx_muse_transport.c ngx_muse_status.c \
+                 ngx_muse_module.h ngx_muse_validate.h engine/abi/muse_ring.h engine/abi/muse_limits.h \
+                 engine/base/sha256.c engine/base/sha256.h
+
+$(NGX_SO): $(NGX_MUSE_SRCS) $(NGX_BUILDDIR)/Makefile
 	$(MAKE) -s -f $(NGX_BUILDDIR)/Makefile -C $(NGX_SRC) modules
 	@mkdir -p $(dir $@)
 	cp $(NGX_BUILDDIR)/ngx_muse_module.so $@.tmp

@@ -39,7 +39,7 @@ http {
     scgi_temp_path $RUN_DIR/tmp/scgi;
     client_max_body_size 8m;
     ${KEEPALIVE_REQUESTS:+keepalive_requests $KEEPALIVE_REQUESTS;}
-    muse_engine $sock $shm;
+    muse_engine $sock $(id -un);
     muse_model_id muse-spark;
     ${IDLE_TIMEOUT:+muse_idle_timeout $IDLE_TIMEOUT;}
     server {

@@ -5,6 +5,10 @@
  * read from the segment goes through a bounds-checking helper below. docs/abi.md describes
  * the protocol (slot life cycle, doorbell socket, seqlock) in prose.
  *
+ * The segment is an anonymous memfd sealed against shrinking and growing; the engine hands its
+ * descriptor to each worker over the unix socket (SCM_RIGHTS, with muse_hello_msg) and it
+ * never has a name a local user could plant.
+ *
  * Segment layout (all offsets 64-byte aligned):
  *   [0, 256)                        muse_ring_header
  *   [health_offset, +16+health_bytes) muse_health_page + health text (seqlock)
@@ -20,17 +24,19 @@
 #include <string.h>
 
 #define MUSE_RING_MAGIC       0x474e49524553554dULL /* "MUSERING" little-endian */
-#define MUSE_RING_ABI_VERSION 1u
+#define MUSE_RING_ABI_VERSION 2u
 
-#define MUSE_RING_ALIGN        64u
-#define MUSE_RING_MAX_SLOTS    4096u
-#define MUSE_RING_MIN_RING     4096u
-#define MUSE_RING_MAX_RING     (1u << 30)
-#define MUSE_RING_MIN_REQUEST  1024u
-#define MUSE_RING_MAX_REQUEST  (1u << 30)
-#define MUSE_RING_MAX_HEALTH   (1u << 20)
-#define MUSE_RING_HEALTH_BYTES 65536u
-#define MUSE_RING_MAX_SCOPE    256u
+#define MUSE_RING_ALIGN         64u
+#define MUSE_RING_MAX_SLOTS     4096u
+#define MUSE_RING_MIN_RING      4096u
+#define MUSE_RING_MAX_RING      (1u << 30)
+#define MUSE_RING_MIN_REQUEST   1024u
+#define MUSE_RING_MAX_REQUEST   (1u << 30)
+#define MUSE_RING_MAX_HEALTH    (1u << 20)
+#define MUSE_RING_HEALTH_BYTES  65536u
+#define MUSE_RING_MAX_SCOPE     32u /* a scope crosses as a keyed digest, never raw */
+#define MUSE_SCOPE_DIGEST_BYTES 32u /* HMAC-SHA-256(scope_key, the configured scope value) */
+#define MUSE_SCOPE_KEY_BYTES    32u
 
 /* Engine state in the header (muse_ring_header.state). */
 enum {
@@ -110,7 +116,7 @@ typedef struct muse_request_record {
     uint64_t generation;   /* the slot generation the worker claimed */
     uint32_t kind;         /* MUSE_KIND_* */
     uint32_t flags;        /* MUSE_REQ_* */
-    uint32_t scope_len;    /* <= MUSE_RING_MAX_SCOPE */
+    uint32_t scope_len;    /* 0 (no scope) or MUSE_SCOPE_DIGEST_BYTES */
     uint32_t body_len;     /* compact JSON of the validated request */
 } muse_request_record;
 #define MUSE_REQUEST_MAGIC 0x5145524du /* "MREQ" */
@@ -134,6 +140,21 @@ typedef struct muse_claim_msg {
 } muse_claim_msg;
 #define MUSE_CLAIM_MAGIC 0x4d4c434du /* "MCLM" */
 
+/* Sent by the engine as the first 64 bytes on every accepted connection, with the segment's
+ * descriptor attached (SCM_RIGHTS). The worker checks SO_PEERCRED, the magic, the ABI, that
+ * the descriptor is sealed (no shrink, no grow) and total_bytes long, and that the mapped
+ * header's generation equals this one. scope_key never touches shared memory. */
+typedef struct muse_hello_msg {
+    uint32_t magic;        /* MUSE_HELLO_MAGIC */
+    uint32_t abi_version;  /* MUSE_RING_ABI_VERSION; offset 4 in every version */
+    uint64_t generation;   /* == muse_ring_header.generation of the attached segment */
+    uint64_t total_bytes;  /* the segment's sealed size */
+    uint32_t engine_pid;   /* informational */
+    uint32_t reserved;     /* 0 */
+    uint8_t scope_key[32]; /* MUSE_SCOPE_KEY_BYTES, random per engine start */
+} muse_hello_msg;
+#define MUSE_HELLO_MAGIC 0x4f4c484du /* "MHLO" */
+
 /* The health page: seqlock sequence (odd while the engine writes), then text. */
 typedef struct muse_health_page {
     _Atomic uint32_t seq;
@@ -156,6 +177,9 @@ _Static_assert(sizeof(muse_request_record) == 32, "request record header is 32 b
 _Static_assert(sizeof(muse_event_header) == 16, "event header is 16 bytes");
 _Static_assert(sizeof(muse_claim_msg) == 32, "claim message is 32 bytes");
 _Static_assert(sizeof(muse_health_page) == 16, "health page header is 16 bytes");
+_Static_assert(sizeof(muse_hello_msg) == 64, "hello message is 64 bytes");
+_Static_assert(offsetof(muse_hello_msg, abi_version) == 4, "hello abi_version never moves");
+_Static_assert(sizeof(((muse_hello_msg *)0)->scope_key) == MUSE_SCOPE_KEY_BYTES, "scope key");
 
 /* ---- layout ---- */
 
@@ -263,7 +287,8 @@ static inline int muse_request_encode(uint8_t *area, uint64_t cap, uint64_t gene
                                       uint64_t scope_len, const void *body, uint64_t body_len)
 {
     muse_request_record r;
-    if (scope_len > MUSE_RING_MAX_SCOPE || body_len > UINT32_MAX) return -1;
+    if ((scope_len != 0 && scope_len != MUSE_SCOPE_DIGEST_BYTES) || body_len > UINT32_MAX)
+        return -1;
     if (muse_request_record_bytes(scope_len, body_len) > cap) return -1;
     if (kind != MUSE_KIND_CHAT && kind != MUSE_KIND_COMPLETIONS) return -1;
     if (flags & ~MUSE_REQ_FLAGS_KNOWN) return -1;
@@ -295,7 +320,8 @@ static inline int muse_request_decode(const uint8_t *area, uint64_t cap, uint64_
     if (r.kind != MUSE_KIND_CHAT && r.kind != MUSE_KIND_COMPLETIONS)
         return *why = "unknown request kind", -1;
     if (r.flags & ~MUSE_REQ_FLAGS_KNOWN) return *why = "unknown request flags", -1;
-    if (r.scope_len > MUSE_RING_MAX_SCOPE) return *why = "scope_len too large", -1;
+    if (r.scope_len != 0 && r.scope_len != MUSE_SCOPE_DIGEST_BYTES)
+        return *why = "scope_len is neither 0 nor a digest", -1;
     if (muse_request_record_bytes(r.scope_len, r.body_len) > cap)
         return *why = "record length past the request area", -1;
     v->generation = r.generation;

@@ -2,6 +2,7 @@
 
 #include <math.h>
 
+#include "abi/muse_limits.h"
 #include "abi/muse_ring.h"
 
 static int bad(muse_api_error *err, const char *param, const char *fmt, const char *what)
@@ -46,18 +47,27 @@ static int parse_stops(const cJSON *root, muse_gen_request *r, muse_api_error *e
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "stop");
     if (!v || cJSON_IsNull(v)) return 0;
     if (cJSON_IsString(v)) {
-        if (!v->valuestring[0] || strlen(v->valuestring) > 256)
-            return bad(err, "stop", "'%s' must be a non-empty string of at most 256 bytes", "stop");
+        if (!v->valuestring[0] || strlen(v->valuestring) > MUSE_LIMIT_STOP_BYTES)
+            return bad(err, "stop",
+                       "'%s' must be a non-empty string of at most " MUSE_XSTR(
+                           MUSE_LIMIT_STOP_BYTES) " bytes",
+                       "stop");
         r->stops[r->n_stops++] = strdup(v->valuestring);
         return 0;
     }
-    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > MUSE_MAX_STOPS)
-        return bad(err, "stop", "'%s' must be a string or an array of up to 4 strings", "stop");
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > MUSE_LIMIT_STOPS)
+        return bad(
+            err, "stop",
+            "'%s' must be a string or an array of up to " MUSE_XSTR(MUSE_LIMIT_STOPS) " strings",
+            "stop");
     const cJSON *it;
     cJSON_ArrayForEach(it, v)
     {
-        if (!cJSON_IsString(it) || !it->valuestring[0] || strlen(it->valuestring) > 256)
-            return bad(err, "stop", "'%s' entries must be non-empty strings of at most 256 bytes",
+        if (!cJSON_IsString(it) || !it->valuestring[0] ||
+            strlen(it->valuestring) > MUSE_LIMIT_STOP_BYTES)
+            return bad(err, "stop",
+                       "'%s' entries must be non-empty strings of at most " MUSE_XSTR(
+                           MUSE_LIMIT_STOP_BYTES) " bytes",
                        "stop");
         r->stops[r->n_stops++] = strdup(it->valuestring);
     }
@@ -146,7 +156,7 @@ static int sampling(const muse_request_env *env, const cJSON *root, muse_gen_req
     double dk = c && c->gen_top_k >= 0 ? (double)c->gen_top_k : 0.0;
     if (number(root, "temperature", 0, 2, dt, &t, err) ||
         number(root, "top_p", 0, 1, dp, &p, err) ||
-        integer(root, "top_k", 0, 1 << 30, dk, &k, err) ||
+        integer(root, "top_k", 0, MUSE_LIMIT_TOP_K_MAX, dk, &k, err) ||
         number(root, "min_p", 0, 1, 0, &mp, err) ||
         integer(root, "seed", -9.2e18, 9.2e18, -1e300, &seed, err))
         return -1;
@@ -195,7 +205,7 @@ int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, co
     const char *mt_name = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens")
                               ? "max_completion_tokens"
                               : "max_tokens";
-    if (integer(root, mt_name, 1, 1e15, (double)left, &mt, err)) goto out;
+    if (integer(root, mt_name, 1, MUSE_LIMIT_MAX_TOKENS, (double)left, &mt, err)) goto out;
     if ((int64_t)mt > left) {
         err->status = 400;
         err->type = "invalid_request_error";

@@ -11,7 +11,9 @@
 #include "text/sampler.h"
 #include "text/tokenizer.h"
 
-#define MUSE_MAX_STOPS 4
+#include "abi/muse_limits.h"
+
+#define MUSE_MAX_STOPS MUSE_LIMIT_STOPS
 
 typedef struct {
     int kind; /* MUSE_KIND_CHAT or MUSE_KIND_COMPLETIONS (muse_ring.h) */

@@ -2,6 +2,8 @@
 #include "serve/ring_server.h"
 
 #include <errno.h>
+#include <libgen.h>
+#include <sys/random.h>
 #include <event2/event.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -44,9 +46,10 @@ typedef struct pending_conn {
 } pending_conn;
 
 struct muse_server {
-    char shm_name[256], socket_path[108];
+    char shm_name[256], socket_path[108]; /* shm_name: the memfd's label (/proc/PID/fd) */
     uint32_t abi_version;
     int shm_fd, listen_fd, stop_fd;
+    uint8_t scope_key[MUSE_SCOPE_KEY_BYTES]; /* handed over with the segment, never in it */
     uint8_t *base;
     muse_ring_header *hdr; /* shared: only state, heartbeat and magic are written there */
     muse_ring_header lay;  /* the layout as created: a worker may scribble on the shared copy */
@@ -255,6 +258,35 @@ static void relisten(evutil_socket_t fd, short what, void *arg)
     event_add(s->listen_ev, NULL);
 }
 
+/* The first bytes on every connection: the hello and the segment's descriptor (SCM_RIGHTS).
+ * A fresh socket's buffer is empty, so 64 bytes go at once or the peer is not reading. */
+static int send_hello(muse_server *s, int c)
+{
+    muse_hello_msg h;
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&h, 0, sizeof h);
+    memset(&ctl, 0, sizeof ctl);
+    h.magic = MUSE_HELLO_MAGIC;
+    h.abi_version = s->abi_version;
+    h.generation = s->lay.generation;
+    h.total_bytes = s->lay.total_bytes;
+    h.engine_pid = (uint32_t)getpid();
+    memcpy(h.scope_key, s->scope_key, sizeof h.scope_key);
+    struct iovec iov = {&h, sizeof h};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &s->shm_fd, sizeof(int));
+    ssize_t n = sendmsg(c, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return n == (ssize_t)sizeof h ? 0 : -1;
+}
+
 static void on_accept(evutil_socket_t fd, short what, void *arg)
 {
     muse_server *s = arg;
@@ -271,6 +303,10 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
             return;
         }
         if (c < 0) return;
+        if (send_hello(s, c) != 0) {
+            close(c);
+            continue;
+        }
         pending_conn *pc = calloc(1, sizeof *pc);
         if (!pc) {
             close(c);
@@ -340,10 +376,32 @@ static void *io_main(void *arg)
 
 /* ---- setup ---- */
 
+/* The socket's directory must be writable by this user (or root) alone: whoever can write it
+ * could put their own listener in the socket's place. */
+static int check_socket_dir(const char *path, muse_err *e)
+{
+    char copy[108];
+    struct stat st;
+    snprintf(copy, sizeof copy, "%s", path);
+    const char *dir = dirname(copy);
+    if (stat(dir, &st) != 0)
+        return muse_fail(e, "socket directory %s: %s (create it, owned by the engine's user)", dir,
+                         strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return muse_fail(e, "socket directory %s is not a directory", dir);
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_uid != geteuid() && st.st_uid != 0))
+        return muse_fail(e,
+                         "socket directory %s can be written by others than this user (mode "
+                         "%03o, owner uid %u): make it owned by the engine's user, mode 0750 "
+                         "(group: the nginx workers') or 0755",
+                         dir, (unsigned)(st.st_mode & 0777), (unsigned)st.st_uid);
+    return 0;
+}
+
 static int make_socket(muse_server *s, int gid, muse_err *e)
 {
     struct sockaddr_un a;
     struct stat st;
+    if (check_socket_dir(s->socket_path, e)) return -1;
     memset(&a, 0, sizeof a);
     a.sun_family = AF_UNIX;
     memcpy(a.sun_path, s->socket_path, strlen(s->socket_path) + 1);
@@ -391,21 +449,23 @@ static int make_segment(muse_server *s, const muse_server_opts *o, muse_err *e)
                          "ring server: slots %d (1..%u), ring_bytes %zu (power of two, 4 KiB.."
                          "1 GiB), request_bytes %zu (multiple of 8, >= 1 KiB): out of range",
                          o->slots, MUSE_RING_MAX_SLOTS, ring, req);
-    shm_unlink(s->shm_name); /* a crashed engine's segment; live workers keep their mapping */
-    s->shm_fd = shm_open(s->shm_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (s->shm_fd < 0) return muse_fail(e, "shm_open %s: %s", s->shm_name, strerror(errno));
-    if (o->socket_gid >= 0 && fchown(s->shm_fd, (uid_t)-1, (gid_t)o->socket_gid) != 0)
-        return muse_fail(e, "chown shm %s to group %d: %s", s->shm_name, o->socket_gid,
-                         strerror(errno));
-    if (fchmod(s->shm_fd, 0660) != 0 || ftruncate(s->shm_fd, (off_t)h.total_bytes) != 0)
-        return muse_fail(e, "sizing shm %s to %llu bytes: %s", s->shm_name,
+    /* anonymous and sealed: no name to plant, no size anyone can change under a worker */
+    s->shm_fd = memfd_create(s->shm_name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (s->shm_fd < 0) return muse_fail(e, "memfd_create: %s", strerror(errno));
+    if (ftruncate(s->shm_fd, (off_t)h.total_bytes) != 0)
+        return muse_fail(e, "sizing the segment to %llu bytes: %s",
                          (unsigned long long)h.total_bytes, strerror(errno));
+    if (fcntl(s->shm_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        return muse_fail(e, "sealing the segment: %s", strerror(errno));
+    if (getrandom(&h.generation, sizeof h.generation, 0) != (ssize_t)sizeof h.generation ||
+        getrandom(s->scope_key, sizeof s->scope_key, 0) != (ssize_t)sizeof s->scope_key)
+        return muse_fail(e, "getrandom: %s", strerror(errno));
+    h.generation |= 1u; /* never 0 */
     void *b = mmap(NULL, h.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s->shm_fd, 0);
-    if (b == MAP_FAILED) return muse_fail(e, "mmap shm %s: %s", s->shm_name, strerror(errno));
+    if (b == MAP_FAILED) return muse_fail(e, "mmap of the segment: %s", strerror(errno));
     s->base = b;
     s->hdr = b;
     h.abi_version = s->abi_version;
-    h.generation = (now_ns(CLOCK_REALTIME) ^ ((uint64_t)getpid() << 40)) | 1u;
     h.engine_pid = (uint32_t)getpid();
     h.started_unix_ns = now_ns(CLOCK_REALTIME);
     h.magic = 0;
@@ -441,13 +501,14 @@ static int make_loop(muse_server *s, muse_err *e)
 int muse_server_start(const muse_server_opts *o, muse_server **out, muse_err *e)
 {
     *out = NULL;
-    if (!o->shm_name || o->shm_name[0] != '/' || strlen(o->shm_name) >= 255 ||
-        strchr(o->shm_name + 1, '/'))
-        return muse_fail(e, "shm name must look like /muse-engine (one leading slash, < 255)");
+    const char *label = o->shm_name ? o->shm_name : "muse-engine";
+    label += label[0] == '/';
+    if (!label[0] || strlen(label) > 200 || strchr(label, '/'))
+        return muse_fail(e, "segment label must be 1..200 bytes without '/', e.g. muse-engine");
     if (!o->socket_path || !o->socket_path[0] || strlen(o->socket_path) >= 108)
         return muse_fail(e, "socket path must be 1..107 bytes");
     muse_server *s = MUSE_CALLOC(1, sizeof *s);
-    snprintf(s->shm_name, sizeof s->shm_name, "%s", o->shm_name);
+    snprintf(s->shm_name, sizeof s->shm_name, "%s", label);
     snprintf(s->socket_path, sizeof s->socket_path, "%s", o->socket_path);
     s->abi_version = o->abi_version ? o->abi_version : MUSE_RING_ABI_VERSION;
     s->shm_fd = s->listen_fd = s->stop_fd = -1;
@@ -619,6 +680,11 @@ void muse_server_set_state(muse_server *s, uint32_t state)
     atomic_store(&s->hdr->state, state);
 }
 
+const uint8_t *muse_server_scope_key(const muse_server *s)
+{
+    return s->scope_key;
+}
+
 uint64_t muse_server_generation(const muse_server *s)
 {
     return s->lay.generation;
@@ -662,10 +728,8 @@ void muse_server_stop(muse_server *s)
     }
     if (s->stop_fd >= 0) close(s->stop_fd);
     if (s->base) munmap(s->base, s->lay.total_bytes);
-    if (s->shm_fd >= 0) {
-        close(s->shm_fd);
-        shm_unlink(s->shm_name);
-    }
+    if (s->shm_fd >= 0) close(s->shm_fd); /* workers keep their mapping until they remap */
+    explicit_bzero(s->scope_key, sizeof s->scope_key);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->health_mu);

@@ -22,13 +22,15 @@
 typedef struct muse_server muse_server;
 
 typedef struct {
-    const char *shm_name;    /* "/muse-engine": POSIX shm name, leading slash */
+    const char *shm_name;    /* label of the segment's memfd, seen in /proc/PID/fd as
+                              * /memfd:LABEL (a leading '/' is dropped; NULL: muse-engine);
+                              * nothing is created under any name */
     const char *socket_path; /* unix socket path, < 108 bytes */
     int slots;               /* concurrent requests (slot table size) */
     size_t ring_bytes;       /* per-slot event ring, power of two >= 4096 (0: 256 KiB) */
     size_t request_bytes;    /* per-slot request area, >= 1024 (0: 1 MiB + 4 KiB) */
     size_t health_bytes;     /* health text capacity (0: 64 KiB) */
-    int socket_gid;          /* group of the nginx workers for shm + socket; -1: keep */
+    int socket_gid;          /* group of the nginx workers for the socket; -1: keep */
     uint32_t abi_version;    /* 0: MUSE_RING_ABI_VERSION; tests set others */
 } muse_server_opts;
 
@@ -49,9 +51,11 @@ typedef struct {
     size_t body_len;
 } muse_request;
 
-/* Creates the segment (0660) and socket (0660), starts the IO thread. State is STARTING until
- * muse_server_set_state(s, MUSE_ENGINE_SERVING). Refuses when another engine answers on the
- * socket. */
+/* Creates the segment (an anonymous memfd sealed against shrink and grow, a random generation
+ * and scope key) and the socket (0660, in a directory only this user or root may write), starts
+ * the IO thread. Every accepted connection first gets a muse_hello_msg with the segment's
+ * descriptor (SCM_RIGHTS). State is STARTING until muse_server_set_state(s,
+ * MUSE_ENGINE_SERVING). Refuses when another engine answers on the socket. */
 int muse_server_start(const muse_server_opts *o, muse_server **out, muse_err *e);
 
 /* Blocks up to timeout_ms (-1: forever) until a request is queued. 1 one is queued, 0 none. */
@@ -84,14 +88,17 @@ void muse_server_heartbeat(muse_server *s);
 /* MUSE_ENGINE_STARTING/SERVING/DOWN/FATAL into the segment header. */
 void muse_server_set_state(muse_server *s, uint32_t state);
 
+/* The cache-scope key handed to workers with the segment (32 bytes; tests check digests). */
+const uint8_t *muse_server_scope_key(const muse_server *s);
+
 /* Segment generation and slot count (tests, logs). */
 uint64_t muse_server_generation(const muse_server *s);
 int muse_server_slots(const muse_server *s);
 /* Slots not FREE right now (tests: back to baseline after drain). */
 int muse_server_busy_slots(const muse_server *s);
 
-/* Marks the segment DOWN, stops the IO thread, closes every doorbell, unlinks segment and
- * socket, frees everything. */
+/* Marks the segment DOWN, stops the IO thread, closes every doorbell, unlinks the socket,
+ * closes the segment (workers' mappings stay valid until they remap), frees everything. */
 void muse_server_stop(muse_server *s);
 
 #endif

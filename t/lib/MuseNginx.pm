@@ -109,7 +109,6 @@ sub stop_engine {
     my $fh = delete $self->{engine_fh};
     close $fh if $fh;
     unlink $self->{socket} if $sig && $sig eq 'KILL';
-    system('rm', '-f', "/dev/shm$self->{shm}") if $sig && $sig eq 'KILL';
 }
 
 # ---- the real engine (muse-engine serve) ----
@@ -237,7 +236,7 @@ http {
     fastcgi_temp_path $dir/tmp/fastcgi;
     uwsgi_temp_path $dir/tmp/uwsgi;
     scgi_temp_path $dir/tmp/scgi;
-    muse_engine $self->{socket} $self->{shm};
+    muse_engine $self->{socket} @{[ engine_user() ]};
 $http
     server {
         listen 127.0.0.1:$self->{port}$listen;
@@ -341,12 +340,29 @@ sub proc_cpu_s {
     return ($f[11] + $f[12]) / POSIX::sysconf(POSIX::_SC_CLK_TCK());
 }
 
-# The engine segment's slot table as the worker sees it (read from /dev/shm): ring_bytes and,
-# per slot, state (0 free .. 3 active), owner_pid, head and tail (ring bytes written by the
-# engine and consumed by the worker). docs/abi.md / engine/muse_ring.h give the offsets.
+# The user the engines run as (this test's user): muse_engine's second argument.
+sub engine_user { scalar getpwuid($>) }
+
+# The engine's segment as a path this process may open: its memfd in /proc/<engine pid>/fd
+# (there is no name in /dev/shm; opening it needs the engine's user or root). undef if none.
+sub segment_path {
+    my ($self) = @_;
+    my $pid = $self->{engine_pid} or return undef;
+    for my $fd (glob "/proc/$pid/fd/*") {
+        my $to = readlink($fd) // next;
+        return $fd if $to =~ m{^/memfd:};
+    }
+    return undef;
+}
+
+# The engine segment's slot table as the worker sees it (read through segment_path):
+# ring_bytes and, per slot, state (0 free .. 3 active), owner_pid, head and tail (ring bytes
+# written by the engine and consumed by the worker). docs/abi.md / engine/abi/muse_ring.h give
+# the offsets.
 sub ring_slots {
     my ($self) = @_;
-    open my $fh, '<:raw', "/dev/shm$self->{shm}" or return undef;
+    my $path = $self->segment_path // return undef;
+    open my $fh, '<:raw', $path or return undef;
     my $get = sub {
         my ($off, $len) = @_;
         my $buf;

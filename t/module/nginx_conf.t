@@ -1,6 +1,7 @@
 #!/usr/bin/perl
 # The shipped configs (conf/*.conf) pass `nginx -t` with the module this tree builds: only the
-# module path, the listen address, the user and the API key file are swapped for local ones.
+# module path, the listen address, the user, the engine's user and the API key file are swapped
+# for local ones.
 use strict;
 use warnings;
 use FindBin;
@@ -29,6 +30,8 @@ for my $conf (@confs) {
     # directives only, never text in comments ([^;\n]: one line)
     $text =~ s/^([ \t]*)user[ \t]+[^;\n]+;/$1/mg;
     $text =~ s/^([ \t]*)listen[ \t]+[^;\n]+;/${1}listen 127.0.0.1:$port;/mg;
+    ok($text =~ s/^([ \t]*muse_engine[ \t]+\S+[ \t]+)[^;\s]+;/$1 . MuseNginx::engine_user() . ';'/me,
+       "$name: names the engine's user");
     $text =~ s/^([ \t]*)muse_api_key_file[ \t]+[^;\n]+;/${1}muse_api_key_file $dir\/keys;/mg;
     open my $out, '>', "$dir/$name" or die $!;
     print $out $text;

@@ -56,12 +56,12 @@ $r = $n->request('GET', '/health');
 is($r->{status}, 503, 'engine killed: 503');
 
 # a new engine with another ABI version: refused, logged, no crash
-$n->start_engine('--abi', '2');
+$n->start_engine('--abi', '1');
 $r = $n->request('GET', '/health');
 is($r->{status}, 503, 'other ABI: /health 503');
 $r = $n->chat($MSG);
 is($r->{status}, 503, 'other ABI: chat 503');
-like($n->error_log, qr/speaks ABI version 2, this module speaks 1/, 'ABI mismatch logged');
+like($n->error_log, qr/speaks ABI version 1, this module speaks 2/, 'ABI mismatch logged');
 
 # fatal engine
 $n->start_engine('--health', 'fatal');
@@ -77,6 +77,15 @@ is($n->chat($MSG)->{status}, 200, 'fresh engine: chat served after remap');
 # clean stop marks the segment down
 $n->stop_engine('TERM');
 is($n->request('GET', '/health')->{status}, 503, 'engine stopped: 503');
+
+# issue 14 item 5: a wrong method on the module's own locations is JSON with Allow
+for my $m (['POST', '/health'], ['DELETE', '/metrics'], ['POST', '/v1/models']) {
+    my $x = $n->request($m->[0], $m->[1]);
+    is($x->{status}, 405, "$m->[0] $m->[1]: 405");
+    is($x->{headers}{allow}, 'GET, HEAD', "$m->[0] $m->[1]: Allow: GET, HEAD");
+    is($x->{json} && $x->{json}{error}{code}, 'method_not_allowed', "$m->[0] $m->[1]: JSON body");
+}
+is($n->request('GET', '/v1/chat/completions')->{headers}{allow}, 'POST', 'GET chat: Allow: POST');
 
 is(join("\n", $n->bad_log_lines), '', 'no [alert]/[crit] in error.log');
 done_testing();

@@ -9,6 +9,7 @@ use lib "$FindBin::Bin/../lib";
 use JSON::PP;
 use MuseNginx;
 use Test::More;
+use Digest::SHA;
 
 my $why = MuseNginx::missing();
 plan skip_all => $why if $why;
@@ -68,7 +69,20 @@ my $small = body('ECHO', user => 'u');
 my $spilled = body('ECHO', user => $pad);
 $r = $n->chat($small, 'X-Tenant' => 'team-a');
 my $echo = decode_json($r->{json}{choices}[0]{message}{content});
-is($echo->{scope}, 'team-a', 'cache scope from the variable reaches the engine');
+# the scope crosses as HMAC-SHA-256 under the engine's key, never as the value itself
+is($echo->{scope}, Digest::SHA::hmac_sha256_hex('team-a', pack('H*', $echo->{scope_key})),
+   'cache scope reaches the engine as its keyed digest');
+unlike($echo->{scope} . $echo->{body}, qr/team-a/, 'the scope value itself is not in the record');
+my $long = 'k' x 5000;    # issue 14: scopes of any length (Bearer + a 256-byte key, and more)
+$r = $n->chat($small, 'X-Tenant' => $long);
+is($r->{status}, 200, 'a 5000-byte scope is served');
+$echo = decode_json($r->{json}{choices}[0]{message}{content});
+is($echo->{scope}, Digest::SHA::hmac_sha256_hex($long, pack('H*', $echo->{scope_key})),
+   'a 5000-byte scope: its digest');
+$r = $n->chat($small, 'X-Tenant' => 'team-b');
+isnt(decode_json($r->{json}{choices}[0]{message}{content})->{scope},
+     Digest::SHA::hmac_sha256_hex('team-a', pack('H*', $echo->{scope_key})),
+     'another scope, another digest');
 is_deeply(decode_json($echo->{body}), decode_json($small), 'engine got the validated body');
 $r = $n->chat($spilled);
 $echo = eval { decode_json($r->{json}{choices}[0]{message}{content}) };

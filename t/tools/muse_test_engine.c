@@ -56,7 +56,7 @@ static const char *request_text(cJSON *root)
     return "";
 }
 
-static void start_stream(stream *st, const muse_request *rq)
+static void start_stream(muse_server *server, stream *st, const muse_request *rq)
 {
     cJSON *root = cJSON_Parse(rq->body);
     const char *text = root ? request_text(root) : "";
@@ -74,10 +74,15 @@ static void start_stream(stream *st, const muse_request *rq)
     if (st->script == S_ECHO) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "body", rq->body);
-        char scope[MUSE_RING_MAX_SCOPE + 1];
-        memcpy(scope, rq->scope, rq->scope_len);
-        scope[rq->scope_len] = 0;
+        /* the scope arrives as a keyed digest: echo it and the key, in hex, for the test */
+        char scope[2 * MUSE_RING_MAX_SCOPE + 1], key[2 * MUSE_SCOPE_KEY_BYTES + 1];
+        for (size_t i = 0; i < rq->scope_len && i < MUSE_RING_MAX_SCOPE; i++)
+            snprintf(scope + 2 * i, 3, "%02x", (unsigned)(uint8_t)rq->scope[i]);
+        scope[2 * (rq->scope_len < MUSE_RING_MAX_SCOPE ? rq->scope_len : MUSE_RING_MAX_SCOPE)] = 0;
+        for (size_t i = 0; i < MUSE_SCOPE_KEY_BYTES; i++)
+            snprintf(key + 2 * i, 3, "%02x", (unsigned)muse_server_scope_key(server)[i]);
         cJSON_AddStringToObject(o, "scope", scope);
+        cJSON_AddStringToObject(o, "scope_key", key);
         char *s = cJSON_PrintUnformatted(o);
         cJSON *str = cJSON_CreateString(s);
         st->echo = cJSON_PrintUnformatted(str); /* a JSON string literal */
@@ -237,7 +242,7 @@ int main(int argc, char **argv)
         while (muse_server_next_request(s, &rq) == 1) {
             for (int i = 0; i < o.slots; i++)
                 if (!streams[i].used) {
-                    start_stream(&streams[i], &rq);
+                    start_stream(s, &streams[i], &rq);
                     break;
                 }
         }

@@ -29,7 +29,7 @@ static void test_layout(void)
     is_int(muse_ring_check_header(&h, h.total_bytes, &why), 0, "valid header accepted (%s)", why);
     ok(muse_ring_check_header(&h, h.total_bytes - 1, &why) == -1, "short mapping: %s", why);
     muse_ring_header bad = h;
-    bad.abi_version = 2;
+    bad.abi_version = MUSE_RING_ABI_VERSION + 1;
     ok(muse_ring_check_header(&bad, h.total_bytes, &why) == -1 && strstr(why, "ABI"),
        "other ABI version refused: %s", why);
     bad = h;
@@ -52,12 +52,16 @@ static void test_request_record(void)
     muse_request_view v;
     const char *why, *body = "{\"messages\":[]}";
     memset(area, 0xAB, sizeof area);
-    is_int(muse_request_encode(area, sizeof area, 42, MUSE_KIND_CHAT, MUSE_REQ_STREAM, "tenant", 6,
+    const char *digest = "0123456789abcdef0123456789abcdef"; /* a scope is a 32-byte digest */
+    is_int(muse_request_encode(area, sizeof area, 42, MUSE_KIND_CHAT, MUSE_REQ_STREAM, digest, 32,
                                body, strlen(body)),
            0, "encode");
+    ok(muse_request_encode(area, sizeof area, 42, MUSE_KIND_CHAT, 0, "tenant", 6, body,
+                           strlen(body)) == -1,
+       "encode refuses a scope that is not a digest (a raw value never enters the segment)");
     is_int(muse_request_decode(area, sizeof area, 42, &v, &why), 0, "decode (%s)", why);
     ok(v.kind == MUSE_KIND_CHAT && v.flags == MUSE_REQ_STREAM && v.generation == 42, "fields");
-    ok(v.scope_len == 6 && memcmp(v.scope, "tenant", 6) == 0, "scope round trip");
+    ok(v.scope_len == 32 && memcmp(v.scope, digest, 32) == 0, "scope digest round trip");
     ok(v.body_len == strlen(body) && memcmp(v.body, body, v.body_len) == 0, "body round trip");
     ok(muse_request_decode(area, sizeof area, 43, &v, &why) == -1 && strstr(why, "stale"),
        "stale generation rejected: %s", why);
@@ -74,6 +78,9 @@ static void test_request_record(void)
     r.scope_len = 100000;
     memcpy(area, &r, sizeof r);
     ok(muse_request_decode(area, sizeof area, 42, &v, &why) == -1, "huge scope: %s", why);
+    r.scope_len = 6;
+    memcpy(area, &r, sizeof r);
+    ok(muse_request_decode(area, sizeof area, 42, &v, &why) == -1, "6-byte scope: %s", why);
     r.scope_len = 0;
     r.kind = 9;
     memcpy(area, &r, sizeof r);
@@ -206,25 +213,57 @@ typedef struct {
     muse_ring_header *h;
 } mapping;
 
-static int map_segment(const char *name, mapping *m)
+/* Connects to the engine's socket and reads its hello; *seg gets the descriptor (or -1). */
+static int worker_connect(const char *sock, muse_hello_msg *hello, int *seg)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock);
+    *seg = -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) return -1;
+    struct iovec iov = {hello, sizeof *hello};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+    if (recvmsg(fd, &m, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof *hello) return -1;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    if (cm && cm->cmsg_type == SCM_RIGHTS) memcpy(seg, CMSG_DATA(cm), sizeof(int));
+    return fd;
+}
+
+/* The worker's side of the hello: a sealed descriptor of the announced size, mapped. */
+static int map_segment(const char *sock, mapping *m, muse_hello_msg *hello)
 {
     struct stat st;
     const char *why;
-    int fd = shm_open(name, O_RDWR, 0);
-    if (fd < 0) return -1;
-    fstat(fd, &st);
-    m->size = (size_t)st.st_size;
-    m->base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int seg, fd = worker_connect(sock, hello, &seg);
+    if (fd < 0 || seg < 0) return -1;
     close(fd);
+    int seals = fcntl(seg, F_GET_SEALS);
+    if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) return -2;
+    fstat(seg, &st);
+    if ((uint64_t)st.st_size != hello->total_bytes) return -3;
+    m->size = (size_t)st.st_size;
+    m->base = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, seg, 0);
+    close(seg);
     if (m->base == MAP_FAILED) return -1;
     m->h = (muse_ring_header *)m->base;
+    if (m->h->generation != hello->generation) return -4;
     return muse_ring_check_header(m->h, m->size, &why);
 }
 
-/* Claims slot i, writes the record, connects and sends the claim. Returns the socket. */
+/* Connects (reading the hello), claims slot i, writes the record and sends the claim on the
+ * same connection. Returns the socket. */
 static int worker_submit(mapping *m, const char *sock, uint32_t i, const char *body,
                          uint64_t *gen_out, int corrupt)
 {
+    muse_hello_msg hello;
+    int seg, fd = worker_connect(sock, &hello, &seg);
+    if (fd < 0) return -1;
+    if (seg >= 0) close(seg);
     muse_ring_slot *sl = muse_ring_slot_at(m->base, m->h, i);
     uint32_t want = MUSE_SLOT_FREE;
     if (!atomic_compare_exchange_strong(&sl->state, &want, MUSE_SLOT_CLAIMED)) return -1;
@@ -234,13 +273,10 @@ static int worker_submit(mapping *m, const char *sock, uint32_t i, const char *b
     atomic_store(&sl->tail, 0);
     atomic_store(&sl->wake, 0);
     muse_request_encode(muse_ring_request_area(sl), m->h->request_bytes, gen, MUSE_KIND_CHAT,
-                        MUSE_REQ_STREAM, "scopeX", 6, body, strlen(body));
+                        MUSE_REQ_STREAM, "scopeX-digest-of-32-bytes-......", 32, body,
+                        strlen(body));
     if (corrupt) ((muse_request_record *)muse_ring_request_area(sl))->body_len = 1u << 31;
     atomic_store(&sl->state, MUSE_SLOT_SUBMITTED);
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) return -1;
     muse_claim_msg c = {.magic = MUSE_CLAIM_MAGIC,
                         .abi_version = MUSE_RING_ABI_VERSION,
                         .segment_generation = m->h->generation,
@@ -294,7 +330,7 @@ static int wait_free(muse_server *s, int ms)
 
 static void test_server(void)
 {
-    char shm[64], sock[108], last[4096];
+    char shm[64], dir[64], sock[108], last[4096];
     int types[256];
     muse_server *s;
     muse_err e = {{0}};
@@ -302,7 +338,12 @@ static void test_server(void)
     mapping m;
     uint64_t gen;
     snprintf(shm, sizeof shm, "/muse-test-ring-%d", (int)getpid());
-    snprintf(sock, sizeof sock, "/tmp/muse-test-ring-%d.sock", (int)getpid());
+    snprintf(dir, sizeof dir, "/tmp/muse-test-ring-XXXXXX");
+    if (!mkdtemp(dir)) {
+        ok(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    snprintf(sock, sizeof sock, "%s/engine.sock", dir);
     muse_server_opts o = {.shm_name = shm,
                           .socket_path = sock,
                           .slots = 3,
@@ -316,7 +357,30 @@ static void test_server(void)
     muse_server_set_state(s, MUSE_ENGINE_SERVING);
     struct stat st;
     ok(stat(sock, &st) == 0 && (st.st_mode & 0777) == 0660, "socket is 0660");
-    is_int(map_segment(shm, &m), 0, "worker maps and checks the segment");
+    muse_hello_msg hello;
+    is_int(map_segment(sock, &m, &hello), 0, "worker maps the sealed segment of the hello");
+    ok(hello.magic == MUSE_HELLO_MAGIC && hello.abi_version == MUSE_RING_ABI_VERSION &&
+           hello.generation == muse_server_generation(s),
+       "hello: magic, ABI, generation");
+    ok(memcmp(hello.scope_key, muse_server_scope_key(s), MUSE_SCOPE_KEY_BYTES) == 0,
+       "hello carries the scope key");
+    ok(memmem(m.base, m.size, hello.scope_key, MUSE_SCOPE_KEY_BYTES) == NULL,
+       "the scope key is nowhere in the segment");
+    char devshm[80];
+    snprintf(devshm, sizeof devshm, "/dev/shm%s", shm);
+    ok(access(devshm, F_OK) != 0 && errno == ENOENT, "nothing under the name in /dev/shm");
+    {
+        int seg, c = worker_connect(sock, &hello, &seg);
+        ok(c >= 0 && seg >= 0, "every connection gets the descriptor");
+        int seals = fcntl(seg, F_GET_SEALS);
+        ok((seals & F_SEAL_SEAL) && !(seals & F_SEAL_WRITE), "sealed for good, still writable");
+        ok(ftruncate(seg, 4096) != 0 && errno == EPERM, "shrinking it fails: EPERM");
+        ok(ftruncate(seg, (off_t)hello.total_bytes * 2) != 0 && errno == EPERM,
+           "growing it fails: EPERM");
+        ok(fcntl(seg, F_ADD_SEALS, F_SEAL_WRITE) != 0, "nobody can add a seal (F_SEAL_SEAL)");
+        close(seg);
+        close(c);
+    }
     muse_server_set_health(s, "{\"status\":\"ok\"}", 15);
     uint64_t hl = 0;
     is_int(
@@ -331,7 +395,7 @@ static void test_server(void)
     ok(rq.ref.index == 1 && rq.ref.generation == gen && rq.kind == MUSE_KIND_CHAT,
        "slot, gen, kind");
     is_str(rq.body, "{\"hello\":1}", "body NUL-terminated private copy");
-    ok(rq.scope_len == 6 && memcmp(rq.scope, "scopeX", 6) == 0, "scope");
+    ok(rq.scope_len == 32 && memcmp(rq.scope, "scopeX-digest", 13) == 0, "scope digest");
     char pay[1000];
     memset(pay, 'x', sizeof pay);
     int emitted = 0, rc;
@@ -406,23 +470,39 @@ static void test_server(void)
     struct sockaddr_un ia = {.sun_family = AF_UNIX};
     snprintf(ia.sun_path, sizeof ia.sun_path, "%s", sock);
     ok(connect(idle, (struct sockaddr *)&ia, sizeof ia) == 0, "a silent connection is accepted");
-    char ib;
-    ok(wait_readable(idle, 4000) && read(idle, &ib, 1) == 0, "and closed by the engine within 4 s");
+    char ib[sizeof(muse_hello_msg)];
+    ok(wait_readable(idle, 1000) && read(idle, ib, sizeof ib) == (ssize_t)sizeof ib, "hello");
+    ok(wait_readable(idle, 4000) && read(idle, ib, 1) == 0, "and closed by the engine within 4 s");
     close(idle);
 
     /* stop: header says DOWN, names unlinked */
     uint64_t g = muse_server_generation(s);
     muse_server_stop(s);
     ok(atomic_load(&m.h->state) == MUSE_ENGINE_DOWN && m.h->generation == g, "old mapping: DOWN");
-    ok(shm_open(shm, O_RDONLY, 0) < 0 && errno == ENOENT, "segment unlinked");
     ok(access(sock, F_OK) != 0, "socket unlinked");
-    munmap(m.base, m.size);
+    uint8_t old_key[MUSE_SCOPE_KEY_BYTES];
+    memcpy(old_key, hello.scope_key, sizeof old_key);
 
-    /* a second engine on a live socket is refused */
+    /* a restart is a new segment, a new generation and a new scope key */
     muse_server *s2, *s3;
     ok(muse_server_start(&o, &s2, &e) == 0, "restart");
+    mapping m2;
+    is_int(map_segment(sock, &m2, &hello), 0, "the restarted engine hands over its segment");
+    ok(hello.generation != g && m2.h->generation != g, "a new generation");
+    ok(memcmp(hello.scope_key, old_key, sizeof old_key) != 0, "a new scope key");
+    ok(atomic_load(&m.h->state) == MUSE_ENGINE_DOWN, "the old mapping still reads DOWN");
+    munmap(m.base, m.size);
+    munmap(m2.base, m2.size);
+    /* a second engine on a live socket is refused */
     ok(muse_server_start(&o, &s3, &e) == -1 && strstr(e.msg, "another engine"), "%s", e.msg);
     muse_server_stop(s2);
+
+    /* a socket directory others can write is refused, by name */
+    chmod(dir, 0777);
+    ok(muse_server_start(&o, &s3, &e) == -1 && strstr(e.msg, dir) && strstr(e.msg, "others"),
+       "world-writable socket directory refused: %s", e.msg);
+    chmod(dir, 0700);
+    rmdir(dir);
 }
 
 int main(void)
