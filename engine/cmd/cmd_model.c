@@ -16,7 +16,7 @@
 
 typedef struct {
     const char *model, *tokens, *out, *messages, *tokenizer;
-    long long max_tokens, chunk, threads, seed, top_k;
+    long long max_tokens, chunk, threads, seed, top_k, ranks;
     double temperature, top_p, min_p;
 } run_flags;
 
@@ -29,13 +29,15 @@ static int bad(const char *cmd, const char *msg)
 /* Parses the flags shared by logits and generate; returns -1 on success, else an exit code. */
 static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f, const char *help)
 {
-    static const struct option opts[] = {
-        {"model", 1, 0, 'm'},       {"tokens", 1, 0, 't'}, {"out", 1, 0, 'o'},
-        {"max-tokens", 1, 0, 'n'},  {"chunk", 1, 0, 'c'},  {"threads", 1, 0, 'j'},
-        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'},  {"top-p", 1, 0, 'p'},
-        {"min-p", 1, 0, 'P'},       {"seed", 1, 0, 's'},   {"messages", 1, 0, 'M'},
-        {"tokenizer", 1, 0, 'K'},   {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
-    *f = (run_flags){.max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0};
+    static const struct option opts[] = {{"model", 1, 0, 'm'},       {"tokens", 1, 0, 't'},
+                                         {"out", 1, 0, 'o'},         {"max-tokens", 1, 0, 'n'},
+                                         {"chunk", 1, 0, 'c'},       {"threads", 1, 0, 'j'},
+                                         {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'},
+                                         {"top-p", 1, 0, 'p'},       {"min-p", 1, 0, 'P'},
+                                         {"seed", 1, 0, 's'},        {"messages", 1, 0, 'M'},
+                                         {"tokenizer", 1, 0, 'K'},   {"ranks", 1, 0, 'R'},
+                                         {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+    *f = (run_flags){.max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0, .ranks = 1};
     muse_err e = {{0}};
     int ch;
     optind = 1;
@@ -66,6 +68,9 @@ static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f,
             break;
         case 'j':
             rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
+            break;
+        case 'R':
+            rc = muse_parse_long("--ranks", optarg, 1, MUSE_MAX_RANKS, &f->ranks, &e);
             break;
         case 'T':
             rc = muse_parse_double("--temperature", optarg, 0, 2, &f->temperature, &e);
@@ -140,6 +145,7 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
     muse_backend_opts o = {.max_rows = chunk > 0 ? chunk : 1,
                            .max_seqs = 1,
                            .context = context > 0 ? context : 1,
+                           .ranks = (int)f->ranks,
                            .threads = (int)f->threads};
     s->be = muse_backend_create("cpu", &s->model, &o, &e);
     if (!s->be) {
@@ -210,8 +216,11 @@ static int write_rows(void *ctx, const float *logits, long rows)
 
 static const char logits_help[] =
     "usage: muse-engine logits --model DIR --tokens 1,2,3 --out FILE [--chunk N] [--threads N]\n"
+    "                          [--ranks N]\n"
     "Runs the prompt and writes fp32 little-endian logits: T rows of vocab_size, one per "
     "position.\n"
+    "--ranks N splits the model over N tensor-parallel ranks in this process (sums in rank\n"
+    "order); the config must allow it (heads divisible, split widths multiples of 128).\n"
     "--chunk N feeds the prompt N rows a forward (the result is bit-identical for every N).\n";
 
 int muse_cmd_logits(int argc, char **argv)

@@ -18,7 +18,7 @@
 
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
-    long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms;
+    long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms, ranks;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
     bool fault_heap_overflow;
@@ -45,6 +45,7 @@ static const char serve_help[] =
     "  --queue N        requests waiting behind them, default 16 (more get 503 with Retry-After)\n"
     "  --context N      positions a stream may hold, default min(max_position_embeddings, 4096)\n"
     "  --max-rows N     rows a round (prompt chunks + decode tokens), default 256\n"
+    "  --ranks N        tensor-parallel ranks in this process (default 1; sums in rank order)\n"
     "  --threads N      threads for matrix products and for drawing the streams' tokens of a\n"
     "                   round, default one per core\n"
     "  --reserve-gib X  memory reserved for the rest of the machine, shown in /health\n"
@@ -83,6 +84,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                          {"context", 1, 0, 'c'},
                                          {"max-rows", 1, 0, 'r'},
                                          {"threads", 1, 0, 'j'},
+                                         {"ranks", 1, 0, 'N'},
                                          {"script-delay-ms", 1, 0, 'd'},
                                          {"drain-ms", 1, 0, 'D'},
                                          {"reserve-gib", 1, 0, 'R'},
@@ -103,6 +105,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     *f = (serve_flags){.shm = "/muse-engine",
                        .backend = "cpu",
                        .streams = 4,
+                       .ranks = 1,
                        .queue = 16,
                        .max_rows = 256,
                        .drain_ms = 30000,
@@ -154,6 +157,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
             break;
         case 'j':
             rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
+            break;
+        case 'N':
+            rc = muse_parse_long("--ranks", optarg, 1, MUSE_MAX_RANKS, &f->ranks, &e);
             break;
         case 'd':
             rc = muse_parse_long("--script-delay-ms", optarg, 0, 10000, &f->script_delay_ms, &e);
@@ -439,20 +445,26 @@ int muse_cmd_serve(int argc, char **argv)
             goto fail;
         }
         /* the pool holds every stream's context, plus what the prompt cache may keep */
-        uint64_t block_bytes = MUSE_KV_BLOCK * muse_kv_full_bytes_per_token(&model.cfg);
+        int ranks = (int)f.ranks; /* the pool and the cache are sized a rank */
+        uint64_t block_bytes =
+            MUSE_KV_BLOCK *
+            muse_kv_rank_bytes(&model.cfg, muse_kv_full_bytes_per_token(&model.cfg), ranks);
         int64_t per_seq = (f.context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
         int64_t blocks = f.kv_blocks ? f.kv_blocks : f.streams * per_seq;
         if (!f.kv_blocks && block_bytes)
             blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
         if (blocks > INT32_MAX) blocks = INT32_MAX;
         uint64_t cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0);
-        muse_backend_opts bo = {.max_rows = (long)f.max_rows,
-                                .max_seqs = (int)f.streams,
-                                .context = f.context,
-                                .threads = (int)f.threads,
-                                .kv_blocks = blocks,
-                                .snapshot_slots = muse_pcache_slots_for(
-                                    cache_bytes, muse_kv_snapshot_bytes(&model.cfg))};
+        muse_backend_opts bo = {
+            .max_rows = (long)f.max_rows,
+            .max_seqs = (int)f.streams,
+            .context = f.context,
+            .threads = (int)f.threads,
+            .ranks = (int)f.ranks,
+            .kv_blocks = blocks,
+            .snapshot_slots = muse_pcache_slots_for(
+                cache_bytes,
+                muse_kv_rank_bytes(&model.cfg, muse_kv_snapshot_bytes(&model.cfg), ranks))};
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         h.be = be;
         fwd = muse_forward_create(be);

@@ -16,6 +16,18 @@ typedef enum {
     MUSE_SHARD_INPUT       /* split by input; partial outputs are summed across ranks */
 } muse_shard;
 
+/* What a linear is in the block: its split across ranks follows from it. */
+typedef enum {
+    MUSE_ROLE_Q,
+    MUSE_ROLE_K,
+    MUSE_ROLE_V,
+    MUSE_ROLE_GATE,
+    MUSE_ROLE_O,
+    MUSE_ROLE_MLP_IN,  /* gate_proj, up_proj of a dense MLP, an expert or the shared experts */
+    MUSE_ROLE_MLP_OUT, /* their down_proj */
+    MUSE_ROLE_HEAD
+} muse_lin_role;
+
 /* y[rows x n] = x[rows x k] W. A dense weight is stored as HF writes it: [n, k]. */
 typedef struct {
     muse_linear_kind kind;
@@ -24,7 +36,11 @@ typedef struct {
     const muse_tensor *w;
     muse_exl3_weight exl3;
     muse_shard shard;
+    muse_lin_role role;
     int32_t id; /* 0 .. n_linears-1: a device backend finds its copy by this */
+    /* a dense view: weight row r is tensor row row0 + r, columns col0 .. col0 + k of rows ld
+     * long (a rank's shard; the whole tensor has row0 = col0 = 0, ld = k) */
+    int64_t row0, col0, ld;
 } muse_linear;
 
 /* A weight vector (norms, router bias) as an fp32 copy, checked finite at load. */
