@@ -195,7 +195,7 @@ static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all
                         .seqs = seq,
                         .want_logits = want,
                         .sampling = sampling && last ? sampling : NULL,
-                        .draw_pos = &draw_pos,
+                        .draw_pos = sampling && last ? &draw_pos : NULL,
                         .return_logits = fn != NULL};
         muse_round_out out;
         if (muse_forward_run(s->fwd, &b, &out, e)) return -1;

@@ -183,7 +183,7 @@ static int cpu_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
     for (long i = 0; i < c->wanted; i++) {
         if (i >= n) c->want_rows[i] = c->want_rows[n - 1];
         c->sampling[i] = r->sampling && i < n ? r->sampling[i] : greedy;
-        c->draw_pos[i] = r->draw_pos && i < n ? r->draw_pos[i] : 0;
+        c->draw_pos[i] = r->sampling && r->draw_pos && i < n ? r->draw_pos[i] : 0;
     }
     /* the block tables of the round's sequences, as they are now */
     for (long i = 0; i < r->rows; i++) {
