@@ -18,6 +18,8 @@
 
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
+    const char *config, *codebook; /* --synthetic-weights: the shape, the EXL3 codebook */
+    long long synthetic, bits;     /* the seed (-1: none), EXL3 bits (0: fp16) */
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms, ranks;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
@@ -61,7 +63,10 @@ static const char serve_help[] =
     "                   every stream's whole context plus the prompt cache budget\n"
     "  --backend script replays token ids from --script FILE (a JSON array of id arrays) instead\n"
     "                   of running the model; request i gets list seed %% count. For tests.\n"
-    "  --tokenizer      default DIR/tokenizer.json\n";
+    "  --tokenizer      default DIR/tokenizer.json\n"
+    "  --synthetic-weights SEED --config FILE [--bits B] [--codebook mul1|mcg|3inst]\n"
+    "                   weights filled from SEED in memory for the shape of FILE (no pack;\n"
+    "                   fp16, or EXL3 at B bits with the head at 6); needs --tokenizer\n";
 
 static int bad(const char *msg)
 {
@@ -85,6 +90,10 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                          {"max-rows", 1, 0, 'r'},
                                          {"threads", 1, 0, 'j'},
                                          {"ranks", 1, 0, 'N'},
+                                         {"synthetic-weights", 1, 0, 'Y'},
+                                         {"config", 1, 0, 'C'},
+                                         {"bits", 1, 0, 'B'},
+                                         {"codebook", 1, 0, 'k'},
                                          {"script-delay-ms", 1, 0, 'd'},
                                          {"drain-ms", 1, 0, 'D'},
                                          {"reserve-gib", 1, 0, 'R'},
@@ -106,6 +115,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .backend = "cpu",
                        .streams = 4,
                        .ranks = 1,
+                       .synthetic = -1,
                        .queue = 16,
                        .max_rows = 256,
                        .drain_ms = 30000,
@@ -160,6 +170,18 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
             break;
         case 'N':
             rc = muse_parse_long("--ranks", optarg, 1, MUSE_MAX_RANKS, &f->ranks, &e);
+            break;
+        case 'Y':
+            rc = muse_parse_long("--synthetic-weights", optarg, 0, INT64_MAX, &f->synthetic, &e);
+            break;
+        case 'C':
+            f->config = optarg;
+            break;
+        case 'B':
+            rc = muse_parse_long("--bits", optarg, 0, 8, &f->bits, &e);
+            break;
+        case 'k':
+            f->codebook = optarg;
             break;
         case 'd':
             rc = muse_parse_long("--script-delay-ms", optarg, 0, 10000, &f->script_delay_ms, &e);
@@ -218,7 +240,14 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     bool script = strcmp(f->backend, "script") == 0;
     if (!script && strcmp(f->backend, "cpu") != 0) return bad("--backend must be cpu or script");
     if (script && !f->script) return bad("--backend script needs --script FILE");
-    if (!script && !f->model) return bad("--model DIR is required");
+    if (f->synthetic >= 0 && f->model)
+        return bad("--model and --synthetic-weights name the weights twice: give one");
+    if (f->synthetic >= 0 && (!f->config || !f->tokenizer))
+        return bad("--synthetic-weights SEED needs --config FILE and --tokenizer FILE");
+    if (f->synthetic < 0 && (f->config || f->bits || f->codebook))
+        return bad("--config, --bits and --codebook go with --synthetic-weights SEED");
+    if (!script && !f->model && f->synthetic < 0)
+        return bad("--model DIR (or --synthetic-weights SEED --config FILE) is required");
     if (script && !f->model && !f->tokenizer)
         return bad("--backend script needs --tokenizer FILE or --model DIR");
     return -1;
@@ -434,7 +463,10 @@ int muse_cmd_serve(int argc, char **argv)
         if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
         if (!f.context) f.context = 4096;
     } else {
-        if (muse_model_load(f.model, &model, &e)) goto fail;
+        muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook};
+        if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
+                             : muse_model_load(f.model, &model, &e))
+            goto fail;
         h.model = &model;
         if (!f.context)
             f.context =

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include "pack/synthetic.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <time.h>
@@ -270,12 +272,51 @@ static void prefault(const muse_model *m)
     (void)sink;
 }
 
+static int load_tensors(muse_model *m, muse_err *e);
+
 int muse_model_load(const char *dir, muse_model *m, muse_err *e)
 {
     memset(m, 0, sizeof *m);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     if (muse_config_load(dir, &m->cfg, e)) return -1;
     if (muse_st_open(dir, &m->st, e)) return -1;
+    return load_tensors(m, e);
+}
+
+int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->dir, sizeof m->dir, "synthetic weights (seed %llu)", (unsigned long long)o->seed);
+    char *buf;
+    size_t len;
+    if (muse_read_file(o->config, 16 << 20, &buf, &len, e)) return -1;
+    muse_err why = {{0}};
+    int rc = muse_config_parse(buf, len, &m->cfg, &why);
+    free(buf);
+    if (rc) return muse_fail(e, "--config %s: %s", o->config, why.msg);
+    muse_synth_list l = {.dtype = MUSE_DT_F16, .router_bias = 1, .cb = MUSE_CB_MUL1};
+    if (o->codebook && muse_codebook_parse(o->codebook, &l.cb))
+        return muse_fail(e, "--codebook %s: unknown; use mul1, mcg or 3inst", o->codebook);
+    if (o->bits < 0 || o->bits > MUSE_EXL3_MAX_BITS)
+        return muse_fail(e, "--bits %d: must be 0 (fp16) or 1 .. %d", o->bits, MUSE_EXL3_MAX_BITS);
+    l.exl3_bits = o->bits;
+    l.head_bits = o->bits ? 6 : 0;
+    if (o->bits) {
+        m->cfg.quantized = true;
+        m->cfg.quant_bits = o->bits;
+        m->cfg.quant_head_bits = 6;
+        snprintf(m->cfg.quant_codebook, sizeof m->cfg.quant_codebook, "%s",
+                 muse_codebook_name(l.cb));
+    }
+    muse_synth_specs(&m->cfg, &l);
+    rc = muse_synth_st(&m->cfg, &l, o->seed, &m->st, e);
+    muse_synth_free(&l);
+    return rc ? -1 : load_tensors(m, e);
+}
+
+/* The tensors of m->st checked against m->cfg and grouped per layer. */
+static int load_tensors(muse_model *m, muse_err *e)
+{
     const muse_config *c = &m->cfg;
     char key[256];
     m->embed = find_prefixed(m, "embed_tokens.weight", key, sizeof key);

@@ -79,6 +79,16 @@ typedef struct {
 
 /* Loads and checks a pack. Prints progress on stderr when reading takes over a second. */
 int muse_model_load(const char *dir, muse_model *m, muse_err *e);
+
+/* Weights from a seed, no files: every tensor of the config file's shape filled in memory
+ * (synthetic.h), fp16 (bits 0) or EXL3 at bits (1..8; the head at 6) with codebook. */
+typedef struct {
+    const char *config; /* a config.json */
+    uint64_t seed;
+    int bits;
+    const char *codebook; /* "mul1" (default), "mcg", "3inst" */
+} muse_synthetic;
+int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e);
 void muse_model_free(muse_model *m);
 
 /* Reads one embedding row as fp32. */

@@ -61,7 +61,7 @@ def main():
         return tap.done()
     with tempfile.TemporaryDirectory(prefix="muse-ranks-") as tmp:
         tokens = [(i * 7919 + 13) % 1000 for i in range(41)]
-        for kind, extra in (("fp16", []), ("exl3-4", ["--exl3-random", "4"])):
+        for kind, extra in (("fp16", []), ("exl3-4", ["--exl3-random", "4", "--codebook", "mul1"])):
             pack = os.path.join(tmp, kind)
             rc, err = run([PACK, "--config", "conf/packs/tiny-tp.json", "--out", pack, "--seed", "7"] + extra)
             if not ok(rc == 0, f"{kind}: muse-pack makes the tiny-tp pack"):
@@ -81,6 +81,18 @@ def main():
                        f"{kind} --ranks {n}: really summed across ranks (bits differ from one rank)")
                 again = logits(pack, tokens, os.path.join(tmp, f"{kind}.{n}b"), n)
                 ok(again is not None and np.array_equal(got, again), f"{kind} --ranks {n}: twice, bit-identical")
+            # weights from a seed, no files: the same tensors as muse-pack's, so the same bits
+            syn = os.path.join(tmp, f"{kind}.syn")
+            cmd = [ENGINE, "logits", "--synthetic-weights", "7", "--config", "conf/packs/tiny-tp.json",
+                   "--tokens", ",".join(map(str, tokens)), "--out", syn, "--ranks", "2"]
+            if extra:
+                cmd += ["--bits", "4", "--codebook", "mul1"]
+            rc, err = run(cmd)
+            pk = os.path.join(tmp, f"{kind}.2")
+            ok(rc == 0 and os.path.exists(pk) and open(syn, "rb").read() == open(pk, "rb").read(),
+               f"{kind} --synthetic-weights 7 --ranks 2: the logits of the seed-7 pack, bit for bit")
+            if rc:
+                diag(err)
             chunked = logits(pack, tokens, os.path.join(tmp, f"{kind}.c7"), 2, chunk=7)
             single = logits(pack, tokens, os.path.join(tmp, f"{kind}.c1"), 2, chunk=1)
             ok(chunked is not None and single is not None and np.array_equal(chunked, single),
@@ -94,6 +106,15 @@ def main():
             ("0", os.path.join(tmp, "fp16"), "--ranks"),
             ("two", os.path.join(tmp, "fp16"), "--ranks"),
         ]
+        for args, want in ((["--synthetic-weights", "1"], "needs --config FILE"),
+                           (["--synthetic-weights", "1", "--config", "conf/packs/tiny.json", "--bits", "9"], "--bits"),
+                           (["--synthetic-weights", "1", "--config", "conf/packs/tiny.json", "--codebook", "x"],
+                            "--codebook x: unknown; use mul1, mcg or 3inst"),
+                           (["--synthetic-weights", "1", "--config", "/nonexistent.json"], "/nonexistent.json")):
+            rc, err = run([ENGINE, "logits", "--tokens", "1,2", "--out", os.path.join(tmp, "x")] + args)
+            ok(rc == 2 and want in err, f"{' '.join(args)}: refused with exit 2 ('{want}')")
+            if not (rc == 2 and want in err):
+                diag(f"exit {rc}: {err.strip()}")
         for value, pack, want in cases:
             rc, err = run([ENGINE, "logits", "--model", pack, "--tokens", "1,2,3", "--out",
                            os.path.join(tmp, "x"), "--ranks", value])
