@@ -74,10 +74,9 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
         return muse_fail(e, "--kv-blocks %lld: at most %d", (long long)n_blocks, INT32_MAX);
     muse_kv_pool_init(&be->kv, (int32_t)n_blocks, o->max_seqs, o->context);
     /* a rank holds its KV heads; when there are fewer heads than ranks each rank holds one */
-    uint64_t heads = (uint64_t)cfg->n_kv_heads,
-             per_rank = heads >= (uint64_t)ranks ? heads / (uint64_t)ranks : 1;
-    be->kv_block_bytes = muse_kv_full_bytes_per_token(cfg) / heads * per_rank * MUSE_KV_BLOCK;
-    be->snapshot_bytes = muse_kv_snapshot_bytes(cfg) / heads * per_rank;
+    be->kv_block_bytes =
+        muse_kv_rank_bytes(cfg, muse_kv_full_bytes_per_token(cfg), ranks) * MUSE_KV_BLOCK;
+    be->snapshot_bytes = muse_kv_rank_bytes(cfg, muse_kv_snapshot_bytes(cfg), ranks);
     for (int r = 0; r < ranks; r++) be->ranks[r].device = o->devices[r];
     return 0;
 }

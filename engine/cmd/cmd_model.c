@@ -15,8 +15,8 @@
 #include "text/sampler.h"
 
 typedef struct {
-    const char *model, *tokens, *out, *messages, *tokenizer;
-    long long max_tokens, chunk, threads, seed, top_k;
+    const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook;
+    long long max_tokens, chunk, threads, seed, top_k, ranks, synthetic, bits;
     double temperature, top_p, min_p;
 } run_flags;
 
@@ -30,12 +30,18 @@ static int bad(const char *cmd, const char *msg)
 static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f, const char *help)
 {
     static const struct option opts[] = {
-        {"model", 1, 0, 'm'},       {"tokens", 1, 0, 't'}, {"out", 1, 0, 'o'},
-        {"max-tokens", 1, 0, 'n'},  {"chunk", 1, 0, 'c'},  {"threads", 1, 0, 'j'},
-        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'},  {"top-p", 1, 0, 'p'},
-        {"min-p", 1, 0, 'P'},       {"seed", 1, 0, 's'},   {"messages", 1, 0, 'M'},
-        {"tokenizer", 1, 0, 'K'},   {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
-    *f = (run_flags){.max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0};
+        {"model", 1, 0, 'm'},       {"tokens", 1, 0, 't'},
+        {"out", 1, 0, 'o'},         {"max-tokens", 1, 0, 'n'},
+        {"chunk", 1, 0, 'c'},       {"threads", 1, 0, 'j'},
+        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'},
+        {"top-p", 1, 0, 'p'},       {"min-p", 1, 0, 'P'},
+        {"seed", 1, 0, 's'},        {"messages", 1, 0, 'M'},
+        {"tokenizer", 1, 0, 'K'},   {"ranks", 1, 0, 'R'},
+        {"help", 0, 0, 'h'},        {"synthetic-weights", 1, 0, 'S'},
+        {"config", 1, 0, 'C'},      {"bits", 1, 0, 'b'},
+        {"codebook", 1, 0, 'B'},    {0, 0, 0, 0}};
+    *f = (run_flags){
+        .max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0, .ranks = 1, .synthetic = -1};
     muse_err e = {{0}};
     int ch;
     optind = 1;
@@ -67,6 +73,21 @@ static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f,
         case 'j':
             rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
             break;
+        case 'R':
+            rc = muse_parse_long("--ranks", optarg, 1, MUSE_MAX_RANKS, &f->ranks, &e);
+            break;
+        case 'S':
+            rc = muse_parse_long("--synthetic-weights", optarg, 0, INT64_MAX, &f->synthetic, &e);
+            break;
+        case 'C':
+            f->config = optarg;
+            break;
+        case 'b':
+            rc = muse_parse_long("--bits", optarg, 0, 8, &f->bits, &e);
+            break;
+        case 'B':
+            f->codebook = optarg;
+            break;
         case 'T':
             rc = muse_parse_double("--temperature", optarg, 0, 2, &f->temperature, &e);
             break;
@@ -91,7 +112,14 @@ static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f,
         if (rc) return bad(cmd, e.msg);
     }
     if (optind < argc) return bad(cmd, "unexpected argument");
-    if (!f->model) return bad(cmd, "--model DIR is required");
+    if (f->synthetic >= 0 && f->model)
+        return bad(cmd, "--model and --synthetic-weights name the weights twice: give one");
+    if (f->synthetic >= 0 && !f->config)
+        return bad(cmd, "--synthetic-weights SEED needs --config FILE (the shape to fill)");
+    if (f->synthetic < 0 && (f->config || f->bits || f->codebook))
+        return bad(cmd, "--config, --bits and --codebook go with --synthetic-weights SEED");
+    if (!f->model && f->synthetic < 0)
+        return bad(cmd, "--model DIR (or --synthetic-weights SEED --config FILE) is required");
     return -1;
 }
 
@@ -115,7 +143,9 @@ static void session_close(session *s)
 static int session_start(const char *cmd, const run_flags *f, long long extra, session *s)
 {
     muse_err e = {{0}};
-    if (muse_model_load(f->model, &s->model, &e)) {
+    muse_synthetic syn = {f->config, (uint64_t)f->synthetic, (int)f->bits, f->codebook};
+    if (f->synthetic >= 0 ? muse_model_synthetic(&syn, &s->model, &e)
+                          : muse_model_load(f->model, &s->model, &e)) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
         return 2;
     }
@@ -140,6 +170,7 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
     muse_backend_opts o = {.max_rows = chunk > 0 ? chunk : 1,
                            .max_seqs = 1,
                            .context = context > 0 ? context : 1,
+                           .ranks = (int)f->ranks,
                            .threads = (int)f->threads};
     s->be = muse_backend_create("cpu", &s->model, &o, &e);
     if (!s->be) {
@@ -210,8 +241,11 @@ static int write_rows(void *ctx, const float *logits, long rows)
 
 static const char logits_help[] =
     "usage: muse-engine logits --model DIR --tokens 1,2,3 --out FILE [--chunk N] [--threads N]\n"
+    "                          [--ranks N]\n"
     "Runs the prompt and writes fp32 little-endian logits: T rows of vocab_size, one per "
     "position.\n"
+    "--ranks N splits the model over N tensor-parallel ranks in this process (sums in rank\n"
+    "order); the config must allow it (heads divisible, split widths multiples of 128).\n"
     "--chunk N feeds the prompt N rows a forward (the result is bit-identical for every N).\n";
 
 int muse_cmd_logits(int argc, char **argv)

@@ -18,7 +18,9 @@
 
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
-    long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms;
+    const char *config, *codebook; /* --synthetic-weights: the shape, the EXL3 codebook */
+    long long synthetic, bits;     /* the seed (-1: none), EXL3 bits (0: fp16) */
+    long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms, ranks;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
     bool fault_heap_overflow;
@@ -45,6 +47,7 @@ static const char serve_help[] =
     "  --queue N        requests waiting behind them, default 16 (more get 503 with Retry-After)\n"
     "  --context N      positions a stream may hold, default min(max_position_embeddings, 4096)\n"
     "  --max-rows N     rows a round (prompt chunks + decode tokens), default 256\n"
+    "  --ranks N        tensor-parallel ranks in this process (default 1; sums in rank order)\n"
     "  --threads N      threads for matrix products and for drawing the streams' tokens of a\n"
     "                   round, default one per core\n"
     "  --reserve-gib X  memory reserved for the rest of the machine, shown in /health\n"
@@ -60,7 +63,10 @@ static const char serve_help[] =
     "                   every stream's whole context plus the prompt cache budget\n"
     "  --backend script replays token ids from --script FILE (a JSON array of id arrays) instead\n"
     "                   of running the model; request i gets list seed %% count. For tests.\n"
-    "  --tokenizer      default DIR/tokenizer.json\n";
+    "  --tokenizer      default DIR/tokenizer.json\n"
+    "  --synthetic-weights SEED --config FILE [--bits B] [--codebook mul1|mcg|3inst]\n"
+    "                   weights filled from SEED in memory for the shape of FILE (no pack;\n"
+    "                   fp16, or EXL3 at B bits with the head at 6); needs --tokenizer\n";
 
 static int bad(const char *msg)
 {
@@ -83,6 +89,11 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                          {"context", 1, 0, 'c'},
                                          {"max-rows", 1, 0, 'r'},
                                          {"threads", 1, 0, 'j'},
+                                         {"ranks", 1, 0, 'N'},
+                                         {"synthetic-weights", 1, 0, 'Y'},
+                                         {"config", 1, 0, 'C'},
+                                         {"bits", 1, 0, 'B'},
+                                         {"codebook", 1, 0, 'k'},
                                          {"script-delay-ms", 1, 0, 'd'},
                                          {"drain-ms", 1, 0, 'D'},
                                          {"reserve-gib", 1, 0, 'R'},
@@ -103,6 +114,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     *f = (serve_flags){.shm = "/muse-engine",
                        .backend = "cpu",
                        .streams = 4,
+                       .ranks = 1,
+                       .synthetic = -1,
                        .queue = 16,
                        .max_rows = 256,
                        .drain_ms = 30000,
@@ -154,6 +167,21 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
             break;
         case 'j':
             rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
+            break;
+        case 'N':
+            rc = muse_parse_long("--ranks", optarg, 1, MUSE_MAX_RANKS, &f->ranks, &e);
+            break;
+        case 'Y':
+            rc = muse_parse_long("--synthetic-weights", optarg, 0, INT64_MAX, &f->synthetic, &e);
+            break;
+        case 'C':
+            f->config = optarg;
+            break;
+        case 'B':
+            rc = muse_parse_long("--bits", optarg, 0, 8, &f->bits, &e);
+            break;
+        case 'k':
+            f->codebook = optarg;
             break;
         case 'd':
             rc = muse_parse_long("--script-delay-ms", optarg, 0, 10000, &f->script_delay_ms, &e);
@@ -212,7 +240,14 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     bool script = strcmp(f->backend, "script") == 0;
     if (!script && strcmp(f->backend, "cpu") != 0) return bad("--backend must be cpu or script");
     if (script && !f->script) return bad("--backend script needs --script FILE");
-    if (!script && !f->model) return bad("--model DIR is required");
+    if (f->synthetic >= 0 && f->model)
+        return bad("--model and --synthetic-weights name the weights twice: give one");
+    if (f->synthetic >= 0 && (!f->config || !f->tokenizer))
+        return bad("--synthetic-weights SEED needs --config FILE and --tokenizer FILE");
+    if (f->synthetic < 0 && (f->config || f->bits || f->codebook))
+        return bad("--config, --bits and --codebook go with --synthetic-weights SEED");
+    if (!script && !f->model && f->synthetic < 0)
+        return bad("--model DIR (or --synthetic-weights SEED --config FILE) is required");
     if (script && !f->model && !f->tokenizer)
         return bad("--backend script needs --tokenizer FILE or --model DIR");
     return -1;
@@ -428,7 +463,10 @@ int muse_cmd_serve(int argc, char **argv)
         if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
         if (!f.context) f.context = 4096;
     } else {
-        if (muse_model_load(f.model, &model, &e)) goto fail;
+        muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook};
+        if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
+                             : muse_model_load(f.model, &model, &e))
+            goto fail;
         h.model = &model;
         if (!f.context)
             f.context =
@@ -439,20 +477,26 @@ int muse_cmd_serve(int argc, char **argv)
             goto fail;
         }
         /* the pool holds every stream's context, plus what the prompt cache may keep */
-        uint64_t block_bytes = MUSE_KV_BLOCK * muse_kv_full_bytes_per_token(&model.cfg);
+        int ranks = (int)f.ranks; /* the pool and the cache are sized a rank */
+        uint64_t block_bytes =
+            MUSE_KV_BLOCK *
+            muse_kv_rank_bytes(&model.cfg, muse_kv_full_bytes_per_token(&model.cfg), ranks);
         int64_t per_seq = (f.context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
         int64_t blocks = f.kv_blocks ? f.kv_blocks : f.streams * per_seq;
         if (!f.kv_blocks && block_bytes)
             blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
         if (blocks > INT32_MAX) blocks = INT32_MAX;
         uint64_t cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0);
-        muse_backend_opts bo = {.max_rows = (long)f.max_rows,
-                                .max_seqs = (int)f.streams,
-                                .context = f.context,
-                                .threads = (int)f.threads,
-                                .kv_blocks = blocks,
-                                .snapshot_slots = muse_pcache_slots_for(
-                                    cache_bytes, muse_kv_snapshot_bytes(&model.cfg))};
+        muse_backend_opts bo = {
+            .max_rows = (long)f.max_rows,
+            .max_seqs = (int)f.streams,
+            .context = f.context,
+            .threads = (int)f.threads,
+            .ranks = (int)f.ranks,
+            .kv_blocks = blocks,
+            .snapshot_slots = muse_pcache_slots_for(
+                cache_bytes,
+                muse_kv_rank_bytes(&model.cfg, muse_kv_snapshot_bytes(&model.cfg), ranks))};
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         h.be = be;
         fwd = muse_forward_create(be);

@@ -101,3 +101,13 @@ uint64_t muse_kv_snapshot_bytes(const muse_config *c)
     return layers_of(c, MUSE_ATTN_SLIDING) * 2 * (uint64_t)c->sliding_window *
            (uint64_t)(c->n_kv_heads * c->head_dim) * 2;
 }
+
+int64_t muse_kv_heads_per_rank(const muse_config *c, int ranks)
+{
+    return ranks <= 1 ? c->n_kv_heads : c->n_kv_heads >= ranks ? c->n_kv_heads / ranks : 1;
+}
+
+uint64_t muse_kv_rank_bytes(const muse_config *c, uint64_t bytes, int ranks)
+{
+    return bytes / (uint64_t)c->n_kv_heads * (uint64_t)muse_kv_heads_per_rank(c, ranks);
+}

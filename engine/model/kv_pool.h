@@ -44,5 +44,9 @@ uint64_t muse_kv_bytes_per_token(const struct muse_config *c);
 uint64_t muse_kv_full_bytes_per_token(const struct muse_config *c);
 /* The sliding layers' K and V of W positions: one prompt-cache snapshot. */
 uint64_t muse_kv_snapshot_bytes(const struct muse_config *c);
+/* KV heads one of `ranks` tensor-parallel ranks holds (one when there are fewer than ranks). */
+int64_t muse_kv_heads_per_rank(const struct muse_config *c, int ranks);
+/* The bytes above for one rank's share (its KV heads). */
+uint64_t muse_kv_rank_bytes(const struct muse_config *c, uint64_t bytes, int ranks);
 
 #endif

@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include "pack/synthetic.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <time.h>
@@ -78,14 +80,22 @@ static int load_vector(muse_model *m, const char *name, int64_t len, muse_vec *o
 }
 
 static int load_linear(muse_model *m, const char *name, int64_t k, int64_t n, bool pad_n,
-                       bool top_level, muse_shard shard, muse_linear *l, muse_err *e)
+                       bool top_level, muse_lin_role role, muse_linear *l, muse_err *e)
 {
+    static const muse_shard shard_of[] = {
+        [MUSE_ROLE_Q] = MUSE_SHARD_OUTPUT,      [MUSE_ROLE_K] = MUSE_SHARD_OUTPUT,
+        [MUSE_ROLE_V] = MUSE_SHARD_OUTPUT,      [MUSE_ROLE_GATE] = MUSE_SHARD_OUTPUT,
+        [MUSE_ROLE_O] = MUSE_SHARD_INPUT,       [MUSE_ROLE_MLP_IN] = MUSE_SHARD_OUTPUT,
+        [MUSE_ROLE_MLP_OUT] = MUSE_SHARD_INPUT, [MUSE_ROLE_HEAD] = MUSE_SHARD_OUTPUT};
+    muse_shard shard = shard_of[role];
     char key[256], tkey[300];
     memset(l, 0, sizeof *l);
     l->k = k;
     l->n = n;
     l->shard = shard;
+    l->role = role;
     l->id = m->n_linears++;
+    l->ld = k;
     /* the head sits at top level as HF writes it; also accepted under the prefix */
     const muse_tensor *w = NULL, *trellis = NULL;
     snprintf(key, sizeof key, "%s", name);
@@ -138,11 +148,11 @@ static int load_mlp(muse_model *m, const char *base, int64_t H, int64_t I, muse_
     char name[200];
     /* the intermediate dimension is split: gate and up by output, down by input */
     snprintf(name, sizeof name, "%s.gate_proj", base);
-    if (load_linear(m, name, H, I, false, false, MUSE_SHARD_OUTPUT, &mlp->gate, e)) return -1;
+    if (load_linear(m, name, H, I, false, false, MUSE_ROLE_MLP_IN, &mlp->gate, e)) return -1;
     snprintf(name, sizeof name, "%s.up_proj", base);
-    if (load_linear(m, name, H, I, false, false, MUSE_SHARD_OUTPUT, &mlp->up, e)) return -1;
+    if (load_linear(m, name, H, I, false, false, MUSE_ROLE_MLP_IN, &mlp->up, e)) return -1;
     snprintf(name, sizeof name, "%s.down_proj", base);
-    return load_linear(m, name, I, H, false, false, MUSE_SHARD_INPUT, &mlp->down, e);
+    return load_linear(m, name, I, H, false, false, MUSE_ROLE_MLP_OUT, &mlp->down, e);
 }
 
 static int load_layer(muse_model *m, int64_t i, muse_err *e)
@@ -162,16 +172,16 @@ static int load_layer(muse_model *m, int64_t i, muse_err *e)
     struct {
         const char *p;
         int64_t k, n;
-        muse_shard shard;
+        muse_lin_role role;
         muse_linear *l;
-    } att[5] = {{"q_proj", H, qd, MUSE_SHARD_OUTPUT, &ly->q},
-                {"k_proj", H, kvd, MUSE_SHARD_OUTPUT, &ly->k},
-                {"v_proj", H, kvd, MUSE_SHARD_OUTPUT, &ly->v},
-                {"gate_proj", H, qd, MUSE_SHARD_OUTPUT, &ly->gate},
-                {"o_proj", qd, H, MUSE_SHARD_INPUT, &ly->o}};
+    } att[5] = {{"q_proj", H, qd, MUSE_ROLE_Q, &ly->q},
+                {"k_proj", H, kvd, MUSE_ROLE_K, &ly->k},
+                {"v_proj", H, kvd, MUSE_ROLE_V, &ly->v},
+                {"gate_proj", H, qd, MUSE_ROLE_GATE, &ly->gate},
+                {"o_proj", qd, H, MUSE_ROLE_O, &ly->o}};
     for (int j = 0; j < 5; j++) {
         snprintf(name, sizeof name, "layers.%lld.self_attn.%s", (long long)i, att[j].p);
-        if (load_linear(m, name, att[j].k, att[j].n, false, false, att[j].shard, att[j].l, e))
+        if (load_linear(m, name, att[j].k, att[j].n, false, false, att[j].role, att[j].l, e))
             return -1;
     }
     snprintf(name, sizeof name, "layers.%lld.mlp", (long long)i);
@@ -262,12 +272,51 @@ static void prefault(const muse_model *m)
     (void)sink;
 }
 
+static int load_tensors(muse_model *m, muse_err *e);
+
 int muse_model_load(const char *dir, muse_model *m, muse_err *e)
 {
     memset(m, 0, sizeof *m);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     if (muse_config_load(dir, &m->cfg, e)) return -1;
     if (muse_st_open(dir, &m->st, e)) return -1;
+    return load_tensors(m, e);
+}
+
+int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->dir, sizeof m->dir, "synthetic weights (seed %llu)", (unsigned long long)o->seed);
+    char *buf;
+    size_t len;
+    if (muse_read_file(o->config, 16 << 20, &buf, &len, e)) return -1;
+    muse_err why = {{0}};
+    int rc = muse_config_parse(buf, len, &m->cfg, &why);
+    free(buf);
+    if (rc) return muse_fail(e, "--config %s: %s", o->config, why.msg);
+    muse_synth_list l = {.dtype = MUSE_DT_F16, .router_bias = 1, .cb = MUSE_CB_MUL1};
+    if (o->codebook && muse_codebook_parse(o->codebook, &l.cb))
+        return muse_fail(e, "--codebook %s: unknown; use mul1, mcg or 3inst", o->codebook);
+    if (o->bits < 0 || o->bits > MUSE_EXL3_MAX_BITS)
+        return muse_fail(e, "--bits %d: must be 0 (fp16) or 1 .. %d", o->bits, MUSE_EXL3_MAX_BITS);
+    l.exl3_bits = o->bits;
+    l.head_bits = o->bits ? 6 : 0;
+    if (o->bits) {
+        m->cfg.quantized = true;
+        m->cfg.quant_bits = o->bits;
+        m->cfg.quant_head_bits = 6;
+        snprintf(m->cfg.quant_codebook, sizeof m->cfg.quant_codebook, "%s",
+                 muse_codebook_name(l.cb));
+    }
+    muse_synth_specs(&m->cfg, &l);
+    rc = muse_synth_st(&m->cfg, &l, o->seed, &m->st, e);
+    muse_synth_free(&l);
+    return rc ? -1 : load_tensors(m, e);
+}
+
+/* The tensors of m->st checked against m->cfg and grouped per layer. */
+static int load_tensors(muse_model *m, muse_err *e)
+{
     const muse_config *c = &m->cfg;
     char key[256];
     m->embed = find_prefixed(m, "embed_tokens.weight", key, sizeof key);
@@ -287,10 +336,12 @@ int muse_model_load(const char *dir, muse_model *m, muse_err *e)
         m->head.k = c->hidden_size;
         m->head.n = c->vocab_size;
         m->head.w = m->embed;
+        m->head.ld = c->hidden_size;
         m->head.shard = MUSE_SHARD_OUTPUT;
+        m->head.role = MUSE_ROLE_HEAD;
         m->head.id = m->n_linears++;
-    } else if (load_linear(m, "lm_head", c->hidden_size, c->vocab_size, true, true,
-                           MUSE_SHARD_OUTPUT, &m->head, e)) {
+    } else if (load_linear(m, "lm_head", c->hidden_size, c->vocab_size, true, true, MUSE_ROLE_HEAD,
+                           &m->head, e)) {
         goto fail;
     }
     count_params(m);
@@ -340,7 +391,7 @@ static void build_f16_table(void)
 void muse_dense_row(const muse_linear *l, int64_t r, float *out)
 {
     const muse_tensor *t = l->w;
-    int64_t k = l->k, base = r * k;
+    int64_t k = l->k, base = (l->row0 + r) * (l->ld ? l->ld : k) + l->col0;
     if (t->dtype == MUSE_DT_F16) {
         pthread_once(&f16_once, build_f16_table);
         const uint16_t *p = (const uint16_t *)t->data + base;

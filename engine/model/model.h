@@ -16,6 +16,18 @@ typedef enum {
     MUSE_SHARD_INPUT       /* split by input; partial outputs are summed across ranks */
 } muse_shard;
 
+/* What a linear is in the block: its split across ranks follows from it. */
+typedef enum {
+    MUSE_ROLE_Q,
+    MUSE_ROLE_K,
+    MUSE_ROLE_V,
+    MUSE_ROLE_GATE,
+    MUSE_ROLE_O,
+    MUSE_ROLE_MLP_IN,  /* gate_proj, up_proj of a dense MLP, an expert or the shared experts */
+    MUSE_ROLE_MLP_OUT, /* their down_proj */
+    MUSE_ROLE_HEAD
+} muse_lin_role;
+
 /* y[rows x n] = x[rows x k] W. A dense weight is stored as HF writes it: [n, k]. */
 typedef struct {
     muse_linear_kind kind;
@@ -24,7 +36,11 @@ typedef struct {
     const muse_tensor *w;
     muse_exl3_weight exl3;
     muse_shard shard;
+    muse_lin_role role;
     int32_t id; /* 0 .. n_linears-1: a device backend finds its copy by this */
+    /* a dense view: weight row r is tensor row row0 + r, columns col0 .. col0 + k of rows ld
+     * long (a rank's shard; the whole tensor has row0 = col0 = 0, ld = k) */
+    int64_t row0, col0, ld;
 } muse_linear;
 
 /* A weight vector (norms, router bias) as an fp32 copy, checked finite at load. */
@@ -63,6 +79,16 @@ typedef struct {
 
 /* Loads and checks a pack. Prints progress on stderr when reading takes over a second. */
 int muse_model_load(const char *dir, muse_model *m, muse_err *e);
+
+/* Weights from a seed, no files: every tensor of the config file's shape filled in memory
+ * (synthetic.h), fp16 (bits 0) or EXL3 at bits (1..8; the head at 6) with codebook. */
+typedef struct {
+    const char *config; /* a config.json */
+    uint64_t seed;
+    int bits;
+    const char *codebook; /* "mul1" (default), "mcg", "3inst" */
+} muse_synthetic;
+int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e);
 void muse_model_free(muse_model *m);
 
 /* Reads one embedding row as fp32. */

@@ -208,6 +208,7 @@ static int check_trellis(const char *key, const muse_tensor *t, muse_exl3_weight
     w->n = 16 * d1;
     w->bits = (int)(last / 16);
     w->trellis = t->data;
+    w->tiles_ld = t->shape[1];
     return 0;
 }
 
@@ -259,6 +260,12 @@ int muse_exl3_from_tensors(const char *key, const muse_tensor *trellis, const mu
         w->bias = bias->data;
     }
     return 0;
+}
+
+/* Tiles a trellis row holds: n / 16 for a whole tensor, more for a column slice. */
+static int64_t tiles_ld(const muse_exl3_weight *w)
+{
+    return w->tiles_ld ? w->tiles_ld : w->n / 16;
 }
 
 float muse_exl3_in_scale(const muse_exl3_weight *w, int64_t i)
@@ -330,7 +337,8 @@ static void dequant_blocks(void *ctx, long begin, long end)
         for (int64_t tk = 0; tk < MUSE_EXL3_HAD / 16; tk++) {
             int64_t gtk = (int64_t)blk * (MUSE_EXL3_HAD / 16) + tk;
             for (int64_t tn = 0; tn < ntiles; tn++) {
-                decode_tile_flat(w->trellis + (gtk * ntiles + tn) * tile_len, w->bits, table, tw);
+                decode_tile_flat(w->trellis + (gtk * tiles_ld(w) + tn) * tile_len, w->bits, table,
+                                 tw);
                 for (int r = 0; r < 16; r++)
                     memcpy(m + (tk * 16 + r) * n + tn * 16, tw + r * 16, 16 * sizeof(float));
             }
@@ -404,13 +412,13 @@ static void linear_column_tiles(void *ctx, long begin, long end)
     const linear_job *job = ctx;
     const muse_exl3_weight *w = job->w;
     const float *table = muse_exl3_value_table(w->cb);
-    int64_t k = w->k, n = w->n, ntiles = n / 16, tile_len = 16 * w->bits;
+    int64_t k = w->k, n = w->n, tile_len = 16 * w->bits;
     float tw[256];
     for (long tn = begin; tn < end; tn++) {
         for (long r = 0; r < job->rows; r++)
             for (int c = 0; c < 16; c++) job->t[r * n + tn * 16 + c] = 0;
         for (int64_t tk = 0; tk < k / 16; tk++) {
-            decode_tile_flat(w->trellis + (tk * ntiles + tn) * tile_len, w->bits, table, tw);
+            decode_tile_flat(w->trellis + (tk * tiles_ld(w) + tn) * tile_len, w->bits, table, tw);
             for (long r = 0; r < job->rows; r++) {
                 const float *ar = job->a + r * k + tk * 16;
                 double *tr = job->t + r * n + tn * 16;

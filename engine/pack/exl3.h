@@ -39,6 +39,7 @@ typedef struct {
     int bits;        /* 1..8, from the trellis shape */
     muse_codebook cb;
     const uint16_t *trellis;   /* (k/16, n/16, 16*bits) */
+    int64_t tiles_ld;          /* tiles a trellis row holds: n/16 (or 0), more in a column slice */
     const uint16_t *suh, *svh; /* fp16 (k), (n); NULL when the legacy su/sv signs are used */
     const uint16_t *su, *sv;   /* legacy packed signs int16 (k/16), (n/16): bit set = -1 */
     const uint16_t *bias;      /* fp16 (n) or NULL */

@@ -776,6 +776,29 @@ int muse_st_open(const char *dir, muse_st **out, muse_err *e)
     return 0;
 }
 
+int muse_st_from_memory(muse_tensor *t, size_t n, void *block, size_t block_len, muse_st **out,
+                        muse_err *e)
+{
+    *out = NULL;
+    muse_st *st = MUSE_CALLOC(1, sizeof *st);
+    st->n_shards = 1;
+    st->shards = MUSE_CALLOC(1, sizeof *st->shards);
+    st->shards[0] =
+        (st_shard){.path = strdup("(synthetic weights)"), .map = block, .map_len = block_len};
+    MUSE_CHECK(st->shards[0].path);
+    for (size_t i = 0; i < n; i++) t[i].file = st->shards[0].path;
+    size_t counts[1] = {n};
+    muse_tensor *per[1] = {t};
+    int rc = merge_shards(st, per, counts, e);
+    muse_st_free_tensors(t, n);
+    if (rc) {
+        muse_st_close(st);
+        return -1;
+    }
+    *out = st;
+    return 0;
+}
+
 void muse_st_close(muse_st *st)
 {
     if (!st) return;

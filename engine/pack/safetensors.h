@@ -41,6 +41,10 @@ int muse_dtype_parse(const char *s, muse_dtype *out);
  * dir/model.safetensors, else the single *.safetensors file in dir. Errors name the file. */
 int muse_st_open(const char *dir, muse_st **out, muse_err *e);
 void muse_st_close(muse_st *st);
+/* A set over tensors already in memory (synthetic weights): takes t[0..n) (names owned, data
+ * inside block) and the anonymous mapping block of block_len bytes, freed at close. */
+int muse_st_from_memory(muse_tensor *t, size_t n, void *block, size_t block_len, muse_st **out,
+                        muse_err *e);
 
 const muse_tensor *muse_st_find(const muse_st *st, const char *name); /* NULL when absent */
 size_t muse_st_count(const muse_st *st);

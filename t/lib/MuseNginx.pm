@@ -161,7 +161,7 @@ sub start_real_engine {
         print $fh JSON::PP->new->encode($o{script});
         close $fh;
         push @args, '--script', $file, '--tokenizer', $o{tokenizer} // tiny_pack() . '/tokenizer.json';
-    } else {
+    } elsif (!$o{no_model}) {    # no_model: the args name the weights (--synthetic-weights)
         push @args, '--model', $o{model} // tiny_pack();
     }
     push @args, @{ $o{args} // [] };

@@ -1,9 +1,24 @@
 /* The CPU reference backend: every operation of backend.h in plain C with fp32 sums in a
- * fixed order, so a row's result never depends on the batch, the chunking or the threads. */
+ * fixed order, so a row's result never depends on the batch, the chunking or the threads.
+ * With --ranks N it holds N ranks in one process, each with only its shard of the weights,
+ * its KV heads and its own activations, run one after another; sums across ranks go in rank
+ * order, as they would between devices. */
 #include <math.h>
 
 #include "backend/backend.h"
 #include "base/threadpool.h"
+#include "model/shard.h"
+
+/* One rank: its shard views of the weights (by linear id), heads, KV cache and snapshots. */
+typedef struct {
+    muse_rank_heads heads;
+    muse_linear *views; /* [n_linears] */
+    long kv_width;      /* (kv1 - kv0) * head_dim: what its cache holds a position */
+    /* KV cache, per layer, fp16: sliding layers a ring [max_seqs][cap][kv_width]; full layers
+     * (cap 0) blocks [n_blocks][MUSE_KV_BLOCK][kv_width] found through the block tables */
+    uint16_t **k_cache, **v_cache;
+    uint16_t *snapshots; /* [snapshot_slots][snapshot_bytes / 2] */
+} cpu_rank;
 
 typedef struct {
     muse_backend base;
@@ -12,10 +27,13 @@ typedef struct {
     float **scratch;       /* [threads][scratch_floats] */
     double **attn_scratch; /* [threads][context + head_dim]: scores, then the sum of V */
     size_t scratch_floats;
-    void *exl3_ws; /* EXL3 linear workspace, sized for the largest linear */
-    float **acts;  /* every alloc(): [max_rows, act_width[i]], freed at destroy */
+    void *exl3_ws;                  /* EXL3 linear workspace, sized for the largest linear */
+    float *(*acts)[MUSE_MAX_RANKS]; /* every alloc(): [max_rows, act_width[i]] a rank */
     long *act_width;
+    long (*act_cols)[MUSE_MAX_RANKS]; /* the columns a rank's buffer holds now (its shard) */
     int n_acts;
+    int n_ranks;
+    cpu_rank rank[MUSE_MAX_RANKS];
     /* staging, fixed at start: the round's batch padded to its bucket (rows), the wanted rows
      * padded the same way (wanted), the block tables of the round's sequences, sampling */
     long rows, real_rows, wanted, real_wanted;
@@ -28,11 +46,7 @@ typedef struct {
     int do_sample, return_logits, in_round;
     muse_act logits;         /* the head's output of this round */
     muse_sampler **samplers; /* one per pool thread */
-    uint16_t *snapshots;     /* [snapshot_slots][snapshot_bytes / 2] */
-    /* KV cache, per layer, fp16: sliding layers a ring [max_seqs][cap][KV]; full layers
-     * (cap 0) blocks [n_blocks][MUSE_KV_BLOCK][KV] found through the block tables */
-    int64_t *kv_cap;
-    uint16_t **k_cache, **v_cache;
+    int64_t *kv_cap;         /* per layer: ring positions of a sliding layer, 0 for a full one */
     /* MoE workspace */
     float *router_logits; /* [R, E] */
     int32_t *sel;         /* [R, k] selected experts */
@@ -41,12 +55,25 @@ typedef struct {
     float *xg, *zg;       /* [R, H] gathered inputs, expert outputs */
     float *eg, *eu, *ea;  /* [R, I_moe max] */
     float *xsel;          /* [R, H] head inputs of the wanted rows */
+    float *zr;            /* [R, H] another rank's partial MLP outputs */
 } cpu_backend;
 
+static float *act_r(cpu_backend *c, muse_act a, int r)
+{
+    MUSE_CHECK(a >= 0 && a < c->n_acts && r >= 0 && r < c->n_ranks);
+    return c->acts[a][r];
+}
+
+/* Rank 0's buffer: what tools read and the sampler draws from. */
 static float *act(cpu_backend *c, muse_act a)
 {
-    MUSE_CHECK(a >= 0 && a < c->n_acts);
-    return c->acts[a];
+    return act_r(c, a, 0);
+}
+
+/* A rank's view of a linear (the whole linear with one rank). */
+static const muse_linear *view(cpu_backend *c, const muse_linear *l, int r)
+{
+    return &c->rank[r].views[l->id];
 }
 
 static cpu_backend *cpu(muse_backend *be)
@@ -89,26 +116,45 @@ static muse_act cpu_alloc(muse_backend *be, long width)
     MUSE_CHECK(!c->in_round && width > 0);
     c->acts = realloc(c->acts, (size_t)(c->n_acts + 1) * sizeof *c->acts);
     c->act_width = realloc(c->act_width, (size_t)(c->n_acts + 1) * sizeof *c->act_width);
-    MUSE_CHECK(c->acts && c->act_width);
+    c->act_cols = realloc(c->act_cols, (size_t)(c->n_acts + 1) * sizeof *c->act_cols);
+    MUSE_CHECK(c->acts && c->act_width && c->act_cols);
     size_t floats = (size_t)be->opts.max_rows * (size_t)width;
-    c->acts[c->n_acts] = MUSE_CALLOC(floats, sizeof(float));
+    for (int r = 0; r < c->n_ranks; r++) {
+        c->acts[c->n_acts][r] = MUSE_CALLOC(floats, sizeof(float));
+        c->act_cols[c->n_acts][r] = width;
+        be->ranks[r].workspace += floats * sizeof(float);
+    }
     c->act_width[c->n_acts] = width;
-    be->ranks[0].workspace += floats * sizeof(float);
     return c->n_acts++;
 }
 
+/* Writes the whole activation to every rank (a replicated value). */
 static void cpu_write(muse_backend *be, muse_act a, const float *src, long rows)
 {
     cpu_backend *c = cpu(be);
     MUSE_CHECK(rows >= 0 && rows <= be->opts.max_rows);
-    memcpy(act(c, a), src, (size_t)rows * (size_t)c->act_width[a] * sizeof(float));
+    for (int r = 0; r < c->n_ranks; r++) {
+        memcpy(act_r(c, a, r), src, (size_t)rows * (size_t)c->act_width[a] * sizeof(float));
+        c->act_cols[a][r] = c->act_width[a];
+    }
 }
 
+/* Reads rank 0's buffer; a value split by columns across ranks is gathered in rank order. */
 static void cpu_read(muse_backend *be, muse_act a, float *dst, long rows)
 {
     cpu_backend *c = cpu(be);
     MUSE_CHECK(rows >= 0 && rows <= be->opts.max_rows);
-    memcpy(dst, act(c, a), (size_t)rows * (size_t)c->act_width[a] * sizeof(float));
+    long W = c->act_width[a], at = 0;
+    if (c->n_ranks == 1 || c->act_cols[a][0] == W) {
+        memcpy(dst, act(c, a), (size_t)rows * (size_t)W * sizeof(float));
+        return;
+    }
+    for (int r = 0; r < c->n_ranks; r++) {
+        long w = c->act_cols[a][r];
+        for (long i = 0; i < rows; i++)
+            memcpy(dst + i * W + at, act_r(c, a, r) + i * w, (size_t)w * sizeof(float));
+        at += w;
+    }
 }
 
 /* Copies the batch into staging; padding rows carry token 0 at position 0 of no sequence
@@ -175,12 +221,16 @@ static void cpu_embed(muse_backend *be, muse_act out_a)
     const muse_model *m = be->model;
     long H = (long)m->cfg.hidden_size;
     float *out = act(c, out_a);
+    for (int k = 1; k < c->n_ranks; k++) c->act_cols[out_a][k] = H;
     for (long r = 0; r < c->rows; r++) {
         float *row = out + r * H;
         muse_model_embed_row(m, c->tokens[r], row);
         double s = rms_scale(row, H, m->cfg.rms_norm_eps);
         for (long j = 0; j < H; j++) row[j] = (float)(row[j] * s);
     }
+    /* every rank holds the same replicated residual stream */
+    for (int k = 1; k < c->n_ranks; k++)
+        memcpy(act_r(c, out_a, k), out, (size_t)(c->rows * H) * sizeof *out);
 }
 
 static void norm_rows(const float *x, long rows, long width, const float *w, muse_norm_weight mode,
@@ -203,19 +253,26 @@ static void cpu_norm(muse_backend *be, muse_act x, long width, const muse_vec *w
                      muse_norm_weight mode, float eps, int round16, muse_act out)
 {
     cpu_backend *c = cpu(be);
-    norm_rows(act(c, x), c->rows, width, w ? w->v : NULL, mode, eps, round16, act(c, out));
+    for (int r = 0; r < c->n_ranks; r++) {
+        norm_rows(act_r(c, x, r), c->rows, width, w ? w->v : NULL, mode, eps, round16,
+                  act_r(c, out, r));
+        c->act_cols[out][r] = width;
+    }
 }
 
 static void cpu_add_norm(muse_backend *be, muse_act h_a, muse_act y_a, long width,
                          const muse_vec *wv, float eps)
 {
     cpu_backend *c = cpu(be);
-    float *h = act(c, h_a);
-    const float *y = act(c, y_a), *w = wv->v;
-    for (long r = 0; r < c->rows; r++) {
-        const float *yr = y + r * width;
-        double s = rms_scale(yr, width, eps);
-        for (long j = 0; j < width; j++) h[r * width + j] += (float)(yr[j] * s) * (1.0f + w[j]);
+    const float *w = wv->v;
+    for (int k = 0; k < c->n_ranks; k++) {
+        float *h = act_r(c, h_a, k);
+        const float *y = act_r(c, y_a, k);
+        for (long r = 0; r < c->rows; r++) {
+            const float *yr = y + r * width;
+            double s = rms_scale(yr, width, eps);
+            for (long j = 0; j < width; j++) h[r * width + j] += (float)(yr[j] * s) * (1.0f + w[j]);
+        }
     }
 }
 
@@ -259,14 +316,15 @@ static void linear_rows(cpu_backend *c, const muse_linear *l, const float *x, lo
 static void cpu_linear(muse_backend *be, const muse_linear *l, muse_act x, int round16, muse_act y)
 {
     cpu_backend *c = cpu(be);
-    linear_rows(c, l, act(c, x), c->rows, round16, act(c, y));
+    for (int r = 0; r < c->n_ranks; r++) {
+        const muse_linear *v = view(c, l, r);
+        linear_rows(c, v, act_r(c, x, r), c->rows, round16, act_r(c, y, r));
+        c->act_cols[y][r] = (long)v->n;
+    }
 }
 
-static void cpu_qk_norm_rope(muse_backend *be, muse_act x_a, long heads, long head_dim,
-                             double theta, float eps)
+static void qk_rows(cpu_backend *c, float *x, long heads, long head_dim, double theta, float eps)
 {
-    cpu_backend *c = cpu(be);
-    float *x = act(c, x_a);
     long half = head_dim / 2;
     for (long r = 0; r < c->rows; r++) {
         double p = (double)c->positions[r];
@@ -287,9 +345,21 @@ static void cpu_qk_norm_rope(muse_backend *be, muse_act x_a, long heads, long he
     }
 }
 
+/* Each rank normalizes the heads its buffer holds (its shard of q, of k, or all of k). */
+static void cpu_qk_norm_rope(muse_backend *be, muse_act x_a, long heads, long head_dim,
+                             double theta, float eps)
+{
+    cpu_backend *c = cpu(be);
+    (void)heads;
+    for (int r = 0; r < c->n_ranks; r++)
+        qk_rows(c, act_r(c, x_a, r), c->act_cols[x_a][r] / head_dim, head_dim, theta, eps);
+}
+
 typedef struct {
     cpu_backend *c;
+    const cpu_rank *rk;
     int layer;
+    long hq; /* query heads of this rank */
     const float *q, *g;
     float *o;
 } attn_job;
@@ -304,30 +374,31 @@ static inline size_t kv_offset(const cpu_backend *c, int layer, int seq, int64_t
     return ((size_t)blk * MUSE_KV_BLOCK + (size_t)(s % MUSE_KV_BLOCK)) * (size_t)KV;
 }
 
-/* One (row, query head) per index: scores over the visible keys in position order. */
+/* One (row, query head of the rank) per index: scores over the visible keys in position order. */
 static void attn_rows(void *ctx, long begin, long end, int thread)
 {
     attn_job *j = ctx;
     const muse_config *cfg = &j->c->base.model->cfg;
     long hd = (long)cfg->head_dim, Hq = (long)cfg->n_heads, Hkv = (long)cfg->n_kv_heads;
-    long KV = Hkv * hd, group = Hq / Hkv;
+    long KV = j->rk->kv_width, group = Hq / Hkv, hq = j->hq;
     bool sliding = cfg->attn_kind[j->layer] == MUSE_ATTN_SLIDING;
     double scale = cfg->qk_scale_factor / sqrt((double)hd);
     double *scores = j->c->attn_scratch[thread];
     double *acc = scores + j->c->base.opts.context;
     for (long t = begin; t < end; t++) {
-        long r = t / Hq, h = t % Hq, kh = h / group;
+        long r = t / hq, h = t % hq;
+        long kh = (j->rk->heads.q0 + h) / group - j->rk->heads.kv0; /* within the rank's cache */
         int64_t p = j->c->positions[r];
         int seq = j->c->seqs[r];
-        float *o = j->o + (r * Hq + h) * hd;
+        float *o = j->o + (r * hq + h) * hd;
         if (seq < 0) { /* a padding row reads no cache */
             for (long d = 0; d < hd; d++) o[d] = 0;
             continue;
         }
         int64_t first =
             sliding && p - cfg->sliding_window + 1 > 0 ? p - cfg->sliding_window + 1 : 0;
-        const uint16_t *kc = j->c->k_cache[j->layer], *vc = j->c->v_cache[j->layer];
-        const float *q = j->q + (r * Hq + h) * hd;
+        const uint16_t *kc = j->rk->k_cache[j->layer], *vc = j->rk->v_cache[j->layer];
+        const float *q = j->q + (r * hq + h) * hd;
         float kf[512];
         double mx = -INFINITY;
         for (int64_t s = first; s <= p; s++) {
@@ -348,28 +419,37 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
             double w = scores[s - first] / sum;
             for (long d = 0; d < hd; d++) acc[d] += w * muse_f16_to_f32(vr[d]);
         }
-        const float *g = j->g + (r * Hq + h) * hd;
+        const float *g = j->g + (r * hq + h) * hd;
         for (long d = 0; d < hd; d++) o[d] = muse_round_f16((float)acc[d] * sigmoid_f(g[d]));
     }
 }
 
+/* Each rank writes its KV heads to its cache (taking them out of a whole k, v when it computed
+ * all heads) and attends with its query heads. */
 static void cpu_attention(muse_backend *be, int layer, muse_act q, muse_act k_a, muse_act v_a,
                           muse_act g, muse_act o)
 {
     cpu_backend *c = cpu(be);
     const muse_config *cfg = &be->model->cfg;
-    long KV = (long)(cfg->n_kv_heads * cfg->head_dim);
-    const float *k = act(c, k_a), *v = act(c, v_a);
-    for (long r = 0; r < c->rows; r++) {
-        if (c->seqs[r] < 0) continue; /* padding */
-        size_t at = kv_offset(c, layer, c->seqs[r], c->positions[r], KV);
-        for (long d = 0; d < KV; d++) {
-            c->k_cache[layer][at + d] = muse_f32_to_f16(k[r * KV + d]);
-            c->v_cache[layer][at + d] = muse_f32_to_f16(v[r * KV + d]);
+    long hd = (long)cfg->head_dim;
+    for (int rr = 0; rr < c->n_ranks; rr++) {
+        const cpu_rank *rk = &c->rank[rr];
+        long KV = rk->kv_width, kw = c->act_cols[k_a][rr];
+        long off = kw == KV ? 0 : rk->heads.kv0 * hd; /* a whole k: the rank's heads from there */
+        const float *k = act_r(c, k_a, rr), *v = act_r(c, v_a, rr);
+        for (long r = 0; r < c->rows; r++) {
+            if (c->seqs[r] < 0) continue; /* padding */
+            size_t at = kv_offset(c, layer, c->seqs[r], c->positions[r], KV);
+            for (long d = 0; d < KV; d++) {
+                rk->k_cache[layer][at + d] = muse_f32_to_f16(k[r * kw + off + d]);
+                rk->v_cache[layer][at + d] = muse_f32_to_f16(v[r * kw + off + d]);
+            }
         }
+        long hq = rk->heads.q1 - rk->heads.q0;
+        attn_job j = {c, rk, layer, hq, act_r(c, q, rr), act_r(c, g, rr), act_r(c, o, rr)};
+        muse_pool_run_t(c->pool, attn_rows, &j, c->rows * hq);
+        c->act_cols[o][rr] = hq * hd;
     }
-    attn_job j = {c, layer, act(c, q), act(c, g), act(c, o)};
-    muse_pool_run_t(c->pool, attn_rows, &j, c->rows * (long)cfg->n_heads);
 }
 
 static void swiglu_n(const float *gate, const float *up, long n, float *out)
@@ -383,7 +463,12 @@ static void swiglu_n(const float *gate, const float *up, long n, float *out)
 static void cpu_swiglu(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out)
 {
     cpu_backend *c = cpu(be);
-    swiglu_n(act(c, gate), act(c, up), c->rows * width, act(c, out));
+    (void)width;
+    for (int r = 0; r < c->n_ranks; r++) {
+        long w = c->act_cols[gate][r]; /* the rank's share of the intermediate width */
+        swiglu_n(act_r(c, gate, r), act_r(c, up, r), c->rows * w, act_r(c, out, r));
+        c->act_cols[out][r] = w;
+    }
 }
 
 typedef struct {
@@ -400,7 +485,7 @@ static void router_experts(void *ctx, long begin, long end, int thread)
     const muse_tensor *t = j->ly->router;
     float wrow[16384];
     MUSE_CHECK(j->H <= 16384);
-    muse_linear fake = {.kind = MUSE_LIN_DENSE, .k = j->H, .n = j->E, .w = t};
+    muse_linear fake = {.kind = MUSE_LIN_DENSE, .k = j->H, .n = j->E, .w = t, .ld = j->H};
     for (long x = begin; x < end; x++) {
         muse_dense_row(&fake, x, wrow);
         for (long r = 0; r < j->rows; r++)
@@ -438,15 +523,30 @@ static void select_experts(const muse_config *cfg, const muse_layer *ly, const f
     }
 }
 
-static void run_mlp(cpu_backend *c, const muse_mlp *mlp, const float *x, long rows, long I,
+/* One rank's share of an MLP: its views of gate, up (by output) and down (by input). */
+static void run_mlp(cpu_backend *c, const muse_mlp *mlp, int rank, const float *x, long rows,
                     float *g, float *u, float *a, float *out)
 {
-    linear_rows(c, &mlp->gate, x, rows, 1, g);
-    linear_rows(c, &mlp->up, x, rows, 1, u);
-    swiglu_n(g, u, rows * I, a);
-    linear_rows(c, &mlp->down, a, rows, 0, out);
+    const muse_linear *gate = view(c, &mlp->gate, rank);
+    linear_rows(c, gate, x, rows, 1, g);
+    linear_rows(c, view(c, &mlp->up, rank), x, rows, 1, u);
+    swiglu_n(g, u, rows * (long)gate->n, a);
+    linear_rows(c, view(c, &mlp->down, rank), a, rows, 0, out);
 }
 
+/* z[n, H] = the ranks' partial outputs of an MLP, summed in rank order. */
+static void mlp_sum(cpu_backend *c, const muse_mlp *mlp, const float *x, long n, long H, float *z)
+{
+    for (int k = 0; k < c->n_ranks; k++) {
+        float *zk = k ? c->zr : z;
+        run_mlp(c, mlp, k, x, n, c->eg, c->eu, c->ea, zk);
+        if (k)
+            for (long i = 0; i < n * H; i++) z[i] += zk[i];
+    }
+}
+
+/* Router and selection are replicated (every rank computes the same); each expert's partial
+ * outputs are summed across ranks in rank order before its norm and the weighted sum. */
 static void cpu_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_act y_a)
 {
     cpu_backend *c = cpu(be);
@@ -455,7 +555,6 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_a
     long rows = c->rows;
     const muse_config *cfg = &be->model->cfg;
     long H = (long)cfg->hidden_size, E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
-    long I = (long)cfg->moe_intermediate_size;
     router_job rj = {ly, b, rows, H, E, c->router_logits};
     muse_pool_run_t(c->pool, router_experts, &rj, E);
     for (long r = 0; r < rows; r++)
@@ -470,7 +569,7 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_a
         if (!n) continue;
         for (long i = 0; i < n; i++)
             memcpy(c->xg + i * H, b + (long)c->rows_of[i] * H, (size_t)H * sizeof(float));
-        run_mlp(c, &ly->experts[x], c->xg, n, I, c->eg, c->eu, c->ea, c->zg);
+        mlp_sum(c, &ly->experts[x], c->xg, n, H, c->zg);
         if (cfg->expert_output_norm)
             norm_rows(c->zg, n, H, ly->expert_norm[x].v, MUSE_NORM_PLUS1, (float)cfg->rms_norm_eps,
                       0, c->zg);
@@ -483,17 +582,31 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_a
         }
     }
     if (cfg->num_shared_experts > 0) {
-        run_mlp(c, &ly->shared, b, rows, I * (long)cfg->num_shared_experts, c->eg, c->eu, c->ea,
-                c->zg);
+        mlp_sum(c, &ly->shared, b, rows, H, c->zg);
         for (long i = 0; i < rows * H; i++) y[i] += c->zg[i];
+    }
+    for (int k = 1; k < c->n_ranks; k++) {
+        memcpy(act_r(c, y_a, k), y, (size_t)(rows * H) * sizeof *y);
+        c->act_cols[y_a][k] = H;
     }
 }
 
+/* x = x_0 + x_1 + ... in rank order, then every rank holds the sum. */
 static void cpu_all_reduce(muse_backend *be, muse_act x, long width)
 {
-    (void)be, (void)x, (void)width; /* one rank holds the whole sum */
+    cpu_backend *c = cpu(be);
+    if (c->n_ranks == 1) return; /* one rank holds the whole sum */
+    float *sum = act(c, x);
+    long n = c->rows * width;
+    for (int k = 1; k < c->n_ranks; k++) {
+        const float *xk = act_r(c, x, k);
+        for (long i = 0; i < n; i++) sum[i] += xk[i];
+    }
+    for (int k = 1; k < c->n_ranks; k++) memcpy(act_r(c, x, k), sum, (size_t)n * sizeof *sum);
 }
 
+/* Each rank computes its vocabulary slice; the slices are laid side by side in rank order in
+ * rank 0's buffer, [wanted, vocab_size], where the sampler reads them. */
 static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
 {
     cpu_backend *c = cpu(be);
@@ -507,13 +620,37 @@ static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
     for (long i = 0; i < n; i++)
         memcpy(c->xsel + i * H, x + (long)c->want_rows[i] * H, (size_t)H * sizeof(float));
     if (!n) return;
-    linear_rows(c, &m->head, c->xsel, n, 0, logits);
     double mult = cfg->output_multiplier, cap = cfg->final_logit_softcapping;
-    for (long r = 0; r < n; r++)
-        for (long j = 0; j < V; j++) {
-            double z = (double)logits[r * N + j] * mult;
-            logits[r * V + j] = (float)(cap > 0 ? cap * tanh(z / cap) : z);
-        }
+    if (c->n_ranks == 1) {
+        linear_rows(c, &m->head, c->xsel, n, 0, logits);
+        for (long r = 0; r < n; r++)
+            for (long j = 0; j < V; j++) {
+                double z = (double)logits[r * N + j] * mult;
+                logits[r * V + j] = (float)(cap > 0 ? cap * tanh(z / cap) : z);
+            }
+        return;
+    }
+    long lo[MUSE_MAX_RANKS], w[MUSE_MAX_RANKS];
+    for (int k = 0; k < c->n_ranks; k++) {
+        const muse_linear *v = view(c, &m->head, k);
+        int64_t a, b;
+        muse_shard_range(m, &m->head, k, c->n_ranks, &a, &b);
+        lo[k] = (long)a;
+        w[k] = (long)v->n;
+        linear_rows(c, v, c->xsel, n, 0, act_r(c, logits_a, k));
+    }
+    for (long r = n - 1; r >= 0; r--) /* rank 0's rows to stride V, last row first */
+        memmove(logits + r * V, logits + r * w[0], (size_t)w[0] * sizeof *logits);
+    for (int k = 1; k < c->n_ranks; k++) {
+        long keep = lo[k] + w[k] > V ? V - lo[k] : w[k]; /* padding past the vocabulary drops */
+        for (long r = 0; r < n && keep > 0; r++)
+            memcpy(logits + r * V + lo[k], act_r(c, logits_a, k) + r * w[k],
+                   (size_t)keep * sizeof *logits);
+    }
+    for (long i = 0; i < n * V; i++) {
+        double z = (double)logits[i] * mult;
+        logits[i] = (float)(cap > 0 ? cap * tanh(z / cap) : z);
+    }
 }
 
 /* Positions [first, end_pos) a resumed sequence needs from the sliding layers. */
@@ -546,19 +683,22 @@ static void cpu_sample(muse_backend *be, muse_act logits)
 static void sliding_copy(cpu_backend *c, int seq, int64_t end_pos, int slot, int save)
 {
     MUSE_CHECK(!c->in_round && slot >= 0 && slot < c->base.opts.snapshot_slots);
-    uint16_t *buf = c->snapshots + (size_t)slot * (c->base.snapshot_bytes / sizeof *buf);
     const muse_config *cfg = &c->base.model->cfg;
-    long KV = (long)(cfg->n_kv_heads * cfg->head_dim);
-    for (int i = 0; i < (int)cfg->num_layers; i++) {
-        if (cfg->attn_kind[i] != MUSE_ATTN_SLIDING) continue;
-        for (int kv = 0; kv < 2; kv++) {
-            uint16_t *cache = kv ? c->v_cache[i] : c->k_cache[i];
-            for (int64_t s = sliding_first(cfg, end_pos); s < end_pos; s++, buf += KV) {
-                uint16_t *row = cache + kv_offset(c, i, seq, s, KV);
-                if (save)
-                    memcpy(buf, row, (size_t)KV * sizeof *buf);
-                else
-                    memcpy(row, buf, (size_t)KV * sizeof *buf);
+    for (int r = 0; r < c->n_ranks; r++) { /* each rank keeps its heads in its own slot */
+        const cpu_rank *rk = &c->rank[r];
+        uint16_t *buf = rk->snapshots + (size_t)slot * (c->base.snapshot_bytes / sizeof *buf);
+        long KV = rk->kv_width;
+        for (int i = 0; i < (int)cfg->num_layers; i++) {
+            if (cfg->attn_kind[i] != MUSE_ATTN_SLIDING) continue;
+            for (int kv = 0; kv < 2; kv++) {
+                uint16_t *cache = kv ? rk->v_cache[i] : rk->k_cache[i];
+                for (int64_t s = sliding_first(cfg, end_pos); s < end_pos; s++, buf += KV) {
+                    uint16_t *row = cache + kv_offset(c, i, seq, s, KV);
+                    if (save)
+                        memcpy(buf, row, (size_t)KV * sizeof *buf);
+                    else
+                        memcpy(row, buf, (size_t)KV * sizeof *buf);
+                }
             }
         }
     }
@@ -623,13 +763,34 @@ static size_t exl3_ws_max(const muse_model *m, long rows)
     return best;
 }
 
+typedef struct {
+    const muse_model *m;
+    cpu_rank *rk;
+    int rank, ranks, failed;
+    uint64_t full_bytes, view_bytes;
+    muse_err *e;
+} view_job;
+
+/* A rank's view of one linear, by the model's sharding rules. */
+static void make_view(void *ctx, const muse_linear *l)
+{
+    view_job *j = ctx;
+    int64_t lo, hi;
+    muse_shard_range(j->m, l, j->rank, j->ranks, &lo, &hi);
+    muse_linear *v = &j->rk->views[l->id];
+    if (!j->failed && muse_shard_view(l, lo, hi, j->rank == 0, v, j->e)) j->failed = 1;
+    j->full_bytes += muse_linear_bytes(l);
+    j->view_bytes += muse_linear_bytes(v);
+}
+
 muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e)
 {
     const muse_config *cfg = &m->cfg;
-    if (o->ranks > 1)
-        return muse_fail(e, "--ranks %d: the CPU backend runs one rank today; use --ranks 1",
-                         o->ranks),
+    int ranks = o->ranks > 0 ? o->ranks : 1;
+    if (ranks > MUSE_MAX_RANKS)
+        return muse_fail(e, "--ranks %d: at most %d ranks in one process", ranks, MUSE_MAX_RANKS),
                NULL;
+    if (muse_shard_check(cfg, ranks, e)) return NULL;
     if (cfg->head_dim > 512)
         return muse_fail(e, "config.json: head_dim %lld exceeds the CPU backend's limit of 512",
                          (long long)cfg->head_dim),
@@ -647,8 +808,25 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
         free(c);
         return NULL;
     }
+    c->n_ranks = ranks;
+    /* each rank: only its shard of the weights (views of the mmap'd tensors), its KV heads */
+    for (int r = 0; r < ranks; r++) {
+        cpu_rank *rk = &c->rank[r];
+        rk->views = MUSE_CALLOC((size_t)m->n_linears, sizeof *rk->views);
+        view_job vj = {m, rk, r, ranks, 0, 0, 0, e};
+        muse_model_each_linear(m, make_view, &vj);
+        if (vj.failed) {
+            for (int q = 0; q <= r; q++) free(c->rank[q].views);
+            muse_kv_pool_destroy(&c->base.kv);
+            free(c);
+            return NULL;
+        }
+        /* the replicated tensors (embeddings, norms, router) on every rank, plus its shard */
+        c->base.ranks[r].weights = muse_st_total_bytes(m->st) - vj.full_bytes + vj.view_bytes;
+        muse_shard_heads(cfg, r, ranks, &rk->heads);
+        rk->kv_width = (long)((rk->heads.kv1 - rk->heads.kv0) * cfg->head_dim);
+    }
     muse_rank_mem *mem = &c->base.ranks[0];
-    mem->weights = muse_st_total_bytes(m->st);
     c->pool = muse_pool_create(o->threads);
     c->threads = muse_pool_threads(c->pool);
     long H = (long)cfg->hidden_size, R = o->max_rows, E = (long)cfg->num_experts;
@@ -675,36 +853,40 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     size_t ws = exl3_ws_max(m, R);
     c->exl3_ws = ws ? MUSE_MALLOC(ws) : NULL;
     mem->workspace += ws;
-    long L = (long)cfg->num_layers, KV = (long)(cfg->n_kv_heads * cfg->head_dim);
+    long L = (long)cfg->num_layers;
     c->kv_cap = MUSE_CALLOC((size_t)L, sizeof *c->kv_cap);
-    c->k_cache = MUSE_CALLOC((size_t)L, sizeof *c->k_cache);
-    c->v_cache = MUSE_CALLOC((size_t)L, sizeof *c->v_cache);
     int64_t n_blocks = c->base.kv.n_blocks;
-    for (long i = 0; i < L; i++) {
-        size_t n;
+    for (long i = 0; i < L; i++)
         if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING) {
             int64_t cap = o->context;
             /* a ring: a chunk never overwrites keys it reads */
             if (cfg->sliding_window + R - 1 < cap) cap = cfg->sliding_window + R - 1;
             c->kv_cap[i] = cap;
-            n = (size_t)o->max_seqs * (size_t)cap * (size_t)KV;
-            mem->sliding += 2 * n * sizeof(uint16_t);
-        } else {
-            n = (size_t)n_blocks * MUSE_KV_BLOCK * (size_t)KV;
-            mem->kv += 2 * n * sizeof(uint16_t);
         }
-        c->k_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
-        c->v_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
-    }
     size_t snap = (size_t)o->snapshot_slots * c->base.snapshot_bytes;
-    c->snapshots = MUSE_MALLOC(snap ? snap : 1);
-    mem->snapshots = snap;
+    for (int r = 0; r < ranks; r++) {
+        cpu_rank *rk = &c->rank[r];
+        muse_rank_mem *rm = &c->base.ranks[r];
+        rk->k_cache = MUSE_CALLOC((size_t)L, sizeof *rk->k_cache);
+        rk->v_cache = MUSE_CALLOC((size_t)L, sizeof *rk->v_cache);
+        for (long i = 0; i < L; i++) {
+            size_t rows = c->kv_cap[i] ? (size_t)o->max_seqs * (size_t)c->kv_cap[i]
+                                       : (size_t)n_blocks * MUSE_KV_BLOCK;
+            size_t n = rows * (size_t)rk->kv_width;
+            *(c->kv_cap[i] ? &rm->sliding : &rm->kv) += 2 * n * sizeof(uint16_t);
+            rk->k_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
+            rk->v_cache[i] = MUSE_CALLOC(n, sizeof(uint16_t));
+        }
+        rk->snapshots = MUSE_MALLOC(snap ? snap : 1);
+        rm->snapshots = snap;
+    }
     c->router_logits = MUSE_MALLOC((size_t)(R * E) * sizeof(float));
     c->sel = MUSE_MALLOC((size_t)(R * K) * sizeof(int32_t));
     c->sel_w = MUSE_MALLOC((size_t)(R * K) * sizeof(float));
     c->rows_of = MUSE_MALLOC((size_t)R * sizeof(int32_t));
     c->xg = MUSE_MALLOC((size_t)(R * H) * sizeof(float));
     c->zg = MUSE_MALLOC((size_t)(R * H) * sizeof(float));
+    c->zr = MUSE_MALLOC((size_t)(R * H) * sizeof(float));
     c->xsel = MUSE_MALLOC((size_t)(R * H) * sizeof(float));
     c->eg = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     c->eu = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
@@ -738,24 +920,31 @@ static void cpu_destroy(muse_backend *be)
     free(c->attn_scratch);
     free(c->samplers);
     free(c->exl3_ws);
-    for (int i = 0; i < c->n_acts; i++) free(c->acts[i]);
+    for (int i = 0; i < c->n_acts; i++)
+        for (int r = 0; r < c->n_ranks; r++) free(c->acts[i][r]);
     free(c->acts);
     free(c->act_width);
-    for (int64_t i = 0; i < be->model->cfg.num_layers; i++) {
-        free(c->k_cache[i]);
-        free(c->v_cache[i]);
+    free(c->act_cols);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cpu_rank *rk = &c->rank[r];
+        for (int64_t i = 0; i < be->model->cfg.num_layers; i++) {
+            free(rk->k_cache[i]);
+            free(rk->v_cache[i]);
+        }
+        free(rk->k_cache);
+        free(rk->v_cache);
+        free(rk->snapshots);
+        free(rk->views);
     }
     muse_kv_pool_destroy(&be->kv);
     free(c->kv_cap);
-    free(c->k_cache);
-    free(c->v_cache);
-    free(c->snapshots);
     free(c->router_logits);
     free(c->sel);
     free(c->sel_w);
     free(c->rows_of);
     free(c->xg);
     free(c->zg);
+    free(c->zr);
     free(c->xsel);
     free(c->eg);
     free(c->eu);

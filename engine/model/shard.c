@@ -1,0 +1,182 @@
+/* Tensor parallelism's rules (shard.h): admission, each rank's heads and weight views. */
+#include "model/shard.h"
+
+#define SPLIT_ALIGN 128 /* EXL3 tiles are 16 wide and Hadamard blocks 128: splits fall here */
+
+static int width_ok(int64_t width, int ranks)
+{
+    return width % ranks == 0 && (width / ranks) % SPLIT_ALIGN == 0;
+}
+
+int muse_shard_check(const muse_config *c, int ranks, muse_err *e)
+{
+    if (ranks < 1 || ranks > 64) return muse_fail(e, "--ranks %d: must be 1 .. 64", ranks);
+    if (ranks == 1) return 0;
+    if (c->n_heads % ranks)
+        return muse_fail(e,
+                         "--ranks %d does not divide num_attention_heads %lld: use a rank count "
+                         "that divides it",
+                         ranks, (long long)c->n_heads);
+    if (c->n_kv_heads % ranks && ranks % c->n_kv_heads)
+        return muse_fail(e,
+                         "--ranks %d: num_key_value_heads %lld is neither a multiple nor a divisor "
+                         "of it; use a rank count that divides %lld or that %lld divides",
+                         ranks, (long long)c->n_kv_heads, (long long)c->n_kv_heads,
+                         (long long)c->n_kv_heads);
+    int64_t q = c->n_heads * c->head_dim;
+    struct {
+        const char *field;
+        int64_t width;
+        int present;
+    } w[] = {{"num_attention_heads x head_dim", q, 1},
+             {"intermediate_size", c->intermediate_size, c->intermediate_size > 0},
+             {"moe_intermediate_size", c->moe_intermediate_size, c->moe_intermediate_size > 0},
+             {"num_shared_experts x moe_intermediate_size",
+              c->num_shared_experts * c->moe_intermediate_size, c->num_shared_experts > 0}};
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+        if (w[i].present && !width_ok(w[i].width, ranks))
+            return muse_fail(e,
+                             "--ranks %d splits %s (%lld) into parts of %lld, not a multiple of "
+                             "%d; use a rank count that leaves a multiple of %d a rank",
+                             ranks, w[i].field, (long long)w[i].width,
+                             (long long)(w[i].width / ranks), SPLIT_ALIGN, SPLIT_ALIGN);
+    if ((c->vocab_size + SPLIT_ALIGN - 1) / SPLIT_ALIGN < ranks)
+        return muse_fail(e, "--ranks %d: vocab_size %lld has fewer than one 128-row block a rank",
+                         ranks, (long long)c->vocab_size);
+    return 0;
+}
+
+void muse_shard_split(int64_t n, int64_t align, int rank, int ranks, int64_t *lo, int64_t *hi)
+{
+    int64_t blocks = (n + align - 1) / align, base = blocks / ranks, extra = blocks % ranks;
+    int64_t b0 = rank * base + (rank < extra ? rank : extra);
+    int64_t b1 = b0 + base + (rank < extra ? 1 : 0);
+    *lo = b0 * align < n ? b0 * align : n;
+    *hi = b1 * align < n ? b1 * align : n;
+}
+
+void muse_shard_heads(const muse_config *c, int rank, int ranks, muse_rank_heads *h)
+{
+    int64_t per_q = c->n_heads / ranks, group = c->n_heads / c->n_kv_heads;
+    h->q0 = rank * per_q;
+    h->q1 = h->q0 + per_q;
+    h->kv0 = h->q0 / group; /* the KV heads its query heads read */
+    h->kv1 = (h->q1 - 1) / group + 1;
+}
+
+void muse_shard_range(const muse_model *m, const muse_linear *l, int rank, int ranks, int64_t *lo,
+                      int64_t *hi)
+{
+    const muse_config *c = &m->cfg;
+    int64_t width = l->shard == MUSE_SHARD_INPUT ? l->k : l->n;
+    *lo = 0;
+    *hi = width;
+    if (ranks <= 1) return;
+    muse_rank_heads h;
+    muse_shard_heads(c, rank, ranks, &h);
+    switch (l->role) {
+    case MUSE_ROLE_Q:
+    case MUSE_ROLE_GATE:
+    case MUSE_ROLE_O:
+        *lo = h.q0 * c->head_dim;
+        *hi = h.q1 * c->head_dim;
+        break;
+    case MUSE_ROLE_K:
+    case MUSE_ROLE_V:
+        /* a rank's KV heads, unless that cuts an EXL3 Hadamard block: then it computes all */
+        if (l->kind == MUSE_LIN_DENSE || ((h.kv1 - h.kv0) * c->head_dim) % SPLIT_ALIGN == 0) {
+            *lo = h.kv0 * c->head_dim;
+            *hi = h.kv1 * c->head_dim;
+        }
+        break;
+    case MUSE_ROLE_MLP_IN:
+    case MUSE_ROLE_MLP_OUT:
+        *lo = width / ranks * rank;
+        *hi = *lo + width / ranks;
+        break;
+    case MUSE_ROLE_HEAD:
+        muse_shard_split(width, SPLIT_ALIGN, rank, ranks, lo, hi);
+        break;
+    }
+}
+
+int muse_shard_view(const muse_linear *l, int64_t lo, int64_t hi, int keep_bias, muse_linear *v,
+                    muse_err *e)
+{
+    *v = *l;
+    if (l->shard == MUSE_SHARD_REPLICATED) return 0;
+    int out = l->shard == MUSE_SHARD_OUTPUT;
+    int64_t width = out ? l->n : l->k;
+    if (lo < 0 || hi > width || lo >= hi)
+        return muse_fail(e, "%s: shard [%lld, %lld) is outside its width %lld", l->key,
+                         (long long)lo, (long long)hi, (long long)width);
+    if (lo == 0 && hi == width) return 0;
+    if (l->kind == MUSE_LIN_DENSE) {
+        if (out) {
+            v->row0 = l->row0 + lo;
+            v->n = hi - lo;
+        } else {
+            v->col0 = l->col0 + lo;
+            v->k = hi - lo;
+        }
+        return 0;
+    }
+    if (lo % SPLIT_ALIGN || (hi % SPLIT_ALIGN && hi != width))
+        return muse_fail(
+            e, "%s: an EXL3 shard must start and end on a multiple of %d, not [%lld, %lld)", l->key,
+            SPLIT_ALIGN, (long long)lo, (long long)hi);
+    muse_exl3_weight *w = &v->exl3;
+    int64_t tile_len = 16 * w->bits, ld = w->tiles_ld ? w->tiles_ld : w->n / 16;
+    w->tiles_ld = ld;
+    if (out) { /* columns: tiles lo/16 .. of every tile row, svh and bias from lo */
+        w->trellis += lo / 16 * tile_len;
+        if (w->svh) w->svh += lo;
+        if (w->sv) w->sv += lo / 16;
+        if (w->bias) w->bias += lo;
+        w->n = v->n = hi - lo;
+    } else { /* rows: whole tile rows, suh from lo; the bias is added once, on rank 0 */
+        w->trellis += lo / 16 * ld * tile_len;
+        if (w->suh) w->suh += lo;
+        if (w->su) w->su += lo / 16;
+        if (!keep_bias) w->bias = NULL;
+        w->k = v->k = hi - lo;
+    }
+    return 0;
+}
+
+uint64_t muse_linear_bytes(const muse_linear *l)
+{
+    if (l->kind == MUSE_LIN_DENSE)
+        return (uint64_t)l->k * (uint64_t)l->n * muse_dtype_size(l->w->dtype);
+    const muse_exl3_weight *w = &l->exl3;
+    return (uint64_t)(w->k / 16) * (uint64_t)(w->n / 16) * 16 * (uint64_t)w->bits * 2 +
+           (uint64_t)(w->k + w->n) * 2;
+}
+
+static void each_mlp(const muse_mlp *p, void (*fn)(void *, const muse_linear *), void *ctx)
+{
+    fn(ctx, &p->gate);
+    fn(ctx, &p->up);
+    fn(ctx, &p->down);
+}
+
+void muse_model_each_linear(const muse_model *m, void (*fn)(void *ctx, const muse_linear *l),
+                            void *ctx)
+{
+    const muse_config *c = &m->cfg;
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const muse_layer *ly = &m->layers[i];
+        fn(ctx, &ly->q);
+        fn(ctx, &ly->k);
+        fn(ctx, &ly->v);
+        fn(ctx, &ly->gate);
+        fn(ctx, &ly->o);
+        if (c->mlp_kind[i] == MUSE_MLP_DENSE) {
+            each_mlp(&ly->dense, fn, ctx);
+            continue;
+        }
+        for (int64_t x = 0; x < c->num_experts; x++) each_mlp(&ly->experts[x], fn, ctx);
+        if (c->num_shared_experts > 0) each_mlp(&ly->shared, fn, ctx);
+    }
+    fn(ctx, &m->head);
+}

@@ -1,0 +1,197 @@
+/* Synthetic weights (synthetic.h): the tensor list of a config and its deterministic fill. */
+#include "pack/synthetic.h"
+
+#include <math.h>
+#include <sys/mman.h>
+
+#include "pack/pack_random.h"
+
+static muse_synth_spec *add(muse_synth_list *l, const char *name, muse_dtype dt, int ndim,
+                            int64_t a, int64_t b, int64_t c, muse_fill_kind fill)
+{
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 256;
+        l->v = realloc(l->v, l->cap * sizeof *l->v);
+        MUSE_CHECK(l->v);
+    }
+    muse_synth_spec *s = &l->v[l->n++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->dtype = dt;
+    s->ndim = ndim;
+    int64_t dims[3] = {a, b, c}, numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= (s->shape[i] = dims[i]);
+    s->fill = fill;
+    s->bytes = (size_t)numel * muse_dtype_size(dt);
+    return s;
+}
+
+/* A Linear k -> n: fp16/bf16 [n, k], or the EXL3 tensors at `bits`. */
+static void add_linear(muse_synth_list *l, const char *key, int64_t k, int64_t n, int bits)
+{
+    char name[300];
+    if (!bits) {
+        snprintf(name, sizeof name, "%s.weight", key);
+        add(l, name, l->dtype, 2, n, k, 0, FILL_LINEAR)->scale = 1.0 / sqrt((double)k);
+        return;
+    }
+    int64_t np = (n + 127) / 128 * 128;
+    snprintf(name, sizeof name, "%s.trellis", key);
+    add(l, name, MUSE_DT_I16, 3, k / 16, np / 16, 16 * bits, FILL_TRELLIS);
+    snprintf(name, sizeof name, "%s.suh", key);
+    add(l, name, MUSE_DT_F16, 1, k, 0, 0, FILL_SUH)->scale = 1.0 / sqrt((double)k);
+    snprintf(name, sizeof name, "%s.svh", key);
+    add(l, name, MUSE_DT_F16, 1, np, 0, 0, FILL_SVH);
+    if (l->cb != MUSE_CB_3INST) {
+        snprintf(name, sizeof name, "%s.%s", key, l->cb == MUSE_CB_MCG ? "mcg" : "mul1");
+        add(l, name, MUSE_DT_I32, 0, 0, 0, 0, FILL_MARKER);
+    }
+}
+
+static void add_mlp(muse_synth_list *l, const char *base, int64_t H, int64_t I)
+{
+    char key[256];
+    snprintf(key, sizeof key, "%s.gate_proj", base);
+    add_linear(l, key, H, I, l->exl3_bits);
+    snprintf(key, sizeof key, "%s.up_proj", base);
+    add_linear(l, key, H, I, l->exl3_bits);
+    snprintf(key, sizeof key, "%s.down_proj", base);
+    add_linear(l, key, I, H, l->exl3_bits);
+}
+
+void muse_synth_specs(const muse_config *c, muse_synth_list *l)
+{
+    int64_t H = c->hidden_size, Q = c->n_heads * c->head_dim, KV = c->n_kv_heads * c->head_dim;
+    char key[256];
+    add(l, "model.embed_tokens.weight", l->dtype, 2, c->vocab_size, H, 0, FILL_EMBED);
+    for (int64_t i = 0; i < c->num_layers; i++) {
+        const char *norms[4] = {"input_layernorm", "post_attention_layernorm",
+                                "pre_feedforward_layernorm", "post_feedforward_layernorm"};
+        for (int j = 0; j < 4; j++) {
+            snprintf(key, sizeof key, "model.layers.%lld.%s.weight", (long long)i, norms[j]);
+            add(l, key, l->dtype, 1, H, 0, 0, FILL_NORM_OFFSET);
+        }
+        const char *att[5] = {"q_proj", "k_proj", "v_proj", "gate_proj", "o_proj"};
+        int64_t ks[5] = {H, H, H, H, Q}, ns[5] = {Q, KV, KV, Q, H};
+        for (int j = 0; j < 5; j++) {
+            snprintf(key, sizeof key, "model.layers.%lld.self_attn.%s", (long long)i, att[j]);
+            add_linear(l, key, ks[j], ns[j], l->exl3_bits);
+        }
+        snprintf(key, sizeof key, "model.layers.%lld.mlp", (long long)i);
+        if (c->mlp_kind[i] == MUSE_MLP_DENSE) {
+            add_mlp(l, key, H, c->intermediate_size);
+            continue;
+        }
+        snprintf(key, sizeof key, "model.layers.%lld.mlp.router.weight", (long long)i);
+        add(l, key, l->dtype, 2, c->num_experts, H, 0, FILL_ROUTER)->scale = 1.0 / sqrt((double)H);
+        snprintf(key, sizeof key, "model.layers.%lld.mlp.router.e_score_correction_bias",
+                 (long long)i);
+        if (l->router_bias) add(l, key, MUSE_DT_F32, 1, c->num_experts, 0, 0, FILL_BIAS);
+        for (int64_t x = 0; x < c->num_experts; x++) {
+            snprintf(key, sizeof key, "model.layers.%lld.mlp.experts.%lld", (long long)i,
+                     (long long)x);
+            add_mlp(l, key, H, c->moe_intermediate_size);
+            if (c->expert_output_norm) {
+                snprintf(key, sizeof key, "model.layers.%lld.mlp.experts.%lld.output_norm.weight",
+                         (long long)i, (long long)x);
+                add(l, key, l->dtype, 1, H, 0, 0, FILL_NORM_OFFSET);
+            }
+        }
+        if (c->num_shared_experts > 0) {
+            snprintf(key, sizeof key, "model.layers.%lld.mlp.shared_experts", (long long)i);
+            add_mlp(l, key, H, c->num_shared_experts * c->moe_intermediate_size);
+        }
+    }
+    add(l, "model.norm.weight", l->dtype, 1, H, 0, 0, FILL_NORM_PLAIN);
+    if (!c->tie_word_embeddings)
+        add_linear(l, "lm_head", H, c->vocab_size, l->exl3_bits ? l->head_bits : 0);
+}
+
+static void store(muse_dtype dt, void *data, size_t i, double v)
+{
+    if (dt == MUSE_DT_F16)
+        ((uint16_t *)data)[i] = muse_f32_to_f16((float)v);
+    else if (dt == MUSE_DT_BF16)
+        ((uint16_t *)data)[i] = muse_f32_to_bf16((float)v);
+    else
+        ((float *)data)[i] = (float)v;
+}
+
+void muse_synth_fill(const muse_synth_spec *s, uint64_t seed, void *data)
+{
+    uint64_t key = muse_hash_name(s->name, seed);
+    size_t n = s->bytes / muse_dtype_size(s->dtype);
+    for (size_t i = 0; i < n; i++) {
+        double z = muse_normal(key, i), sign = muse_unit(key, i) < 0.5 ? -1.0 : 1.0;
+        switch (s->fill) {
+        case FILL_LINEAR:
+        case FILL_ROUTER:
+            store(s->dtype, data, i, z * s->scale);
+            break;
+        case FILL_EMBED:
+            store(s->dtype, data, i, z);
+            break;
+        case FILL_NORM_OFFSET:
+            store(s->dtype, data, i, 0.1 * z);
+            break;
+        case FILL_NORM_PLAIN:
+            store(s->dtype, data, i, 1.0 + 0.1 * z);
+            break;
+        case FILL_BIAS:
+            store(s->dtype, data, i, 0.05 * z);
+            break;
+        case FILL_TRELLIS:
+            ((uint16_t *)data)[i] = (uint16_t)(muse_mix64(key + i) >> 48);
+            break;
+        /* |W| entries ~ 1/sqrt(k) once the codebook's unit RMS passes both Hadamards */
+        case FILL_SUH:
+            store(s->dtype, data, i, sign * s->scale * (0.8 + 0.4 * muse_unit(key, i + n)));
+            break;
+        case FILL_SVH:
+            store(s->dtype, data, i, sign * (0.8 + 0.4 * muse_unit(key, i + n)));
+            break;
+        case FILL_MARKER:
+            ((int32_t *)data)[0] = 0;
+            break;
+        }
+    }
+}
+
+void muse_synth_free(muse_synth_list *l)
+{
+    free(l->v);
+    l->v = NULL;
+    l->n = l->cap = 0;
+}
+
+int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, muse_st **out,
+                  muse_err *e)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < l->n; i++) total += (l->v[i].bytes + 63) / 64 * 64;
+    /* anonymous pages: untouched ones cost nothing until filled */
+    void *block =
+        mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED)
+        return muse_fail(e,
+                         "synthetic weights: cannot map %.2f GiB; this machine lacks the memory "
+                         "for this shape (--config)",
+                         (double)total / 1073741824.0);
+    muse_tensor *t = MUSE_CALLOC(l->n, sizeof *t);
+    size_t at = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const muse_synth_spec *s = &l->v[i];
+        t[i].name = strdup(s->name);
+        MUSE_CHECK(t[i].name);
+        t[i].dtype = s->dtype;
+        t[i].ndim = s->ndim;
+        t[i].numel = 1;
+        for (int d = 0; d < s->ndim; d++) t[i].numel *= (t[i].shape[d] = s->shape[d]);
+        t[i].data = (uint8_t *)block + at;
+        t[i].nbytes = s->bytes;
+        muse_synth_fill(s, seed, (uint8_t *)block + at);
+        at += (s->bytes + 63) / 64 * 64;
+    }
+    (void)c;
+    return muse_st_from_memory(t, l->n, block, total ? total : 1, out, e);
+}
