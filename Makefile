@@ -64,6 +64,17 @@ $(BUILD)/t/%: t/unit/%.c t/unit/tap.h $(LIB) | $(BUILD)/t
 	@mkdir -p $(BUILD)/obj/t
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/$*.d -It/unit $< $(LIB) $(LDLIBS) -o $@
 
+# test_validate also links the nginx module's pure validator (ngx_muse_validate.c: libc and
+# cJSON, no nginx), compiled here on its own with the engine's flags.
+NGX_VALIDATE_OBJ := $(BUILD)/obj/ngx_muse_validate.o
+$(NGX_VALIDATE_OBJ): ngx_muse_validate.c | $(BUILD)/obj
+	$(CC) $(CFLAGS) $(DEPFLAGS) -I. -c $< -o $@
+
+$(BUILD)/t/test_validate: t/unit/test_validate.c t/unit/tap.h $(NGX_VALIDATE_OBJ) | $(BUILD)/t
+	@mkdir -p $(BUILD)/obj/t
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/test_validate.d -I. -It/unit $< $(NGX_VALIDATE_OBJ) \
+	  -lcjson -lm -o $@
+
 $(OPS_HARNESS): t/ops/ops_harness.c $(LIB) | $(BUILD)/t
 	@mkdir -p $(BUILD)/obj/t
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/ops-harness.d $< $(LIB) $(LDLIBS) -o $@
@@ -71,6 +82,10 @@ $(OPS_HARNESS): t/ops/ops_harness.c $(LIB) | $(BUILD)/t
 FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(ENGINE_H) | $(BUILD)/fuzz
 	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) $(LDLIBS) -o $@
+# fuzz_validate: the nginx module's validator, without nginx (its only sources are its own).
+$(BUILD)/fuzz/fuzz_validate: t/fuzz/fuzz_validate.c ngx_muse_validate.c ngx_muse_validate.h \
+                             engine/abi/muse_limits.h engine/abi/muse_ring.h | $(BUILD)/fuzz
+	clang $(FUZZ_CFLAGS) -I. $< ngx_muse_validate.c -lcjson -lm -o $@
 fuzz: $(FUZZERS)
 
 $(BUILD) $(BUILD)/obj $(BUILD)/t $(BUILD)/fuzz:

@@ -507,8 +507,6 @@ ngx_muse_body_handler(ngx_http_request_t *r)
     ngx_str_t                 json;
     ngx_uint_t                flags = 0;
     uint32_t                  vflags;
-    char                     *text;
-    size_t                    text_len;
     u_char                   *body;
     size_t                    len;
     const char               *why = "";
@@ -524,22 +522,16 @@ ngx_muse_body_handler(ngx_http_request_t *r)
     vc.model_id = (const char *) mcf->model_id.data;
     vc.model_id_len = mcf->model_id.len;
     vc.max_json_values = mcf->max_json_values;
-    if (ngx_muse_validate_body(&vc, body, len, &vflags, &text, &text_len, &err) != 0) {
+    if (ngx_muse_validate_body(&vc, body, len, &vflags, &err) != 0) {
         ngx_http_finalize_request(r, ngx_muse_send_error(r, err.status, err.type,
                                   err.param[0] ? err.param : NULL, err.code, err.message));
         return;
     }
     flags = vflags;
-    json.len = text_len;
-    json.data = ngx_pnalloc(r->pool, text_len);
-    if (json.data != NULL) {
-        ngx_memcpy(json.data, text, text_len);
-    }
-    free(text);    /* cJSON's allocation: copied into the pool, freed at once */
-    if (json.data == NULL) {
-        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
+    /* forwarded as the client wrote it: strict JSON, so the engine's parser reads the same
+     * values, and no number goes through a double on the way */
+    json.data = body;
+    json.len = len;
     ctx = ngx_pcalloc(r->pool, sizeof(ngx_muse_ctx_t));
     cln = ngx_http_cleanup_add(r, 0);
     if (ctx == NULL || cln == NULL) {
