@@ -1,3 +1,6 @@
+/* Parses and checks the module's request body again (the module is not trusted): sampling
+ * fields, stop strings, the prompt rendered to token ids; integer fields read from their own
+ * text, exactly (a double cannot hold every seed). */
 #include "serve/request.h"
 
 #include <math.h>
@@ -34,11 +37,202 @@ static int number(const cJSON *root, const char *name, double lo, double hi, dou
     return 0;
 }
 
-static int integer(const cJSON *root, const char *name, double lo, double hi, double def,
-                   double *out, muse_api_error *err)
+/* A value's text in the body: the members of a JSON text and the children cJSON parsed from it
+ * come in the same order, so a node's text is found by walking both together. */
+typedef struct {
+    const char *p;
+    size_t n;
+} text_span;
+
+/* What cJSON skips as whitespace (any byte <= 32), so the walk agrees with its parse. */
+static const char *skip_ws(const char *p, const char *end)
 {
-    if (number(root, name, lo, hi, def, out, err)) return -1;
-    if (*out != floor(*out)) return bad(err, name, "'%s' must be an integer", name);
+    while (p < end && (unsigned char)*p <= 32) p++;
+    return p;
+}
+
+/* The end of the value starting at p (never past end). */
+static const char *skip_value(const char *p, const char *end)
+{
+    size_t depth = 0;
+    do {
+        if (p >= end) return end;
+        if (*p == '"') {
+            for (p++; p < end && *p != '"'; p++)
+                if (*p == '\\' && p + 1 < end) p++; /* the escaped byte, maybe a quote */
+            p += p < end;
+        } else if (*p == '{' || *p == '[') {
+            depth++;
+            p++;
+        } else if (*p == '}' || *p == ']') {
+            if (depth == 0) return p;
+            depth--;
+            p++;
+        } else if (depth > 0) {
+            p++;
+        } else {
+            while (p < end && *p != ',' && *p != '}' && *p != ']' && (unsigned char)*p > 32) p++;
+        }
+    } while (depth > 0);
+    return p;
+}
+
+typedef struct {
+    const char *p, *end;
+    bool object;
+} text_iter;
+
+static void iter_init(text_iter *it, text_span s)
+{
+    it->p = s.n ? s.p + 1 : s.p;
+    it->end = s.p + s.n;
+    it->object = s.n && s.p[0] == '{';
+}
+
+/* The next element's (or member value's) text; false when the container ends. */
+static bool iter_next(text_iter *it, text_span *out)
+{
+    const char *p = skip_ws(it->p, it->end);
+    if (p < it->end && *p == ',') p = skip_ws(p + 1, it->end);
+    if (p >= it->end || *p == '}' || *p == ']') return false;
+    if (it->object) {
+        p = skip_ws(skip_value(p, it->end), it->end); /* the key */
+        if (p < it->end && *p == ':') p = skip_ws(p + 1, it->end);
+    }
+    out->p = p;
+    it->p = skip_value(p, it->end);
+    out->n = (size_t)(it->p - p);
+    return true;
+}
+
+/* The exact value of a number's text (RFC 8259 grammar) when it is an integer: true with *neg
+ * and *mag (|value| <= 2^64 - 1); false when it is not a number, not an integer, or larger.
+ * 2e3, 20.0 and -0 are the integers 2000, 20 and 0. */
+static bool text_int(text_span s, bool *neg, uint64_t *mag)
+{
+    const char *p = s.p, *end = s.p + s.n, *ip, *fp = NULL;
+    size_t ni, nf = 0, nd, i, k;
+    int64_t exp = 0, e;
+    uint64_t v = 0;
+    bool eneg = false;
+#define DIGIT(j) ((j) < ni ? ip[j] : fp[(j)-ni])
+    *neg = false;
+    *mag = 0;
+    if (!p) return false;
+    if (p < end && *p == '-') {
+        *neg = true;
+        p++;
+    }
+    for (ip = p; p < end && *p >= '0' && *p <= '9'; p++) {
+    }
+    ni = (size_t)(p - ip);
+    if (ni == 0 || (ip[0] == '0' && ni > 1)) return false;
+    if (p < end && *p == '.') {
+        for (fp = ++p; p < end && *p >= '0' && *p <= '9'; p++) {
+        }
+        nf = (size_t)(p - fp);
+        if (nf == 0) return false;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) eneg = *p++ == '-';
+        for (k = 0; p < end && *p >= '0' && *p <= '9'; p++, k++)
+            exp = exp < 1000000000 ? exp * 10 + (*p - '0') : exp; /* saturates: enough */
+        if (k == 0) return false;
+        if (eneg) exp = -exp;
+    }
+    if (p != end) return false;
+    /* value = D * 10^e, D the integer digits then the fraction digits */
+    nd = ni + nf;
+    e = exp - (int64_t)nf;
+    while (nd > 0 && DIGIT(nd - 1) == '0') { /* trailing zeros move into the exponent */
+        nd--;
+        e++;
+    }
+    if (nd == 0) {
+        *neg = false; /* every digit zero: 0, -0 too */
+        return true;
+    }
+    if (e < 0) return false; /* a non-zero digit after the decimal point */
+    for (i = 0; DIGIT(i) == '0'; i++) {
+    }
+    if ((int64_t)(nd - i) + e > 20) return false;
+    for (; i < nd; i++) {
+        unsigned c = (unsigned)(DIGIT(i) - '0');
+        if (v > (UINT64_MAX - c) / 10) return false;
+        v = v * 10 + c;
+    }
+    for (; e > 0; e--) {
+        if (v > UINT64_MAX / 10) return false;
+        v *= 10;
+    }
+#undef DIGIT
+    *mag = v;
+    return true;
+}
+
+/* The top-level fields whose integers are read from their text. */
+enum { F_TOP_K, F_SEED, F_MAX_TOKENS, F_MAX_COMPLETION_TOKENS, F_PROMPT, F_COUNT };
+static const char *const span_names[F_COUNT] = {"top_k", "seed", "max_tokens",
+                                                "max_completion_tokens", "prompt"};
+
+static void field_spans(const cJSON *root, const char *body, size_t len, text_span *sp)
+{
+    memset(sp, 0, F_COUNT * sizeof *sp);
+    const char *p = skip_ws(body, body + len);
+    text_iter it;
+    iter_init(&it, (text_span){p, (size_t)(body + len - p)});
+    text_span s;
+    for (const cJSON *c = root->child; c && iter_next(&it, &s); c = c->next)
+        for (int i = 0; i < F_COUNT; i++)
+            if (c->string && strcmp(c->string, span_names[i]) == 0) sp[i] = s;
+}
+
+static const text_span *field_span(const char *name, const text_span *sp)
+{
+    for (int i = 0; i < F_COUNT; i++)
+        if (strcmp(name, span_names[i]) == 0) return &sp[i];
+    return NULL;
+}
+
+/* An integer field in [lo, hi] (0 <= lo), read from its text; absent or null -> def. */
+static int integer(const cJSON *root, const text_span *sp, const char *name, uint64_t lo,
+                   uint64_t hi, int64_t def, int64_t *out, muse_api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    const text_span *s = field_span(name, sp);
+    bool neg;
+    uint64_t mag;
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !s || !text_int(*s, &neg, &mag) || (neg && mag) || mag < lo ||
+        mag > hi) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "'%%s' must be an integer in [%llu, %llu]",
+                 (unsigned long long)lo, (unsigned long long)hi);
+        return bad(err, name, msg, name);
+    }
+    *out = (int64_t)mag;
+    return 0;
+}
+
+/* The seed: an integer in [-2^63, 2^64 - 1]; a negative s is the seed 2^64 + s. */
+static int seed_field(const cJSON *root, const text_span *sp, bool *given, uint64_t *seed,
+                      muse_api_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    bool neg;
+    uint64_t mag;
+    *given = v && !cJSON_IsNull(v);
+    if (!*given) return 0;
+    if (!cJSON_IsNumber(v) || !text_int(sp[F_SEED], &neg, &mag) || (neg && mag > (1ull << 63)))
+        return bad(err, "seed",
+                   "'%s' must be an integer from -9223372036854775808 to 18446744073709551615 (a "
+                   "negative seed s is the seed 2^64 + s)",
+                   "seed");
+    *seed = neg ? 0 - mag : mag;
     return 0;
 }
 
@@ -114,8 +308,8 @@ static int render_chat(const muse_request_env *env, const cJSON *root, muse_gen_
     return 0;
 }
 
-static int render_completion(const muse_request_env *env, const cJSON *root, muse_gen_request *r,
-                             muse_api_error *err)
+static int render_completion(const muse_request_env *env, const cJSON *root, const text_span *sp,
+                             muse_gen_request *r, muse_api_error *err)
 {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     muse_err e = {{0}};
@@ -129,13 +323,18 @@ static int render_completion(const muse_request_env *env, const cJSON *root, mus
         r->prompt = MUSE_MALLOC(n * sizeof *r->prompt);
         const cJSON *it;
         int64_t vocab = muse_tokenizer_vocab_size(env->tok);
+        text_iter ti;
+        iter_init(&ti, sp[F_PROMPT]);
         cJSON_ArrayForEach(it, p)
         {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (double)vocab ||
-                it->valuedouble != floor(it->valuedouble))
+            text_span s = {0};
+            bool neg;
+            uint64_t id;
+            if (!cJSON_IsNumber(it) || !iter_next(&ti, &s) || !text_int(s, &neg, &id) ||
+                (neg && id) || id >= (uint64_t)vocab)
                 return bad(err, "prompt", "'%s' token ids must be integers in the vocabulary",
                            "prompt");
-            r->prompt[i++] = (int32_t)it->valuedouble;
+            r->prompt[i++] = (int32_t)id;
         }
         r->n_prompt = n;
     } else {
@@ -146,24 +345,24 @@ static int render_completion(const muse_request_env *env, const cJSON *root, mus
     return 0;
 }
 
-static int sampling(const muse_request_env *env, const cJSON *root, muse_gen_request *r,
-                    muse_api_error *err)
+static int sampling(const muse_request_env *env, const cJSON *root, const text_span *sp,
+                    muse_gen_request *r, muse_api_error *err)
 {
     const muse_config *c = env->cfg;
-    double t, p, k, mp, seed;
+    double t, p, mp;
+    int64_t k;
+    uint64_t seed = env->default_seed;
     double dt = c && c->gen_temperature >= 0 ? c->gen_temperature : 1.0;
     double dp = c && c->gen_top_p > 0 ? c->gen_top_p : 1.0;
-    double dk = c && c->gen_top_k >= 0 ? (double)c->gen_top_k : 0.0;
+    int64_t dk = c && c->gen_top_k >= 0 ? (int64_t)c->gen_top_k : 0;
     if (number(root, "temperature", 0, 2, dt, &t, err) ||
         number(root, "top_p", 0, 1, dp, &p, err) ||
-        integer(root, "top_k", 0, MUSE_LIMIT_TOP_K_MAX, dk, &k, err) ||
+        integer(root, sp, "top_k", 0, MUSE_LIMIT_TOP_K_MAX, dk, &k, err) ||
         number(root, "min_p", 0, 1, 0, &mp, err) ||
-        integer(root, "seed", -9.2e18, 9.2e18, -1e300, &seed, err))
+        seed_field(root, sp, &r->seed_given, &seed, err))
         return -1;
     if (p <= 0) return bad(err, "top_p", "'%s' must be in (0, 1]", "top_p");
-    r->seed_given = seed != -1e300;
-    r->sampling = (muse_sampling){(float)t, (int)k, (float)p, (float)mp,
-                                  r->seed_given ? (uint64_t)(int64_t)seed : env->default_seed};
+    r->sampling = (muse_sampling){(float)t, (int)k, (float)p, (float)mp, seed};
     return 0;
 }
 
@@ -181,11 +380,13 @@ int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, co
         bad(err, "", "the request body is not a JSON %s", "object");
         goto out;
     }
-    if (sampling(env, root, r, err) || parse_stops(root, r, err)) goto out;
+    text_span sp[F_COUNT];
+    field_spans(root, body, len, sp);
+    if (sampling(env, root, sp, r, err) || parse_stops(root, r, err)) goto out;
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     r->parallel_tool_calls = !cJSON_IsFalse(ptc);
     if ((kind == MUSE_KIND_CHAT ? render_chat(env, root, r, err)
-                                : render_completion(env, root, r, err)))
+                                : render_completion(env, root, sp, r, err)))
         goto out;
     int64_t left = env->context - (int64_t)r->n_prompt;
     if (left < 1) {
@@ -201,12 +402,12 @@ int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, co
                  r->n_prompt, kind == MUSE_KIND_CHAT ? "messages" : "prompt");
         goto out;
     }
-    double mt;
+    int64_t mt;
     const char *mt_name = cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens")
                               ? "max_completion_tokens"
                               : "max_tokens";
-    if (integer(root, mt_name, 1, MUSE_LIMIT_MAX_TOKENS, (double)left, &mt, err)) goto out;
-    if ((int64_t)mt > left) {
+    if (integer(root, sp, mt_name, 1, MUSE_LIMIT_MAX_TOKENS, left, &mt, err)) goto out;
+    if (mt > left) {
         err->status = 400;
         err->type = "invalid_request_error";
         err->code = "context_length_exceeded";
@@ -219,7 +420,7 @@ int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, co
             (long long)mt, mt_name);
         goto out;
     }
-    r->max_tokens = (int64_t)mt;
+    r->max_tokens = mt;
     rc = 0;
 out:
     cJSON_Delete(root);
