@@ -50,6 +50,42 @@ err_is('{"model":"muse-spark"}', 400, 'messages', 'messages missing');
 # 5: max_tokens out of range
 err_is("{$MSG,\"max_tokens\":$_}", 400, 'max_tokens', "max_tokens $_")
     for ('0', '-1', '1.5', '2147483648', '9223372036854775808', '1e308', '1e999');
+# issue 14.4: strict JSON (RFC 8259) at the pre-scan: 400 invalid_json naming the byte offset
+for my $c (["{$MSG,\"max_tokens\":02}", 'leading zero', '02'],
+           ["{$MSG,\"max_tokens\":2.}", 'trailing dot', '.}'],
+           ["{$MSG,\"temperature\":.5}", 'leading dot', '.5'],
+           ["{$MSG,\"temperature\":+1}", 'plus sign', '+1'],
+           ["{\"messages\":[{\"role\":\"user\",\"content\":\"a\nb\"}]}", 'raw newline in a string', "\n"],
+           ["{\"messages\":[{\"role\":\"user\",\"content\":\"a\x01b\"}]}", 'raw control byte in a string', "\x01"],
+           ["{\"messages\":[{\"role\":\"user\",\"content\":\"a\tb\"}]}", 'raw tab in a string', "\t"],
+           ["{\"messages\":[{\"role\":\"user\",\"content\":\"a\\qb\"}]}", 'invalid escape', 'qb'],
+           ["{$MSG,\"stop\":[\"a\",]}", 'trailing comma in an array', ']}'],
+           ["{$MSG,}", 'trailing comma in an object', '}'],
+           ["{$MSG} x", 'bytes after the value', 'x'],
+           ["{$MSG,\"user\":'u'}", 'single quotes', "'u"]) {
+    my ($body, $name, $at) = @$c;
+    my $off = rindex($body, $at);
+    $off += 1 if $name eq 'leading zero' || $name eq 'trailing dot';
+    $r = err_is($body, 400, undef, "strict JSON: $name");
+    my $e = $r->{json} ? $r->{json}{error} : {};
+    is($e->{code}, 'invalid_json', "strict JSON: $name: code invalid_json");
+    like($e->{message} // '', qr/byte offset $off\b/, "strict JSON: $name: the message names byte offset $off");
+}
+# issue 14.3: integers reach the engine as written (the scripted engine echoes the body)
+for my $seed ('9007199254740991', '9007199254740993', '8000000000000001', '9223372036854775807',
+              '18446744073709551615', '-9223372036854775808', '1e3') {
+    my $body = "{\"messages\":[{\"role\":\"user\",\"content\":\"ECHO\"}],\"seed\":$seed,\"max_tokens\":16}";
+    $r = $n->chat($body);
+    my $echo = $r->{status} == 200 ? eval { JSON::PP::decode_json($r->{json}{choices}[0]{message}{content}) } : undef;
+    is($echo ? $echo->{body} : "status $r->{status}", $body, "seed $seed: the engine gets the body byte for byte");
+}
+for my $seed ('18446744073709551616', '-9223372036854775809', '1.5', '1e20') {
+    $r = err_is("{$MSG,\"seed\":$seed}", 400, 'seed', "seed $seed");
+    like($r->{json} ? $r->{json}{error}{message} : '', qr/-9223372036854775808 to 18446744073709551615/,
+         "seed $seed: the message names the range");
+}
+err_is("{$MSG,\"top_k\":4294967296}", 400, 'top_k', 'top_k 2^32');
+err_is("{$MSG,\"n\":18446744073709551617}", 400, 'n', 'n 2^64 + 1');
 # 6: n and top_logprobs
 err_is("{$MSG,\"n\":$_}", 400, 'n', "n $_") for ('0', '2', '1000000000');
 err_is("{$MSG,\"top_logprobs\":$_}", 400, 'top_logprobs', "top_logprobs $_") for ('-1', '21');
