@@ -309,5 +309,41 @@ my $hb = MuseNginx::wait_until(3, sub { my $x = $n->request('GET', '/health')->{
 ok($hb, 'case 33: running back to 0 after the batch');
 after_case('case 33');
 
+# ---- issue 14.3: exact seeds end to end: the module forwards the seed's text, the engine reads
+# it exactly; muse.seed echoes it; generate --seed (strtoll) is the reference ----
+sub seeded {
+    my ($seed) = @_;
+    return $n->request('POST', '/v1/completions', '{"prompt":[' . join(',', @ids)
+                       . '],"max_tokens":16,"temperature":1,"seed":' . $seed . '}');
+}
+my %sha14;
+for my $seed ('9007199254740991', '9007199254740992', '9007199254740993', '8000000000000000',
+              '8000000000000001', '9223372036854775807') {
+    my $res = seeded($seed);
+    is($res->{status}, 200, "seed $seed: 200");
+    like($res->{body}, qr/"seed":$seed[,}]/, "seed $seed: muse.seed echoes it exactly");
+    $sha14{$seed} = sha_ids(until_stop(generate(\@ids, 16, temperature => 1, seed => $seed)));
+    is($res->{json}{muse}{token_sha}, $sha14{$seed}, "seed $seed: token_sha = generate --seed $seed");
+}
+isnt($sha14{9007199254740993}, $sha14{9007199254740992},
+     'seeds 2^53 + 1 and 2^53 draw different tokens (through a double they are one seed)');
+isnt($sha14{8000000000000001}, $sha14{8000000000000000},
+     'seeds 8000000000000001 and 8000000000000000 draw different tokens');
+my $top = seeded('18446744073709551615');
+my $neg = seeded('-1');
+is($top->{status}, 200, 'seed 2^64 - 1: 200');
+like($top->{body}, qr/"seed":18446744073709551615[,}]/, 'seed 2^64 - 1: echoed exactly');
+is($neg->{json}{muse}{token_sha}, $top->{json}{muse}{token_sha}, 'seed -1 is the seed 2^64 - 1 (the same tokens)');
+like($neg->{body}, qr/"seed":18446744073709551615[,}]/, 'seed -1: echoed as the seed it ran, 2^64 - 1');
+isnt($top->{json}{muse}{token_sha}, $sha14{9223372036854775807}, 'seed 2^64 - 1 draws differently from 2^63 - 1');
+for my $seed ('18446744073709551616', '-9223372036854775809') {
+    my $res = seeded($seed);
+    is($res->{status}, 400, "seed $seed: 400");
+    is($res->{json} && $res->{json}{error}{param}, 'seed', "seed $seed: param seed");
+    like($res->{json} ? $res->{json}{error}{message} : '', qr/from -9223372036854775808 to 18446744073709551615/,
+         "seed $seed: the message names the range");
+}
+after_case('issue 14.3 seeds');
+
 diag(sprintf('serve_cpu: %.1f s', time - $t_start));
 done_testing();
