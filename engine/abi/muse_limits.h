@@ -16,9 +16,10 @@
 #define MUSE_LIMIT_JSON_NESTING    200        /* nesting of any JSON in a request body */
 #define MUSE_LIMIT_JSON_VALUES     1048576    /* default item count: a 524288-id prompt twice */
 #define MUSE_LIMIT_TEMPERATURE_MAX 2          /* temperature in [0, this] */
-/* seed: any signed 64-bit integer, read from its own text (never through a double) */
+/* seed: an integer in [-2^63, 2^64 - 1], read from its own text (never through a double); a
+ * negative s is the seed 2^64 + s, so every int64 and every uint64 (what muse.seed echoes) works */
 #define MUSE_LIMIT_SEED_MIN (-9223372036854775807LL - 1)
-#define MUSE_LIMIT_SEED_MAX 9223372036854775807LL
+#define MUSE_LIMIT_SEED_MAX 18446744073709551615ULL
 
 /* A limit as a string literal, for error messages that name it. */
 #define MUSE_STR(x)  #x
