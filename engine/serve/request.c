@@ -110,15 +110,15 @@ static bool iter_next(text_iter *it, text_span *out)
  * 2e3, 20.0 and -0 are the integers 2000, 20 and 0. */
 static bool text_int(text_span s, bool *neg, uint64_t *mag)
 {
+    *neg = false;
+    *mag = 0;
+    if (!s.p) return false; /* the field's text was not found */
     const char *p = s.p, *end = s.p + s.n, *ip, *fp = NULL;
     size_t ni, nf = 0, nd, i, k;
     int64_t exp = 0, e;
     uint64_t v = 0;
     bool eneg = false;
 #define DIGIT(j) ((j) < ni ? ip[j] : fp[(j)-ni])
-    *neg = false;
-    *mag = 0;
-    if (!p) return false;
     if (p < end && *p == '-') {
         *neg = true;
         p++;
