@@ -4,7 +4,6 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
-#include <getopt.h>
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,7 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/cli.h"
+#include "base/clock.h"
+#include "base/flags.h"
 #include "serve/scheduler.h"
 
 typedef struct {
@@ -22,6 +22,7 @@ typedef struct {
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
     bool fault_heap_overflow;
     double reserve_gib, prompt_cache_gib;
+    gid_t gid; /* of --group; -1: none */
 } serve_flags;
 
 static volatile sig_atomic_t stopping;
@@ -31,76 +32,14 @@ static void on_signal(int sig)
     stopping = 1;
 }
 
-static const char serve_help[] =
-    "usage: muse-engine serve --model DIR --listen SOCKET [--shm NAME] [--streams N] [--queue N]\n"
-    "                         [--context N] [--max-rows N] [--threads N] [--model-id ID]\n"
-    "                         [--group GROUP] [--reserve-gib X] [--drain-ms N]\n"
-    "                         [--prompt-cache-gib X] [--kv-blocks N] [--request-kib N]\n"
-    "                         [--backend cpu|script] [--tokenizer FILE] [--script FILE]\n"
-    "Serves a pack to ngx_muse_module through a shared-memory segment (--shm, default "
-    "/muse-engine)\n"
-    "and a unix socket (--listen), both 0660 for --group (the nginx workers' group).\n"
-    "  --streams N      streams decoded together (lanes), default 4\n"
-    "  --queue N        requests waiting behind them, default 16 (more get 503 with Retry-After)\n"
-    "  --context N      positions a stream may hold, default min(max_position_embeddings, 4096)\n"
-    "  --max-rows N     rows a round (prompt chunks + decode tokens), default 256\n"
-    "  --threads N      threads for matrix products and for drawing the streams' tokens of a\n"
-    "                   round, default one per core\n"
-    "  --reserve-gib X  memory reserved for the rest of the machine, shown in /health\n"
-    "                   (default: the MUSE_RESERVE_GIB environment variable, else 0)\n"
-    "  --drain-ms N     on SIGTERM, how long running streams may finish, default 30000\n"
-    "  --prompt-cache-gib X  prompt cache budget (KV blocks + sliding state), default 1; 0: off\n"
-    "  --keepalive-ms N a stream silent this long (a long prompt, a long non-streaming answer)\n"
-    "                   sends a keepalive, default 5000 (keep it under nginx's muse_idle_timeout)\n"
-    "  --request-kib N  largest request (scope + compact JSON body) a slot holds, default 4100\n"
-    "                   (4 MiB + 4 KiB: a prompt of the whole context fits); nginx answers larger\n"
-    "                   ones 413 request_too_large. Keep client_max_body_size at or below it\n"
-    "  --kv-blocks N    full-attention KV blocks of 16 positions in the pool; default: enough for\n"
-    "                   every stream's whole context plus the prompt cache budget\n"
-    "  --backend script replays token ids from --script FILE (a JSON array of id arrays) instead\n"
-    "                   of running the model; request i gets list seed %% count. For tests.\n"
-    "  --tokenizer      default DIR/tokenizer.json\n";
+static const char *const backends[] = {"cpu", "script", NULL};
 
-static int bad(const char *msg)
-{
-    fprintf(stderr, "muse-engine serve: %s (see muse-engine serve --help)\n", msg);
-    return 2;
-}
-
+/* Returns -1 when the flags are complete, else the exit code. */
 static int parse_flags(int argc, char **argv, serve_flags *f)
 {
-    static const struct option opts[] = {{"model", 1, 0, 'm'},
-                                         {"tokenizer", 1, 0, 'T'},
-                                         {"listen", 1, 0, 'l'},
-                                         {"shm", 1, 0, 's'},
-                                         {"backend", 1, 0, 'b'},
-                                         {"script", 1, 0, 'S'},
-                                         {"model-id", 1, 0, 'i'},
-                                         {"group", 1, 0, 'g'},
-                                         {"streams", 1, 0, 'n'},
-                                         {"queue", 1, 0, 'q'},
-                                         {"context", 1, 0, 'c'},
-                                         {"max-rows", 1, 0, 'r'},
-                                         {"threads", 1, 0, 'j'},
-                                         {"script-delay-ms", 1, 0, 'd'},
-                                         {"drain-ms", 1, 0, 'D'},
-                                         {"reserve-gib", 1, 0, 'R'},
-                                         {"prompt-cache-gib", 1, 0, 'P'},
-                                         {"kv-blocks", 1, 0, 'K'},
-                                         {"keepalive-ms", 1, 0, 'A'},
-                                         {"request-kib", 1, 0, 'Q'},
-#ifdef MUSE_TEST_HOOKS
-                                         {"fault-after-tokens", 1, 0, 'F'},
-                                         {"fault-stall-after-tokens", 1, 0, 'W'},
-                                         {"fault-oom-request", 1, 0, 'O'},
-                                         {"fault-sticky-after-tokens", 1, 0, 'X'},
-                                         {"fault-heap-overflow", 0, 0, 'H'},
-#endif
-                                         {"help", 0, 0, 'h'},
-                                         {0, 0, 0, 0}};
     const char *env_reserve = getenv("MUSE_RESERVE_GIB");
     *f = (serve_flags){.shm = "/muse-engine",
-                       .backend = "cpu",
+                       .gid = (gid_t)-1,
                        .streams = 4,
                        .queue = 16,
                        .max_rows = 256,
@@ -108,113 +47,91 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .request_kib = 4100,
                        .prompt_cache_gib = 1,
                        .reserve_gib = env_reserve ? atof(env_reserve) : 0};
-    muse_err e = {{0}};
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (ch) {
-        case 'm':
-            f->model = optarg;
-            break;
-        case 'T':
-            f->tokenizer = optarg;
-            break;
-        case 'l':
-            f->listen = optarg;
-            break;
-        case 's':
-            f->shm = optarg;
-            break;
-        case 'b':
-            f->backend = optarg;
-            break;
-        case 'S':
-            f->script = optarg;
-            break;
-        case 'i':
-            f->model_id = optarg;
-            break;
-        case 'g':
-            f->group = optarg;
-            break;
-        case 'n':
-            rc = muse_parse_long("--streams", optarg, 1, 4096, &f->streams, &e);
-            break;
-        case 'q':
-            rc = muse_parse_long("--queue", optarg, 0, 4096, &f->queue, &e);
-            break;
-        case 'c':
-            rc = muse_parse_long("--context", optarg, 1, 1 << 30, &f->context, &e);
-            break;
-        case 'r':
-            rc = muse_parse_long("--max-rows", optarg, 1, 4096, &f->max_rows, &e);
-            break;
-        case 'j':
-            rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
-            break;
-        case 'd':
-            rc = muse_parse_long("--script-delay-ms", optarg, 0, 10000, &f->script_delay_ms, &e);
-            break;
-        case 'D':
-            rc = muse_parse_long("--drain-ms", optarg, 0, 3600000, &f->drain_ms, &e);
-            break;
-        case 'F':
-            rc = muse_parse_long("--fault-after-tokens", optarg, 1, 1 << 30, &f->fault_after_tokens,
-                                 &e);
-            break;
-        case 'W':
-            rc = muse_parse_long("--fault-stall-after-tokens", optarg, 1, 1 << 30,
-                                 &f->fault_stall_after_tokens, &e);
-            break;
-        case 'O':
-            rc = muse_parse_long("--fault-oom-request", optarg, 1, 1 << 30, &f->fault_oom_request,
-                                 &e);
-            break;
-        case 'H':
-            f->fault_heap_overflow = true;
-            break;
-        case 'X':
-            rc = muse_parse_long("--fault-sticky-after-tokens", optarg, 1, 1 << 30,
-                                 &f->fault_sticky_after_tokens, &e);
-            break;
-        case 'R':
-            rc = muse_parse_double("--reserve-gib", optarg, 0, 1 << 20, &f->reserve_gib, &e);
-            break;
-        case 'P':
-            rc = muse_parse_double("--prompt-cache-gib", optarg, 0, 1 << 20, &f->prompt_cache_gib,
-                                   &e);
-            break;
-        case 'A':
-            rc = muse_parse_long("--keepalive-ms", optarg, 10, 3600000, &f->keepalive_ms, &e);
-            break;
-        case 'Q':
-            rc = muse_parse_long("--request-kib", optarg, 1, 65536, &f->request_kib, &e);
-            break;
-        case 'K':
-            rc = muse_parse_long("--kv-blocks", optarg, 1, INT32_MAX, &f->kv_blocks, &e);
-            break;
-        case 'h':
-            fputs(serve_help, stdout);
-            return 0;
-        default:
-            return bad("unknown option or missing value");
-        }
-        if (rc) return bad(e.msg);
-    }
-    if (optind < argc) return bad("unexpected argument");
-    if (!f->listen) return bad("--listen SOCKET is required");
+    int backend = 0;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("model", &f->model, "DIR", "the pack (not with --backend script)"),
+        MUSE_FLAG_S("listen", &f->listen, "SOCKET", "the doorbell socket nginx connects to",
+                    .required = true),
+        MUSE_FLAG_S("shm", &f->shm, "NAME", "the shared-memory segment"),
+        MUSE_FLAG_L("streams", &f->streams, 1, 4096, "N", "streams decoded together (lanes)"),
+        MUSE_FLAG_L("queue", &f->queue, 0, 4096, "N",
+                    "requests waiting behind them (more get 503 with Retry-After)"),
+        MUSE_FLAG_L("context", &f->context, 1, 1 << 30, "N", "positions a stream may hold",
+                    .def = "min(max_position_embeddings, 4096)"),
+        MUSE_FLAG_L("max-rows", &f->max_rows, 1, 4096, "N",
+                    "rows a round (prompt chunks + decode tokens)"),
+        MUSE_FLAG_L("threads", &f->threads, 0, 1024, "N",
+                    "threads for matrix products and for drawing the streams' tokens of a\n"
+                    "round",
+                    .def = "0: one per core"),
+        MUSE_FLAG_S("model-id", &f->model_id, "ID",
+                    "the model name in answers (letters, digits and - _ . : /)",
+                    .def = "muse-spark"),
+        MUSE_FLAG_S("group", &f->group, "GROUP",
+                    "the group (the nginx workers') the segment and socket are 0660 for"),
+        MUSE_FLAG_G("reserve-gib", &f->reserve_gib, 1 << 20,
+                    "memory reserved for the rest of the machine, shown in /health",
+                    .def = "the MUSE_RESERVE_GIB environment variable, else 0"),
+        MUSE_FLAG_L("drain-ms", &f->drain_ms, 0, 3600000, "N",
+                    "on SIGTERM, how long running streams may finish"),
+        MUSE_FLAG_G("prompt-cache-gib", &f->prompt_cache_gib, 1 << 20,
+                    "prompt cache budget (KV blocks + sliding state); 0: off"),
+        MUSE_FLAG_L("keepalive-ms", &f->keepalive_ms, 10, 3600000, "N",
+                    "a stream silent this long (a long prompt, a long non-streaming answer)\n"
+                    "sends a keepalive (keep it under nginx's muse_idle_timeout)",
+                    .def = "5000"),
+        MUSE_FLAG_L("request-kib", &f->request_kib, 1, 65536, "N",
+                    "largest request (scope + compact JSON body) a slot holds (4 MiB + 4 KiB:\n"
+                    "a prompt of the whole context fits); nginx answers larger ones 413\n"
+                    "request_too_large. Keep client_max_body_size at or below it"),
+        MUSE_FLAG_L("kv-blocks", &f->kv_blocks, 1, INT32_MAX, "N",
+                    "full-attention KV blocks of 16 positions in the pool",
+                    .def = "enough for every stream's whole context plus the prompt cache"),
+        MUSE_FLAG_E("backend", &backend, backends,
+                    "script replays token ids from --script FILE (a JSON array of id arrays)\n"
+                    "instead of running the model; request i gets list seed % count. For tests"),
+        MUSE_FLAG_S("tokenizer", &f->tokenizer, "FILE", "the tokenizer",
+                    .def = "DIR/tokenizer.json"),
+        MUSE_FLAG_S("script", &f->script, "FILE", "the token ids --backend script replays"),
+        MUSE_FLAG_L("script-delay-ms", &f->script_delay_ms, 0, 10000, "N",
+                    "--backend script: a pause before each token"),
+#ifdef MUSE_TEST_HOOKS
+        MUSE_FLAG_L("fault-after-tokens", &f->fault_after_tokens, 1, 1 << 30, "N",
+                    "test builds: a round fails after N tokens"),
+        MUSE_FLAG_L("fault-stall-after-tokens", &f->fault_stall_after_tokens, 1, 1 << 30, "N",
+                    "test builds: the scheduler stalls after N tokens"),
+        MUSE_FLAG_L("fault-oom-request", &f->fault_oom_request, 1, 1 << 30, "N",
+                    "test builds: request N finds no memory"),
+        MUSE_FLAG_L("fault-sticky-after-tokens", &f->fault_sticky_after_tokens, 1, 1 << 30, "N",
+                    "test builds: a sticky device error after N tokens"),
+        MUSE_FLAG_B("fault-heap-overflow", &f->fault_heap_overflow,
+                    "test builds: read past a heap block (the sanitizer build reports it)"),
+#endif
+    };
+    const muse_flags set = {.prog = "muse-engine serve",
+                            .usage = "--model DIR --listen SOCKET [flags]",
+                            .about = "Serves a pack to ngx_muse_module through a shared-memory "
+                                     "segment (--shm) and a unix\nsocket (--listen), both 0660 "
+                                     "for --group (the nginx workers' group).\n",
+                            .flags = table,
+                            .n = sizeof table / sizeof *table};
+    int rc = muse_flags_parse(&set, argc, argv);
+    if (rc != MUSE_FLAGS_RUN) return rc;
+    f->backend = backends[backend];
     for (const char *p = f->model_id; p && *p; p++) /* it goes into JSON and headers as is */
         if (!(isalnum((unsigned char)*p) || strchr("-_.:/", *p)))
-            return bad("--model-id may hold letters, digits and - _ . : / only");
-    bool script = strcmp(f->backend, "script") == 0;
-    if (!script && strcmp(f->backend, "cpu") != 0) return bad("--backend must be cpu or script");
-    if (script && !f->script) return bad("--backend script needs --script FILE");
-    if (!script && !f->model) return bad("--model DIR is required");
+            return muse_flags_error(&set, "--model-id may hold letters, digits and - _ . : / only");
+    bool script = backend == 1;
+    if (script && !f->script) return muse_flags_error(&set, "--backend script needs --script FILE");
+    if (!script && !f->model) return muse_flags_error(&set, "--model DIR is required");
     if (script && !f->model && !f->tokenizer)
-        return bad("--backend script needs --tokenizer FILE or --model DIR");
-    return -1;
+        return muse_flags_error(&set, "--backend script needs --tokenizer FILE or --model DIR");
+    if (f->group) {
+        const struct group *g = getgrnam(f->group);
+        if (!g) return muse_flags_error(&set, "--group names no group on this machine");
+        f->gid = g->gr_gid;
+    }
+    return MUSE_FLAGS_RUN;
 }
 
 /* The script file: a JSON array of arrays of token ids. */
@@ -276,13 +193,6 @@ typedef struct {
     _Atomic int quit;
 } health_ctx;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* kB figure of a /proc file line ("MemAvailable:", "VmHWM:"), in bytes; 0 when absent. */
 static uint64_t proc_kb(const char *path, const char *key)
 {
@@ -343,7 +253,7 @@ static void publish_health(health_ctx *h)
         "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,"
         "\"cancelled\":%llu},"
         "\"histograms\":{%s%s%s}}",
-        status, f->model_id, (int)getpid(), MUSE_VERSION, now_s() - h->started, f->backend,
+        status, f->model_id, (int)getpid(), MUSE_VERSION, muse_now_s() - h->started, f->backend,
         st.running, busy > st.running ? busy - st.running : 0, st.max,
         (long long)(up ? f->context : 0), st.cache_budget ? f->prompt_cache_gib : 0.0,
         (unsigned long long)st.cache_bytes, (unsigned long long)st.cache_entries,
@@ -383,12 +293,6 @@ int muse_cmd_serve(int argc, char **argv)
         f.tokenizer = tokpath;
     }
     if (!f.model_id) f.model_id = "muse-spark";
-    gid_t gid = (gid_t)-1;
-    if (f.group) {
-        struct group *g = getgrnam(f.group);
-        if (!g) return bad("--group names no group on this machine");
-        gid = g->gr_gid;
-    }
     muse_model model = {0};
     muse_backend *be = NULL;
     muse_forward *fwd = NULL;
@@ -398,7 +302,7 @@ int muse_cmd_serve(int argc, char **argv)
     int32_t **script_seqs = NULL;
     size_t *script_lens = NULL, n_script = 0;
     pthread_t health_tid;
-    health_ctx h = {.f = &f, .started = now_s()};
+    health_ctx h = {.f = &f, .started = muse_now_s()};
     bool health_running = false;
     rc = 1;
 #ifdef MUSE_TEST_HOOKS
@@ -415,7 +319,7 @@ int muse_cmd_serve(int argc, char **argv)
                            .socket_path = f.listen,
                            .slots = (int)(f.streams + f.queue),
                            .request_bytes = (size_t)f.request_kib * 1024,
-                           .socket_gid = (int)gid};
+                           .socket_gid = (int)f.gid};
     if (muse_server_start(&so, &srv, &e)) goto fail;
     h.srv = srv;
     publish_health(&h);
