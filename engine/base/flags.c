@@ -184,7 +184,7 @@ static bool wants_help(const muse_flags *set, int argc, char **argv)
         if (is_help(arg)) return true;
         if (strncmp(arg, "--", 2) != 0 || strchr(arg, '=')) continue;
         const muse_flag *f = find(set, arg + 2, strlen(arg + 2));
-        if (f && takes_value(f)) i++;
+        if (f && takes_value(f) && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) i++;
     }
     return false;
 }
