@@ -13,6 +13,8 @@
 
 #include "base/clock.h"
 #include "base/flags.h"
+#include "serve/health.h"
+#include "serve/memory_plan.h"
 #include "serve/scheduler.h"
 
 typedef struct {
@@ -185,30 +187,13 @@ typedef struct {
     muse_sched *sched;
     const serve_flags *f;
     const muse_model *model;
-    const muse_backend *be;
+    const muse_memory_plan *plan;
     double started;
     /* 0 starting, 1 ok, 2 down. The pointers above are set before state becomes 1 (release)
      * and read only after it is seen (acquire). */
     _Atomic int state;
     _Atomic int quit;
 } health_ctx;
-
-/* kB figure of a /proc file line ("MemAvailable:", "VmHWM:"), in bytes; 0 when absent. */
-static uint64_t proc_kb(const char *path, const char *key)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[256];
-    uint64_t v = 0;
-    size_t kl = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, key, kl) == 0) {
-            v = strtoull(line + kl, NULL, 10) * 1024;
-            break;
-        }
-    fclose(f);
-    return v;
-}
 
 static void publish_health(health_ctx *h)
 {
@@ -217,55 +202,26 @@ static void publish_health(health_ctx *h)
     muse_sched_stats st = {0};
     if (up) muse_sched_stats_get(h->sched, &st);
     const serve_flags *f = h->f;
-    uint64_t total = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t weights = up && h->model && h->model->st ? muse_st_total_bytes(h->model->st) : 0;
-    uint64_t kv = up && h->be ? h->be->kv_bytes : 0, ws = up && h->be ? h->be->workspace_bytes : 0;
-    uint64_t reserve = (uint64_t)(f->reserve_gib * 1073741824.0);
-    uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable:");
-    /* what admission can still hand out: free pool blocks, and the rings of the free lanes */
-    uint64_t left = 0;
-    if (up && h->be) {
-        uint64_t pool = (uint64_t)h->be->kv.n_blocks * h->be->kv_block_bytes;
-        uint64_t rings = kv > pool && f->streams ? (kv - pool) / (uint64_t)f->streams : 0;
-        left = st.kv_free_blocks * h->be->kv_block_bytes + rings * (uint64_t)(st.max - st.running);
-    }
     int busy = h->srv ? muse_server_busy_slots(h->srv) : 0;
-    const char *status = state == 0   ? "starting"
-                         : state == 2 ? "down"
-                                      : (avail && avail < reserve ? "degraded" : "ok");
-    char json[8192], hist[2][1024];
-    if (muse_hist_json(&st.ttft_seconds, "ttft_seconds", hist[0], sizeof hist[0]) < 0 ||
-        muse_hist_json(&st.decode_tokens_per_second, "decode_tokens_per_second", hist[1],
-                       sizeof hist[1]) < 0)
-        hist[0][0] = hist[1][0] = 0;
-    int n = snprintf(
-        json, sizeof json,
-        "{\"status\":\"%s\",\"model\":\"%s\",\"engine\":{\"pid\":%d,\"version\":\"%s\",\"uptime_"
-        "s\":%.0f,\"heartbeat_age_ms\":0,\"backend\":\"%s\"},"
-        "\"streams\":{\"running\":%d,\"queued\":%d,\"max\":%d},\"context_length\":%lld,"
-        "\"prompt_cache\":{\"gib\":%g,\"used_bytes\":%llu,\"entries\":%llu,\"hits\":%llu,"
-        "\"misses\":%llu},"
-        "\"ranks\":[{\"rank\":0,\"device\":\"cpu\",\"arch\":\"x86_64\",\"memory\":{\"total_bytes\":"
-        "%llu,\"weights_bytes\":%llu,"
-        "\"kv_bytes\":%llu,\"prompt_cache_bytes\":%llu,\"workspace_bytes\":%llu,\"reserve_bytes\":%"
-        "llu,\"free_bytes\":%llu,"
-        "\"left_for_streams_bytes\":%llu,\"peak_bytes\":%llu}}],"
-        "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,"
-        "\"cancelled\":%llu},"
-        "\"histograms\":{%s%s%s}}",
-        status, f->model_id, (int)getpid(), MUSE_VERSION, muse_now_s() - h->started, f->backend,
-        st.running, busy > st.running ? busy - st.running : 0, st.max,
-        (long long)(up ? f->context : 0), st.cache_budget ? f->prompt_cache_gib : 0.0,
-        (unsigned long long)st.cache_bytes, (unsigned long long)st.cache_entries,
-        (unsigned long long)st.cache_hits, (unsigned long long)st.cache_misses,
-        (unsigned long long)total, (unsigned long long)weights, (unsigned long long)kv,
-        (unsigned long long)st.cache_bytes, (unsigned long long)ws, (unsigned long long)reserve,
-        (unsigned long long)avail, (unsigned long long)left,
-        (unsigned long long)proc_kb("/proc/self/status", "VmHWM:"), (unsigned long long)st.requests,
-        (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
-        (unsigned long long)st.errors, (unsigned long long)st.cancelled, hist[0],
-        hist[0][0] && hist[1][0] ? "," : "", hist[0][0] ? hist[1] : "");
-    if (n > 0 && (size_t)n < sizeof json) muse_server_set_health(h->srv, json, (size_t)n);
+    muse_health hl = {
+        .model_id = f->model_id,
+        .backend = f->backend,
+        .pid = (int)getpid(),
+        .uptime_s = muse_now_s() - h->started,
+        .queued = busy > st.running ? busy - st.running : 0,
+        .context_length = up ? f->context : 0,
+        .prompt_cache_gib = f->prompt_cache_gib,
+        .st = &st,
+        .plan = up ? h->plan : NULL,
+        .total_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE),
+        .weights_bytes = up && h->model && h->model->st ? muse_st_total_bytes(h->model->st) : 0,
+        .reserve_bytes = muse_gib_bytes(f->reserve_gib),
+        .free_bytes = muse_proc_kb("/proc/meminfo", "MemAvailable:"),
+        .peak_bytes = muse_proc_kb("/proc/self/status", "VmHWM:")};
+    hl.status = muse_health_status(state, hl.free_bytes, hl.reserve_bytes);
+    char *json = muse_health_json(&hl);
+    muse_server_set_health(h->srv, json, strlen(json));
+    free(json);
 }
 
 /* The heartbeat and /health page, four times a second, whatever the scheduler is doing. */
@@ -278,6 +234,20 @@ static void *health_main(void *p)
         nanosleep(&ts, NULL);
     }
     return NULL;
+}
+
+/* The memory plan of these flags, for a model of kv_bytes_per_token (0: the script backend). */
+static void make_plan(const serve_flags *f, uint64_t kv_bytes_per_token, muse_memory_plan *plan)
+{
+    muse_memory_opts mo = {.streams = (int)f->streams,
+                           .queue = (int)f->queue,
+                           .context = f->context,
+                           .kv_blocks = f->kv_blocks,
+                           .prompt_cache_gib = f->prompt_cache_gib,
+                           .reserve_gib = f->reserve_gib,
+                           .request_bytes = (uint64_t)f->request_kib * 1024,
+                           .kv_bytes_per_token = kv_bytes_per_token};
+    muse_memory_plan_make(&mo, plan);
 }
 
 int muse_cmd_serve(int argc, char **argv)
@@ -294,6 +264,7 @@ int muse_cmd_serve(int argc, char **argv)
     }
     if (!f.model_id) f.model_id = "muse-spark";
     muse_model model = {0};
+    muse_memory_plan plan = {0};
     muse_backend *be = NULL;
     muse_forward *fwd = NULL;
     muse_tokenizer *tok = NULL;
@@ -328,6 +299,7 @@ int muse_cmd_serve(int argc, char **argv)
     if (script) {
         if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
         if (!f.context) f.context = 4096;
+        make_plan(&f, 0, &plan);
     } else {
         if (muse_model_load(f.model, &model, &e)) goto fail;
         h.model = &model;
@@ -339,20 +311,16 @@ int muse_cmd_serve(int argc, char **argv)
                       f.context, (long long)model.cfg.max_position_embeddings);
             goto fail;
         }
-        /* the pool holds every stream's context, plus what the prompt cache may keep */
-        uint64_t block_bytes = MUSE_KV_BLOCK * muse_kv_full_bytes_per_token(&model.cfg);
-        int64_t per_seq = (f.context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
-        int64_t blocks = f.kv_blocks ? f.kv_blocks : f.streams * per_seq;
-        if (!f.kv_blocks && block_bytes)
-            blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
-        if (blocks > INT32_MAX) blocks = INT32_MAX;
+        make_plan(&f, muse_kv_full_bytes_per_token(&model.cfg), &plan);
         muse_backend_opts bo = {.max_rows = (long)f.max_rows,
                                 .max_seqs = (int)f.streams,
                                 .context = f.context,
                                 .threads = (int)f.threads,
-                                .kv_blocks = blocks};
+                                .kv_blocks = plan.ranks[0].kv_blocks};
         if (!(be = muse_cpu_backend_create(&model, &bo, &e))) goto fail;
-        h.be = be;
+        muse_memory_plan_measured(&plan, 0, be->kv_bytes,
+                                  (uint64_t)be->kv.n_blocks * be->kv_block_bytes,
+                                  be->workspace_bytes);
         fwd = muse_forward_create(be);
     }
     muse_sched_opts o = {.streams = (int)f.streams,
@@ -367,11 +335,12 @@ int muse_cmd_serve(int argc, char **argv)
                          .fault_stall_after_tokens = (long)f.fault_stall_after_tokens,
                          .fault_oom_request = (long)f.fault_oom_request,
                          .fault_sticky_after_tokens = (long)f.fault_sticky_after_tokens,
-                         .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0),
+                         .prompt_cache_bytes = plan.ranks[0].prompt_cache_bytes,
                          .keepalive_ms = (int)f.keepalive_ms,
                          .sample_threads = (int)f.threads};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
+    h.plan = &plan;
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
@@ -381,6 +350,9 @@ int muse_cmd_serve(int argc, char **argv)
     fprintf(stderr,
             "muse-engine serve: serving %s on %s (%lld streams, context %lld, %s backend)\n",
             f.model_id, f.listen, f.streams, f.context, f.backend);
+    char plan_text[1024];
+    muse_memory_plan_text(&plan, plan_text, sizeof plan_text);
+    fprintf(stderr, "muse-engine serve: memory plan: %s\n", plan_text);
     muse_sched_run(sched, &stopping, (int)f.drain_ms);
     atomic_store(&h.state, 2);
     fprintf(stderr, "muse-engine serve: drained, shutting down\n");

@@ -52,9 +52,6 @@ typedef struct {
     uint64_t kv_free_blocks; /* full-attention KV blocks no stream or cache entry holds */
 } muse_sched_stats;
 
-/* Writes `"name":{"le":[..],"counts":[..],"sum":x,"count":n}` into buf; returns bytes or -1. */
-int muse_hist_json(const muse_hist *h, const char *name, char *buf, size_t cap);
-
 typedef struct muse_sched muse_sched;
 
 /* fwd and cfg may be NULL for the script backend. */
