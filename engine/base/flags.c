@@ -308,3 +308,35 @@ void muse_flags_help(const muse_flags *set, FILE *out)
     }
     entry(out, "--help", "print this help", "");
 }
+
+static void list_commands(const char *prog, const char *about, const muse_subcommand *cmds,
+                          size_t n, FILE *f)
+{
+    if (about) fprintf(f, "%s\n", about);
+    fprintf(f, "usage: %s COMMAND [--help | flags]\n\ncommands:\n", prog);
+    for (size_t i = 0; i < n; i++) fprintf(f, "  %-13s %s\n", cmds[i].name, cmds[i].what);
+    fprintf(f, "\n%s COMMAND --help lists the command's flags. Bad input exits with code 2.\n",
+            prog);
+}
+
+int muse_subcommand_run(const char *prog, const char *about, const char *version,
+                        const muse_subcommand *cmds, size_t n, int argc, char **argv)
+{
+    if (argc < 2) {
+        list_commands(prog, about, cmds, n, stderr);
+        return 2;
+    }
+    if (is_help(argv[1])) {
+        list_commands(prog, about, cmds, n, stdout);
+        return 0;
+    }
+    if (version && strcmp(argv[1], "--version") == 0) {
+        printf("%s %s\n", prog, version);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(argv[1], cmds[i].name) == 0) return cmds[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "%s: unknown command '%.60s'\n\n", prog, argv[1]);
+    list_commands(prog, about, cmds, n, stderr);
+    return 2;
+}

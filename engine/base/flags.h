@@ -103,6 +103,18 @@ void muse_flags_help(const muse_flags *set, FILE *f);
 /* Prints "PROG: MESSAGE (see PROG --help)" and returns 2: the one way a command refuses input. */
 MUSE_PRINTF(2, 3) int muse_flags_error(const muse_flags *set, const char *fmt, ...);
 
+/* A command of a program made of several (muse-engine serve, muse-bench decode). */
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the command's name */
+    const char *what;
+} muse_subcommand;
+
+/* Runs the command argv[1] names with the rest of argv; --help (or -h) lists the commands,
+ * --version prints version when given. Returns the exit code (2 for no or an unknown command). */
+int muse_subcommand_run(const char *prog, const char *about, const char *version,
+                        const muse_subcommand *cmds, size_t n, int argc, char **argv);
+
 /* One integer in [lo, hi], the whole text: for the entries of a list flag ("1,2,4"). Errors
  * read "FLAG TEXT: must be an integer in LO .. HI". */
 int muse_parse_int(const char *flag, const char *text, long long lo, long long hi, long long *out,

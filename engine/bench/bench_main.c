@@ -1,16 +1,9 @@
 /* muse-bench: speed benchmarks that print tables (docs/benchmarks.md). Speed targets are checked
  * here, never by timed tests. Every loop is bounded by a count and a time limit; the HTTP
  * client talks only to 127.0.0.1. This file: the list of subcommands and their dispatch. */
-#include <stdio.h>
-#include <string.h>
-
 #include "bench.h"
 
-static const struct {
-    const char *name;
-    int (*fn)(int, char **);
-    const char *what;
-} cmds[] = {
+static const muse_subcommand cmds[] = {
     {"exl3", bench_cmd_exl3, "EXL3 tile decode and muse_exl3_linear, ns per weight"},
     {"quant", bench_cmd_quant, "muse_exl3_quantize over every Linear of a pack, weights/s"},
     {"tokenizer", bench_cmd_tokenizer, "encode MB/s and decode tokens/s on one core"},
@@ -22,23 +15,8 @@ static const struct {
     {"prompt", bench_cmd_prompt, "prompt tokens/s and TTFT, cold and from the prompt cache"},
 };
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: muse-bench COMMAND [flags] [--json]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
-        fprintf(f, "  %-13s %s\n", cmds[i].name, cmds[i].what);
-    fprintf(f, "\nmuse-bench COMMAND --help lists the command's flags.\n");
-}
-
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
-        if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "muse-bench: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
-    return 2;
+    return muse_subcommand_run("muse-bench", "muse-bench: speed benchmarks that print tables", NULL,
+                               cmds, sizeof cmds / sizeof *cmds, argc, argv);
 }

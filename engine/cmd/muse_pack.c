@@ -296,7 +296,7 @@ static const char *const codebooks[] = {"3inst", "mcg", "mul1", NULL}; /* muse_c
 
 int main(int argc, char **argv)
 {
-    const char *config = NULL, *out = NULL;
+    const char *config = "", *out = ""; /* both required: the parser refuses their absence */
     long long seed = 1;
     int shards = 1, bits = 0, head_bits = 6, dtype_i = -1, cb = MUSE_CB_MUL1;
     bool no_router_bias = false;
