@@ -72,7 +72,7 @@ fi
 echo "muse is up on $url (model pack: $MODEL). One streamed chat reply:"
 echo
 curl -sN "$url/v1/chat/completions" -H 'Content-Type: application/json' \
-    -d '{"model":"muse-spark","stream":true,"max_tokens":24,"messages":[{"role":"user","content":"Say hello."}]}'
+    -d '{"model":"muse-spark","stream":true,"max_tokens":96,"temperature":0,"messages":[{"role":"user","content":"Tell me about the economy."}]}'
 cat <<MSG
 
 Call it like any OpenAI endpoint, for example:
