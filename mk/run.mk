@@ -21,15 +21,16 @@ $(DEMO)/config.json: conf/packs/demo.json $(BUILD)/muse-pack $(DEMO_TOK)
 
 demo-pack: $(DEMO)/config.json
 
-DEMO_EN  := conf/packs/demo-en
+# The trained demo model when this checkout has it (t/tools/demo_finish.sh), else the random pack.
+DEMO_EN  := $(if $(wildcard conf/packs/demo-en/config.json),conf/packs/demo-en)
+RUN_PACK := $(if $(MODEL),$(MODEL),$(if $(DEMO_EN),$(DEMO_EN),$(DEMO)))
 
 run:
 	@$(MAKE) --no-print-directory deps
 	@echo "make run: building the engine and the nginx module"
-	@$(MAKE) --no-print-directory all
-	@echo "make run: pack $(if $(MODEL),$(MODEL),$(DEMO_EN)); starting muse-engine and nginx"
-	@PORT=$(PORT) MODEL=$(if $(MODEL),$(abspath $(MODEL)),$(abspath $(DEMO_EN))) RUN_DIR=$(RUN_DIR) \
-	  BUILD=$(abspath $(BUILD)) mk/run.sh
+	@$(MAKE) --no-print-directory all $(if $(MODEL)$(DEMO_EN),,$(DEMO)/config.json)
+	@echo "make run: pack $(RUN_PACK); starting muse-engine and nginx"
+	@PORT=$(PORT) MODEL=$(abspath $(RUN_PACK)) RUN_DIR=$(RUN_DIR) BUILD=$(abspath $(BUILD)) mk/run.sh
 
 stop:
 	@RUN_DIR=$(RUN_DIR) mk/stop.sh

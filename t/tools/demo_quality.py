@@ -8,6 +8,8 @@ perplexity, mean KL(fp16 || quant) and top-1 agreement with fp16, muse-quant's w
 
     t/tools/demo_quality.py --fp16 build/demo-en/fp16 --data build/demo-en [--bits 2,3,4,6]
                             [--codebooks mul1,mcg,3inst] [--windows 4] [--len 256]
+                            [--pack LABEL=DIR ...]   (also measure packs made already; --bits ""
+                                                      quantizes nothing)
 """
 import argparse
 import os
@@ -43,6 +45,12 @@ def measure(lps, windows):
     return float(np.exp(nll.mean()))
 
 
+def row(label, q, ref, windows, wall):
+    kl = float(np.mean(np.concatenate([(np.exp(r) * (r - s)).sum(1) for r, s in zip(ref, q)])))
+    agree = float(np.mean(np.concatenate([r.argmax(1) == s.argmax(1) for r, s in zip(ref, q)])))
+    print(f"| {label} | {measure(q, windows):.3f} | {kl:.3e} | {agree:.3f} | {wall} |", flush=True)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
@@ -54,6 +62,7 @@ def main(argv):
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--len", type=int, default=256)
     ap.add_argument("--threads", default="0")
+    ap.add_argument("--pack", action="append", default=[], help="LABEL=DIR of a pack made already")
     a = ap.parse_args(argv)
     engine = os.path.join(ROOT, a.build, "muse-engine")
     quant = os.path.join(ROOT, a.build, "muse-quant")
@@ -67,11 +76,15 @@ def main(argv):
         ref = [log_softmax(z) for z in logits(engine, a.fp16, windows, vocab, tmp)]
         print(f"held-out: {a.windows} windows of {a.len} tokens of the held-out addresses; head at "
               f"{a.head_bits} bits")
-        print()
+        print(flush=True)
         print("| weights | bits | held-out perplexity | mean KL(fp16 ‖ quant) | top-1 agree with fp16 | muse-quant wall s |")
         print("|---|---|---|---|---|---|")
         print(f"| fp16 | 16 | {measure(ref, windows):.3f} | 0 | 1.000 | - |", flush=True)
-        for bits in a.bits.split(","):
+        for spec in a.pack:
+            label, pack = spec.split("=", 1)
+            q = [log_softmax(z) for z in logits(engine, pack, windows, vocab, tmp)]
+            row(label, q, ref, windows, "-")
+        for bits in filter(None, a.bits.split(",")):
             for cb in a.codebooks.split(","):
                 dst = os.path.join(tmp, f"{cb}{bits}")
                 t0 = time.monotonic()
@@ -80,10 +93,7 @@ def main(argv):
                                check=True, capture_output=True)
                 wall = time.monotonic() - t0
                 q = [log_softmax(z) for z in logits(engine, dst, windows, vocab, tmp)]
-                kl = float(np.mean(np.concatenate([(np.exp(r) * (r - s)).sum(1) for r, s in zip(ref, q)])))
-                agree = float(np.mean(np.concatenate([r.argmax(1) == s.argmax(1) for r, s in zip(ref, q)])))
-                print(f"| EXL3 {cb} | {bits} | {measure(q, windows):.3f} | {kl:.3e} | {agree:.3f} | {wall:.0f} |",
-                      flush=True)
+                row(f"EXL3 {cb} | {bits}", q, ref, windows, f"{wall:.0f}")
                 shutil.rmtree(dst)
     return 0
 
