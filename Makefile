@@ -1,4 +1,4 @@
-# muse: build, test and run. `make deps` installs what the build and tests need (Debian 12).
+# muse: build, test and run. `make run` and `make test` first install what is missing (Debian 12).
 CC       ?= gcc
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Iengine
@@ -40,15 +40,18 @@ FUZZERS   := $(patsubst t/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 .PHONY: all deps test lint format clean fuzz run stop
 all: $(MAINS) $(UNITS) $(EXTRA_ALL)
 
+# `make run` and `make test` run this first: it installs what is missing when root, else it
+# prints the one apt-get line to run and stops.
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  echo "make deps: installing$$(echo $$missing | sed 's/^/ /')"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
-	else echo "make deps: all Debian packages present"; fi
-	@# node and npm may come from another source (this image has its own); Debian's only if absent
-	@command -v node >/dev/null && command -v npm >/dev/null || { echo "make deps: installing nodejs npm"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; }
+	command -v node >/dev/null && command -v npm >/dev/null || missing="$$missing nodejs npm"; \
+	missing=$$(echo $$missing); \
+	if [ -z "$$missing" ]; then echo "make deps: all Debian packages present"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	  echo "make deps: missing Debian packages; run this once as root, then make again:"; \
+	  echo "  apt-get update && apt-get install -y --no-install-recommends $$missing"; exit 1; \
+	else echo "make deps: installing $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
 $(BUILD)/obj/%.o: engine/%.c
 	@mkdir -p $(dir $@)
@@ -92,7 +95,9 @@ $(BUILD) $(BUILD)/obj $(BUILD)/t $(BUILD)/fuzz:
 	mkdir -p $@
 
 # The README's test command: every test through prove, then one "N passed, N failed" line.
-test: all fuzz
+test:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory all fuzz
 	@t/run-tests
 
 LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c t/ops/*.c

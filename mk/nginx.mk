@@ -36,5 +36,5 @@ $(NGX_SO): $(NGX_MUSE_SRCS) $(NGX_BUILDDIR)/Makefile
 	mv $@.tmp $@
 
 # A scripted engine for the transport tests (ring server only, no model).
-$(MUSE_TEST_ENGINE): t/tools/muse_test_engine.c engine/serve/ring_server.c engine/serve/ring_server.h engine/abi/muse_ring.h engine/base/muse_common.h | $(BUILD)/t
-	$(CC) $(CFLAGS) t/tools/muse_test_engine.c engine/serve/ring_server.c -levent_core -lcjson -lm -pthread -o $@
+$(MUSE_TEST_ENGINE): t/tools/muse_test_engine.c engine/serve/ring_server.c engine/serve/ring_server.h engine/base/flags.c engine/base/flags.h engine/base/clock.h engine/abi/muse_ring.h engine/base/muse_common.h | $(BUILD)/t
+	$(CC) $(CFLAGS) t/tools/muse_test_engine.c engine/serve/ring_server.c engine/base/flags.c -levent_core -lcjson -lm -pthread -o $@

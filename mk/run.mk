@@ -1,5 +1,7 @@
-# make run [PORT=8080] [MODEL=DIR]: build, make the demo pack (when MODEL is not given), start
-# the engine and nginx on 127.0.0.1:PORT in the background, stream one chat reply.
+# make run [PORT=8080] [MODEL=DIR]: install what is missing, build, start the engine and nginx
+# on 127.0.0.1:PORT in the background with MODEL (default conf/packs/demo-en, the trained demo
+# model, docs/demo-model.md), stream one chat reply. `make demo-pack` makes the random-weight
+# pack of vocab 202048 (build/demo/pack) that tests and benchmarks use.
 # make stop: stops both by their pids. State lives under RUN_DIR (default run/: logs, pids,
 # nginx prefix).
 PORT     ?= 8080
@@ -19,9 +21,16 @@ $(DEMO)/config.json: conf/packs/demo.json $(BUILD)/muse-pack $(DEMO_TOK)
 
 demo-pack: $(DEMO)/config.json
 
-run: all $(if $(MODEL),,$(DEMO)/config.json)
-	@PORT=$(PORT) MODEL=$(if $(MODEL),$(abspath $(MODEL)),$(abspath $(DEMO))) RUN_DIR=$(RUN_DIR) \
-	  BUILD=$(abspath $(BUILD)) mk/run.sh
+# The trained demo model when this checkout has it (t/tools/demo_finish.sh), else the random pack.
+DEMO_EN  := $(if $(wildcard conf/packs/demo-en/config.json),conf/packs/demo-en)
+RUN_PACK := $(if $(MODEL),$(MODEL),$(if $(DEMO_EN),$(DEMO_EN),$(DEMO)))
+
+run:
+	@$(MAKE) --no-print-directory deps
+	@echo "make run: building the engine and the nginx module"
+	@$(MAKE) --no-print-directory all $(if $(MODEL)$(DEMO_EN),,$(DEMO)/config.json)
+	@echo "make run: pack $(RUN_PACK); starting muse-engine and nginx"
+	@PORT=$(PORT) MODEL=$(abspath $(RUN_PACK)) RUN_DIR=$(RUN_DIR) BUILD=$(abspath $(BUILD)) mk/run.sh
 
 stop:
 	@RUN_DIR=$(RUN_DIR) mk/stop.sh

@@ -72,7 +72,13 @@ fi
 echo "muse is up on $url (model pack: $MODEL). One streamed chat reply:"
 echo
 curl -sN "$url/v1/chat/completions" -H 'Content-Type: application/json' \
-    -d '{"model":"muse-spark","stream":true,"max_tokens":24,"messages":[{"role":"user","content":"Say hello."}]}'
+    -d '{"model":"muse-spark","stream":true,"max_tokens":96,"temperature":0,"messages":[{"role":"user","content":"Tell me about the economy."}]}' |
+    tee "$RUN_DIR/reply.sse"
+# the deltas put together, so the reply reads as text
+python3 -c 'import json, sys
+parts = [json.loads(l[6:])["choices"][0]["delta"].get("content") or "" for l in sys.stdin
+         if l.startswith("data: {")]
+print("The reply, put together: " + "".join(parts).strip())' <"$RUN_DIR/reply.sse"
 cat <<MSG
 
 Call it like any OpenAI endpoint, for example:

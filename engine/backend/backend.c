@@ -80,13 +80,3 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
     for (int r = 0; r < ranks; r++) be->ranks[r].device = o->devices[r];
     return 0;
 }
-
-uint64_t muse_backend_bytes(const muse_backend *be)
-{
-    uint64_t sum = 0;
-    for (int r = 0; r < be->n_ranks; r++) {
-        const muse_rank_mem *k = &be->ranks[r];
-        sum += k->weights + k->kv + k->sliding + k->snapshots + k->workspace + k->staging;
-    }
-    return sum;
-}

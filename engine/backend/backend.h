@@ -138,8 +138,6 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
                              muse_err *e);
 /* The smallest bucket holding rows (rows itself when exact_rows). */
 long muse_backend_bucket(const muse_backend *be, long rows);
-/* Every term of every rank, added. */
-uint64_t muse_backend_bytes(const muse_backend *be);
 
 /* The CPU reference backend. */
 muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e);

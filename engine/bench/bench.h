@@ -1,9 +1,12 @@
-/* muse-bench: the subcommands and the small helpers they share (clock, quantiles, lists). */
+/* muse-bench: the subcommands and the small helpers they share (flags, quantiles, lists). */
 #ifndef MUSE_BENCH_H
 #define MUSE_BENCH_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "base/clock.h"
+#include "base/flags.h"
 
 /* The subcommands: each takes its own argv (argv[0] is the subcommand) and returns the exit
  * status (0 ok, 1 failed, 2 bad usage). */
@@ -17,12 +20,15 @@ int bench_cmd_stamp_engine(int argc, char **argv);
 int bench_cmd_concurrent(int argc, char **argv);
 int bench_cmd_prompt(int argc, char **argv);
 
-/* CLOCK_MONOTONIC in seconds and in nanoseconds. */
-double bench_now_s(void);
-int64_t bench_now_ns(void);
+/* muse_flags_parse for "muse-bench CMD": -1 to run, else the exit code. */
+int bench_parse_flags(const char *cmd, const char *about, const muse_flag *flags, size_t n,
+                      int argc, char **argv);
 
-/* Prints "muse-bench CMD: MSG (see muse-bench --help)" and returns 2. */
+/* Prints "muse-bench CMD: MSG (see muse-bench CMD --help)" and returns 2. */
 int bench_usage_error(const char *cmd, const char *msg);
+
+/* The EXL3 codebooks' names in muse_codebook order, for an ENUM flag. */
+extern const char *const bench_codebooks[];
 
 /* A deterministic 64-bit stream (one per process) for random test data. */
 uint64_t bench_rng_next(void);

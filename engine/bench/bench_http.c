@@ -84,7 +84,7 @@ static int send_request(bench_http_load *b, http_conn *c)
     c->len = 0;
     c->headers_done = c->chunked = c->status = 0;
     c->content_length = -1;
-    c->sent_ns = bench_now_ns();
+    c->sent_ns = muse_now_ns();
     c->last_event_ns = 0;
     return write_all(c->fd, req, (size_t)n);
 }
@@ -192,7 +192,7 @@ double bench_http_load_run(bench_http_load *b, int conc, double max_s)
     http_conn *cs = MUSE_CALLOC((size_t)conc, sizeof *cs);
     struct pollfd *pf = MUSE_CALLOC((size_t)conc, sizeof *pf);
     long started = 0;
-    double t0 = bench_now_s();
+    double t0 = muse_now_s();
     for (int i = 0; i < conc; i++) {
         cs[i].fd = -1;
         cs[i].mode = b->mode;
@@ -203,14 +203,14 @@ double bench_http_load_run(bench_http_load *b, int conc, double max_s)
                 b->errors++;
         }
     }
-    while (b->done < started && bench_now_s() - t0 < max_s) {
+    while (b->done < started && muse_now_s() - t0 < max_s) {
         for (int i = 0; i < conc; i++) pf[i] = (struct pollfd){cs[i].fd, POLLIN, 0};
         if (poll(pf, (nfds_t)conc, 100) < 0 && errno != EINTR) break;
         for (int i = 0; i < conc; i++) {
             http_conn *c = &cs[i];
             if (c->fd < 0 || !(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             ssize_t r = recv(c->fd, c->buf + c->len, sizeof c->buf - 1 - c->len, 0);
-            int64_t t = bench_now_ns();
+            int64_t t = muse_now_ns();
             int finished = 0, reopen = 0;
             if (r > 0) {
                 c->len += (size_t)r;
@@ -242,7 +242,7 @@ double bench_http_load_run(bench_http_load *b, int conc, double max_s)
             }
         }
     }
-    double t = bench_now_s() - t0;
+    double t = muse_now_s() - t0;
     for (int i = 0; i < conc; i++)
         if (cs[i].fd >= 0) close(cs[i].fd);
     free(cs);
@@ -413,7 +413,7 @@ static int exch_send(const bench_http_target *t, bench_http_exchange *x, exch_co
     if (x->body)
         n += snprintf(head + n, sizeof head - (size_t)n, "Content-Length: %zu\r\n", x->body_len);
     n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
-    x->sent_ns = bench_now_ns();
+    x->sent_ns = muse_now_ns();
     if (write_all(c->fd, head, (size_t)n) || (x->body && write_all(c->fd, x->body, x->body_len)))
         return exch_fail(x, c, "cannot send the request"), -1;
     return 0;
@@ -436,7 +436,7 @@ int bench_http_exchange_run(const bench_http_target *t, bench_http_exchange *ex,
         cs[i] = (exch_conn){.fd = -1, .content_length = -1};
     }
     for (int i = 0; i < n; i++) exch_send(t, &ex[i], &cs[i]);
-    double t0 = bench_now_s();
+    double t0 = muse_now_s();
     int open;
     do {
         open = 0;
@@ -451,7 +451,7 @@ int bench_http_exchange_run(const bench_http_target *t, bench_http_exchange *ex,
             bench_http_exchange *x = &ex[i];
             if (c->done || !(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             ssize_t r = recv(c->fd, buf, 1 << 16, 0);
-            int64_t now = bench_now_ns();
+            int64_t now = muse_now_ns();
             if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
             if (r <= 0) { /* EOF ends a body without length; anything else came short */
                 if (!c->headers_done || c->chunked || c->content_length >= 0)
@@ -465,7 +465,7 @@ int bench_http_exchange_run(const bench_http_target *t, bench_http_exchange *ex,
             exch_scan_lines(x, c, now);
             if (c->done) x->end_ns = now;
         }
-    } while (bench_now_s() - t0 < max_s);
+    } while (muse_now_s() - t0 < max_s);
     int rc = 0;
     for (int i = 0; i < n; i++) {
         if (!cs[i].done) exch_fail(&ex[i], &cs[i], "no whole response within the time limit");

@@ -1,10 +1,10 @@
 /* muse-bench exl3 and quant: the EXL3 tile decode, the CPU linear and the quantizer. */
-#include <getopt.h>
 #include <stdbool.h>
 
+#include "base/clock.h"
 #include "bench.h"
 #include "bench_table.h"
-#include "base/cli.h"
+#include "base/flags.h"
 #include "pack/exl3.h"
 #include "pack/exl3_quant.h"
 #include "base/muse_common.h"
@@ -29,14 +29,14 @@ static double bench_decode_tiles(int bits, muse_codebook cb, double min_s)
     static float w[16][16];
     volatile float sink = 0;
     long passes = 0;
-    double t0 = bench_now_s(), t;
+    double t0 = muse_now_s(), t;
     do {
         for (int i = 0; i < NTILES; i++) {
             muse_exl3_decode_tile(tiles + (size_t)i * words, bits, cb, w);
             sink += w[i & 15][(i >> 4) & 15];
         }
         passes++;
-        t = bench_now_s() - t0;
+        t = muse_now_s() - t0;
     } while (t < min_s && passes < 100000);
     (void)sink;
     free(tiles);
@@ -67,11 +67,11 @@ static double bench_linear(int bits, muse_codebook cb, int64_t k, int64_t n, lon
     void *ws = MUSE_MALLOC(muse_exl3_workspace_bytes(&w, rows));
     muse_exl3_linear(&w, x, rows, y, ws, NULL); /* warm the value table and caches */
     long calls = 0;
-    double t0 = bench_now_s(), t;
+    double t0 = muse_now_s(), t;
     do {
         muse_exl3_linear(&w, x, rows, y, ws, NULL);
         calls++;
-        t = bench_now_s() - t0;
+        t = muse_now_s() - t0;
     } while (t < min_s && calls < 100000);
     free(ws);
     free(x);
@@ -85,31 +85,23 @@ static double bench_linear(int bits, muse_codebook cb, int64_t k, int64_t n, lon
 int bench_cmd_exl3(int argc, char **argv)
 {
     const char *bits_s = "2,3,4,6", *cb_s = "mul1,mcg,3inst";
-    int as_json = 0;
+    bool as_json = false;
     double min_s = 0.3;
     long long kn = 2048;
-    static const struct option opts[] = {{"bits", 1, 0, 'b'},  {"codebook", 1, 0, 'c'},
-                                         {"size", 1, 0, 's'},  {"json", 0, 0, 'j'},
-                                         {"min-s", 1, 0, 't'}, {0, 0, 0, 0}};
-    int ch;
-    muse_err e = {{0}};
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        if (ch == 'b')
-            bits_s = optarg;
-        else if (ch == 'c')
-            cb_s = optarg;
-        else if (ch == 'j')
-            as_json = 1;
-        else if (ch == 's') {
-            if (muse_parse_long("--size", optarg, 128, 16384, &kn, &e) || kn % 128)
-                return bench_usage_error("exl3",
-                                         "--size must be a multiple of 128 in [128, 16384]");
-        } else if (ch == 't') {
-            if (muse_parse_double("--min-s", optarg, 0.01, 60, &min_s, &e))
-                return bench_usage_error("exl3", e.msg);
-        } else
-            return bench_usage_error("exl3", "unknown option");
-    }
+    const muse_flag table[] = {
+        MUSE_FLAG_S("bits", &bits_s, "2,3,4,6", "the bits to measure"),
+        MUSE_FLAG_S("codebook", &cb_s, "mul1,mcg,3inst", "the codebooks to measure"),
+        MUSE_FLAG_L("size", &kn, 128, 16384, "N", "the weight is N x N (a multiple of 128)"),
+        MUSE_FLAG_D("min-s", &min_s, 0.01, 60, "S", "seconds each measure runs at least"),
+        MUSE_FLAG_B("json", &as_json, "print JSON instead of a table"),
+    };
+    int rc = bench_parse_flags(
+        "exl3",
+        "EXL3 tile decode and muse_exl3_linear (1 and 8 rows), ns per weight, one thread.\n", table,
+        sizeof table / sizeof *table, argc, argv);
+    if (rc != MUSE_FLAGS_RUN) return rc;
+    if (kn % 128)
+        return bench_usage_error("exl3", "--size must be a multiple of 128 in [128, 16384]");
     char bl[8][16], cl[3][16];
     int nb = bench_split_list(bits_s, bl, 8), nc = bench_split_list(cb_s, cl, 3);
     if (nb <= 0) return bench_usage_error("exl3", "--bits must be a list like 2,3,4,6");
@@ -118,7 +110,8 @@ int bench_cmd_exl3(int argc, char **argv)
     muse_codebook cbs[3];
     for (int i = 0; i < nb; i++) {
         long long v;
-        if (muse_parse_long("--bits", bl[i], 1, 8, &v, &e)) return bench_usage_error("exl3", e.msg);
+        muse_err e = {{0}};
+        if (muse_parse_int("--bits", bl[i], 1, 8, &v, &e)) return bench_usage_error("exl3", e.msg);
         bits[i] = (int)v;
     }
     for (int i = 0; i < nc; i++)
@@ -170,37 +163,24 @@ int bench_cmd_quant(int argc, char **argv)
 {
     const char *pack = NULL;
     long long bits = 0, head_bits = 6, threads = 0;
-    muse_codebook cb = MUSE_CB_MUL1;
-    int as_json = 0;
+    muse_codebook cb;
+    bool as_json = false;
     muse_err e = {{0}};
-    static const struct option opts[] = {{"pack", 1, 0, 'p'},
-                                         {"bits", 1, 0, 'b'},
-                                         {"head-bits", 1, 0, 'h'},
-                                         {"codebook", 1, 0, 'c'},
-                                         {"threads", 1, 0, 't'},
-                                         {"json", 0, 0, 'j'},
-                                         {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        if (ch == 'p')
-            pack = optarg;
-        else if (ch == 'b')
-            rc = muse_parse_long("--bits", optarg, 1, 8, &bits, &e);
-        else if (ch == 'h')
-            rc = muse_parse_long("--head-bits", optarg, 1, 8, &head_bits, &e);
-        else if (ch == 't')
-            rc = muse_parse_long("--threads", optarg, 0, 1024, &threads, &e);
-        else if (ch == 'c')
-            rc = muse_codebook_parse(optarg, &cb)
-                     ? muse_fail(&e, "--codebook is mul1, mcg or 3inst")
-                     : 0;
-        else if (ch == 'j')
-            as_json = 1;
-        else
-            return bench_usage_error("quant", "unknown option");
-        if (rc) return bench_usage_error("quant", e.msg);
-    }
+    int cb_i = MUSE_CB_MUL1;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("pack", &pack, "DIR", "an fp16/bf16 pack", .required = true),
+        MUSE_FLAG_L("bits", &bits, 1, 8, "B", "bits of every Linear but the head",
+                    .required = true),
+        MUSE_FLAG_L("head-bits", &head_bits, 1, 8, "H", "bits of lm_head"),
+        MUSE_FLAG_E("codebook", &cb_i, bench_codebooks, "the EXL3 codebook"),
+        MUSE_FLAG_L("threads", &threads, 0, 1024, "N", "threads", .def = "0: one per core"),
+        MUSE_FLAG_B("json", &as_json, "print JSON instead of a table"),
+    };
+    int prc = bench_parse_flags(
+        "quant", "muse_exl3_quantize over every Linear of a pack, weights/s on all cores.\n", table,
+        sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
+    cb = (muse_codebook)cb_i;
     if (!pack || !bits) return bench_usage_error("quant", "--pack DIR and --bits B are required");
     muse_st *st;
     if (muse_st_open(pack, &st, &e)) {
@@ -208,7 +188,7 @@ int bench_cmd_quant(int argc, char **argv)
         return 1;
     }
     muse_pool *pool = muse_pool_create((int)threads);
-    double q_time = 0, t_all = bench_now_s();
+    double q_time = 0, t_all = muse_now_s();
     uint64_t weights = 0;
     int linears = 0, rc = 0;
     for (size_t i = 0; i < muse_st_count(st) && rc == 0; i++) {
@@ -228,13 +208,13 @@ int bench_cmd_quant(int argc, char **argv)
         int b = head ? (int)head_bits : (int)bits;
         uint16_t *trellis = MUSE_MALLOC((size_t)(k / 16 * np / 16 * 16 * b) * 2),
                  *suh = MUSE_MALLOC((size_t)k * 2), *svh = MUSE_MALLOC((size_t)np * 2);
-        double t0 = bench_now_s();
+        double t0 = muse_now_s();
         if (muse_exl3_quantize(W, k, np, b, cb, muse_hash_name(tn->name, 1), trellis, suh, svh,
                                pool, NULL, NULL, &e)) {
             fprintf(stderr, "muse-bench quant: %s: %s\n", tn->name, e.msg);
             rc = 1;
         }
-        q_time += bench_now_s() - t0;
+        q_time += muse_now_s() - t0;
         weights += (uint64_t)(k * np);
         linears++;
         free(W);
@@ -242,7 +222,7 @@ int bench_cmd_quant(int argc, char **argv)
         free(suh);
         free(svh);
     }
-    t_all = bench_now_s() - t_all;
+    t_all = muse_now_s() - t_all;
     if (rc == 0) {
         static const char *const cols[] = {"linears",    "weights", "bits (head)", "threads",
                                            "quantize s", "total s", "weights/s"};

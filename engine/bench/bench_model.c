@@ -1,15 +1,15 @@
 /* muse-bench decode and chat: CPU forward tokens/s, and the per-request chat work (rendering,
  * reply parsing, sampling) next to one decode step. */
-#include <getopt.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "backend/backend.h"
+#include "base/clock.h"
 #include "bench.h"
 #include "bench_table.h"
 #include "text/chat.h"
-#include "base/cli.h"
+#include "base/flags.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "base/muse_common.h"
@@ -77,9 +77,9 @@ static double engine_step(engine_ctx *c, int64_t pos, long rows)
     muse_round_out out;
     muse_err e = {{0}};
     MUSE_CHECK(muse_kv_ensure(&c->be->kv, 0, pos + rows) == 0); /* the scheduler's job */
-    double t0 = bench_now_s();
+    double t0 = muse_now_s();
     int rc = muse_forward_run(c->fwd, &b, &out, &e);
-    double t = bench_now_s() - t0;
+    double t = muse_now_s() - t0;
     MUSE_CHECK(rc == 0);
     return t;
 }
@@ -98,31 +98,21 @@ static double decode_step_median(engine_ctx *c, int steps)
 int bench_cmd_decode(int argc, char **argv)
 {
     const char *dirs[4];
-    int ndirs = 0, as_json = 0;
+    int ndirs = 0;
+    bool as_json = false;
     long long tokens = 64, prompt = 256, threads = 0;
     muse_err e = {{0}};
-    static const struct option opts[] = {{"model", 1, 0, 'm'},  {"tokens", 1, 0, 'n'},
-                                         {"prompt", 1, 0, 'p'}, {"threads", 1, 0, 't'},
-                                         {"json", 0, 0, 'j'},   {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        if (ch == 'm') {
-            if (ndirs == 4) return bench_usage_error("decode", "at most 4 --model");
-            dirs[ndirs++] = optarg;
-        } else if (ch == 'n')
-            rc = muse_parse_long("--tokens", optarg, 1, 100000, &tokens, &e);
-        else if (ch == 'p')
-            rc = muse_parse_long("--prompt", optarg, 64, 100000, &prompt, &e);
-        else if (ch == 't')
-            rc = muse_parse_long("--threads", optarg, 0, 1024, &threads, &e);
-        else if (ch == 'j')
-            as_json = 1;
-        else
-            return bench_usage_error("decode", "unknown option");
-        if (rc) return bench_usage_error("decode", e.msg);
-    }
-    if (!ndirs) return bench_usage_error("decode", "--model DIR is required (repeatable)");
+    const muse_flag table[] = {
+        MUSE_FLAG_R("model", dirs, &ndirs, 4, "DIR", "a pack to measure", .required = true),
+        MUSE_FLAG_L("tokens", &tokens, 1, 100000, "N", "decode steps"),
+        MUSE_FLAG_L("prompt", &prompt, 64, 100000, "N", "prompt tokens (rounded down to 64)"),
+        MUSE_FLAG_L("threads", &threads, 0, 1024, "N", "threads", .def = "0: one per core"),
+        MUSE_FLAG_B("json", &as_json, "print JSON instead of a table"),
+    };
+    int prc =
+        bench_parse_flags("decode", "CPU forward tokens/s: prompt in rows of 64, decode 1 row.\n",
+                          table, sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
     prompt = prompt / 64 * 64;
     static const char *const cols[] = {
         "model",        "vocab",         "threads",      "prompt tok/s (64-row)",
@@ -244,11 +234,11 @@ static int reply_tokens(const muse_tokenizer *tk, const muse_chat_ids *ci, int32
 #define TIME_LOOP(min_s, max_calls, out_s, body)                                                   \
     do {                                                                                           \
         long calls_ = 0;                                                                           \
-        double t0_ = bench_now_s(), t_;                                                            \
+        double t0_ = muse_now_s(), t_;                                                             \
         do {                                                                                       \
             body;                                                                                  \
             calls_++;                                                                              \
-            t_ = bench_now_s() - t0_;                                                              \
+            t_ = muse_now_s() - t0_;                                                               \
         } while (t_ < (min_s) && calls_ < (max_calls));                                            \
         (out_s) = t_ / (double)calls_;                                                             \
     } while (0)
@@ -337,31 +327,24 @@ static int measure_chat(const muse_tokenizer *tk, double min_s, chat_costs *c, m
 int bench_cmd_chat(int argc, char **argv)
 {
     const char *tok_path = NULL, *dirs[4];
-    int ndirs = 0, as_json = 0;
+    int ndirs = 0;
+    bool as_json = false;
     long long threads = 0;
     double min_s = 0.5;
     muse_err e = {{0}};
-    static const struct option opts[] = {{"tokenizer", 1, 0, 'T'}, {"model", 1, 0, 'm'},
-                                         {"threads", 1, 0, 't'},   {"min-s", 1, 0, 's'},
-                                         {"json", 0, 0, 'j'},      {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        if (ch == 'T')
-            tok_path = optarg;
-        else if (ch == 'm') {
-            if (ndirs == 4) return bench_usage_error("chat", "at most 4 --model");
-            dirs[ndirs++] = optarg;
-        } else if (ch == 't')
-            rc = muse_parse_long("--threads", optarg, 0, 1024, &threads, &e);
-        else if (ch == 's')
-            rc = muse_parse_double("--min-s", optarg, 0.01, 60, &min_s, &e);
-        else if (ch == 'j')
-            as_json = 1;
-        else
-            return bench_usage_error("chat", "unknown option");
-        if (rc) return bench_usage_error("chat", e.msg);
-    }
+    const muse_flag table[] = {
+        MUSE_FLAG_S("tokenizer", &tok_path, "FILE", "a tokenizer with Muse's control tokens",
+                    .required = true),
+        MUSE_FLAG_R("model", dirs, &ndirs, 4, "DIR", "a pack whose decode step is the yardstick",
+                    .required = true),
+        MUSE_FLAG_L("threads", &threads, 0, 1024, "N", "threads", .def = "0: one per core"),
+        MUSE_FLAG_D("min-s", &min_s, 0.01, 60, "S", "seconds each measure runs at least"),
+        MUSE_FLAG_B("json", &as_json, "print JSON instead of a table"),
+    };
+    int prc = bench_parse_flags(
+        "chat", "Rendering, reply parsing and sampling (V=202048) vs one decode step.\n", table,
+        sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
     if (!tok_path || !ndirs)
         return bench_usage_error("chat",
                                  "--tokenizer FILE (with Muse's control tokens) and --model DIR "

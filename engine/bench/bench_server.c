@@ -1,7 +1,6 @@
 /* muse-bench server and stamp-engine: nginx + ngx_muse_module measured over HTTP (added latency,
  * SSE events/s, /health req/s), and the ring-server engine whose tokens carry their publish
  * time. */
-#include <getopt.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -9,45 +8,37 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "bench.h"
 #include "bench_http.h"
 #include "bench_table.h"
-#include "base/cli.h"
+#include "base/flags.h"
 #include "base/muse_common.h"
 #include "serve/ring_server.h"
 
 int bench_cmd_server(int argc, char **argv)
 {
-    const char *url = NULL, *mode = "all";
+    const char *url = NULL;
     long long requests = 0, conc = 0, max_tokens = 256;
     double max_s = 20;
-    int as_json = 0;
-    muse_err e = {{0}};
-    static const struct option opts[] = {{"url", 1, 0, 'u'},         {"requests", 1, 0, 'n'},
-                                         {"concurrency", 1, 0, 'c'}, {"mode", 1, 0, 'm'},
-                                         {"max-tokens", 1, 0, 'k'},  {"seconds", 1, 0, 's'},
-                                         {"json", 0, 0, 'j'},        {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        if (ch == 'u')
-            url = optarg;
-        else if (ch == 'n')
-            rc = muse_parse_long("--requests", optarg, 1, 100000000, &requests, &e);
-        else if (ch == 'c')
-            rc = muse_parse_long("--concurrency", optarg, 1, 1000, &conc, &e);
-        else if (ch == 'm')
-            mode = optarg;
-        else if (ch == 'k')
-            rc = muse_parse_long("--max-tokens", optarg, 1, 1000000, &max_tokens, &e);
-        else if (ch == 's')
-            rc = muse_parse_double("--seconds", optarg, 0.1, 600, &max_s, &e);
-        else if (ch == 'j')
-            as_json = 1;
-        else
-            return bench_usage_error("server", "unknown option");
-        if (rc) return bench_usage_error("server", e.msg);
-    }
+    bool as_json = false;
+    static const char *const modes[] = {"latency", "sse", "health", "all", NULL};
+    int mode_i = 3;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("url", &url, "URL", "http://127.0.0.1:PORT (127.0.0.1 only)", .required = true),
+        MUSE_FLAG_E("mode", &mode_i, modes, "what to measure"),
+        MUSE_FLAG_L("requests", &requests, 1, 100000000, "N", "requests a measure",
+                    .def = "by mode"),
+        MUSE_FLAG_L("concurrency", &conc, 1, 1000, "C", "connections at once", .def = "by mode"),
+        MUSE_FLAG_L("max-tokens", &max_tokens, 1, 1000000, "N", "tokens a request"),
+        MUSE_FLAG_D("seconds", &max_s, 0.1, 600, "S", "longest a measure runs"),
+        MUSE_FLAG_B("json", &as_json, "print JSON instead of a table"),
+    };
+    int prc = bench_parse_flags(
+        "server", "Added latency (with stamp-engine), SSE events/s, /health req/s; raw sockets.\n",
+        table, sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
+    const char *mode = modes[mode_i];
     bench_http_load proto = {0};
     if (!url || bench_http_parse_url(url, &proto.target))
         return bench_usage_error("server",
@@ -168,7 +159,7 @@ static int stamp_step(muse_server *s, stamp_stream *st, long tokens, long gap_us
         n = snprintf(buf, sizeof buf,
                      "{\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,"
                      "\"delta\":{\"content\":\"t%lld\"}}]}",
-                     (long long)bench_now_ns());
+                     (long long)muse_now_ns());
     else if (st->step == tokens)
         n = snprintf(buf, sizeof buf,
                      "{\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,"
@@ -179,7 +170,7 @@ static int stamp_step(muse_server *s, stamp_stream *st, long tokens, long gap_us
     if (rc < 0) return 1;
     if (rc == 0) {
         st->step++;
-        st->next_ns = bench_now_ns() + gap_us * 1000;
+        st->next_ns = muse_now_ns() + gap_us * 1000;
     }
     return 0;
 }
@@ -200,28 +191,19 @@ int bench_cmd_stamp_engine(int argc, char **argv)
     muse_server_opts o = {.slots = 64, .socket_gid = -1};
     long long tokens = 64, gap_us = 1000, slots = 64, gid = -1;
     muse_err e = {{0}};
-    static const struct option opts[] = {
-        {"shm", 1, 0, 's'},    {"socket", 1, 0, 'l'}, {"slots", 1, 0, 'n'}, {"tokens", 1, 0, 't'},
-        {"gap-us", 1, 0, 'g'}, {"gid", 1, 0, 'G'},    {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        if (ch == 's')
-            o.shm_name = optarg;
-        else if (ch == 'l')
-            o.socket_path = optarg;
-        else if (ch == 'n')
-            rc = muse_parse_long("--slots", optarg, 1, 4096, &slots, &e);
-        else if (ch == 't')
-            rc = muse_parse_long("--tokens", optarg, 1, 1000000, &tokens, &e);
-        else if (ch == 'g')
-            rc = muse_parse_long("--gap-us", optarg, 0, 10000000, &gap_us, &e);
-        else if (ch == 'G')
-            rc = muse_parse_long("--gid", optarg, -1, 1 << 30, &gid, &e);
-        else
-            return bench_usage_error("stamp-engine", "unknown option");
-        if (rc) return bench_usage_error("stamp-engine", e.msg);
-    }
+    const muse_flag table[] = {
+        MUSE_FLAG_S("shm", &o.shm_name, "NAME", "the shared-memory segment", .required = true),
+        MUSE_FLAG_S("socket", &o.socket_path, "PATH", "the doorbell socket", .required = true),
+        MUSE_FLAG_L("slots", &slots, 1, 4096, "N", "request slots"),
+        MUSE_FLAG_L("tokens", &tokens, 1, 1000000, "N", "tokens a request"),
+        MUSE_FLAG_L("gap-us", &gap_us, 0, 10000000, "US", "between two tokens of a stream"),
+        MUSE_FLAG_L("gid", &gid, -1, 1 << 30, "G", "the socket's group; -1: the process's"),
+    };
+    int prc = bench_parse_flags(
+        "stamp-engine",
+        "An engine for nginx whose tokens carry their CLOCK_MONOTONIC publish time.\n", table,
+        sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
     if (!o.shm_name || !o.socket_path)
         return bench_usage_error("stamp-engine", "--shm NAME and --socket PATH are required");
     o.slots = (int)slots;
@@ -247,7 +229,7 @@ int bench_cmd_stamp_engine(int argc, char **argv)
             stamp_stream *st = &sts[i];
             if (!st->used) continue;
             int done = muse_server_is_cancelled(s, st->ref);
-            if (!done && bench_now_ns() >= st->next_ns) done = stamp_step(s, st, tokens, gap_us);
+            if (!done && muse_now_ns() >= st->next_ns) done = stamp_step(s, st, tokens, gap_us);
             if (done) {
                 muse_server_finish(s, st->ref);
                 st->used = 0;
@@ -257,7 +239,7 @@ int bench_cmd_stamp_engine(int argc, char **argv)
             if (st->next_ns < next) next = st->next_ns;
         }
         /* Sleep until the next token is due (or a request comes), never spin. */
-        int64_t wait_ns = running ? next - bench_now_ns() : 50000000;
+        int64_t wait_ns = running ? next - muse_now_ns() : 50000000;
         int wait_ms = wait_ns <= 0 ? 0 : (int)(wait_ns / 1000000);
         if (wait_ns > 0 && wait_ms == 0) {
             struct timespec ts = {0, (long)wait_ns};
@@ -270,14 +252,14 @@ int bench_cmd_stamp_engine(int argc, char **argv)
             int placed = 0;
             for (int i = 0; i < slots && !placed; i++)
                 if (!sts[i].used) {
-                    sts[i] = (stamp_stream){1, 0, rq.ref, rq.flags, bench_now_ns()};
+                    sts[i] = (stamp_stream){1, 0, rq.ref, rq.flags, muse_now_ns()};
                     placed = 1;
                 }
             if (!placed) muse_server_finish(s, rq.ref);
         }
-        if (bench_now_ns() - last_health > 200000000) {
+        if (muse_now_ns() - last_health > 200000000) {
             stamp_health(s, running, (int)slots);
-            last_health = bench_now_ns();
+            last_health = muse_now_ns();
         }
     }
     muse_server_stop(s);

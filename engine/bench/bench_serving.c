@@ -2,7 +2,6 @@
  * (/v1/completions with prompts of token ids, streamed): tokens/s per stream and in aggregate,
  * time to first token, whether concurrent streams produce the tokens they produce alone, and
  * prompt processing speed cold and from the prompt cache. */
-#include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -16,7 +15,7 @@
 #include "bench.h"
 #include "bench_http.h"
 #include "bench_table.h"
-#include "base/cli.h"
+#include "base/flags.h"
 #include "base/muse_common.h"
 #include "pack/pack_random.h"
 
@@ -213,23 +212,16 @@ static void run_streams(const serving *sv, const uint64_t *salts, int n, long lo
 }
 
 /* Options both commands take. Returns 1 when ch was one of them, -1 on a bad value. */
-static int common_option(int ch, serving *sv, const char **url, int *as_json, long long *salt,
-                         muse_err *e)
-{
-    if (ch == 'u')
-        *url = optarg;
-    else if (ch == 'j')
-        *as_json = 1;
-    else if (ch == 'i')
-        return muse_parse_long("--id-range", optarg, 2, 1 << 30, &sv->id_range, e) ? -1 : 1;
-    else if (ch == 'S')
-        return muse_parse_long("--salt", optarg, 0, (1LL << 62), salt, e) ? -1 : 1;
-    else if (ch == 'T')
-        return muse_parse_double("--timeout", optarg, 1, 86400, &sv->timeout_s, e) ? -1 : 1;
-    else
-        return 0;
-    return 1;
-}
+/* The flags concurrent and prompt share. */
+#define SERVING_FLAGS(sv, url, salt, as_json)                                                      \
+    MUSE_FLAG_S("url", &(url), "URL", "http://127.0.0.1:PORT (127.0.0.1 only)"),                   \
+        MUSE_FLAG_L("id-range", &(sv).id_range, 2, 1 << 30, "N",                                   \
+                    "prompt ids in [0, N) (below the pack's vocabulary)"),                         \
+        MUSE_FLAG_L("salt", &(salt), 0, 1LL << 62, "N", "names the prompts",                       \
+                    .def = "the time, so every run is cold"),                                      \
+        MUSE_FLAG_D("timeout", &(sv).timeout_s, 1, 86400, "S",                                     \
+                    "seconds a request batch may take"),                                           \
+        MUSE_FLAG_B("json", &(as_json), "print JSON instead of a table")
 
 static int serving_start(const char *cmd, const char *url, serving *sv)
 {
@@ -322,40 +314,23 @@ int bench_cmd_concurrent(int argc, char **argv)
     serving sv = {.id_range = 100000, .timeout_s = 1800};
     concurrent_opts o = {.prompt_tokens = 64, .tokens = 16, .reps = 2, .temperature = 0.8};
     const char *url = NULL, *streams_s = "1,2,4,8";
-    int as_json = 0;
+    bool as_json = false;
     long long salt = (long long)time(NULL);
-    muse_err e = {{0}};
-    static const struct option opts[] = {{"url", 1, 0, 'u'},
-                                         {"streams", 1, 0, 's'},
-                                         {"tokens", 1, 0, 'n'},
-                                         {"reps", 1, 0, 'r'},
-                                         {"prompt-tokens", 1, 0, 'p'},
-                                         {"temperature", 1, 0, 't'},
-                                         {"id-range", 1, 0, 'i'},
-                                         {"salt", 1, 0, 'S'},
-                                         {"timeout", 1, 0, 'T'},
-                                         {"json", 0, 0, 'j'},
-                                         {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = common_option(ch, &sv, &url, &as_json, &salt, &e);
-        if (rc == 0) {
-            if (ch == 's')
-                streams_s = optarg;
-            else if (ch == 'n')
-                rc = muse_parse_long("--tokens", optarg, 2, 100000, &o.tokens, &e);
-            else if (ch == 'r')
-                rc = muse_parse_long("--reps", optarg, 1, 1000, &o.reps, &e);
-            else if (ch == 'p')
-                rc = muse_parse_long("--prompt-tokens", optarg, 1, 1000000, &o.prompt_tokens, &e);
-            else if (ch == 't')
-                rc = muse_parse_double("--temperature", optarg, 0, 2, &o.temperature, &e);
-            else
-                return bench_usage_error("concurrent", "unknown option");
-            rc = rc ? -1 : 1;
-        }
-        if (rc < 0) return bench_usage_error("concurrent", e.msg);
-    }
+    const muse_flag table[] = {
+        SERVING_FLAGS(sv, url, salt, as_json),
+        MUSE_FLAG_S("streams", &streams_s, "1,2,4,8", "streams at once, a row each"),
+        MUSE_FLAG_L("tokens", &o.tokens, 2, 100000, "N", "tokens a stream"),
+        MUSE_FLAG_L("reps", &o.reps, 1, 1000, "R", "repetitions a row"),
+        MUSE_FLAG_L("prompt-tokens", &o.prompt_tokens, 1, 1000000, "P", "prompt tokens a stream"),
+        MUSE_FLAG_D("temperature", &o.temperature, 0, 2, "T", "sampling temperature (fixed seeds)"),
+    };
+    int prc = bench_parse_flags(
+        "concurrent",
+        "S streamed /v1/completions at once (distinct prompts of token ids, fixed "
+        "seeds):\ntokens/s per stream and in aggregate, TTFT, and whether each "
+        "request's\nmuse.token_sha equals the one it gets alone (run again afterwards, alone).\n",
+        table, sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
     long long streams[MAX_LIST];
     char why[160];
     int ns = bench_parse_int_list("--streams", streams_s, 1, MAX_STREAMS, streams, MAX_LIST, why,
@@ -431,25 +406,19 @@ int bench_cmd_prompt(int argc, char **argv)
 {
     serving sv = {.id_range = 100000, .timeout_s = 1800};
     const char *url = NULL, *lengths_s = "512,4096,16384";
-    int as_json = 0;
+    bool as_json = false;
     long long salt = (long long)time(NULL), reps = 2;
-    muse_err e = {{0}};
-    static const struct option opts[] = {
-        {"url", 1, 0, 'u'},  {"lengths", 1, 0, 'l'}, {"reps", 1, 0, 'r'}, {"id-range", 1, 0, 'i'},
-        {"salt", 1, 0, 'S'}, {"timeout", 1, 0, 'T'}, {"json", 0, 0, 'j'}, {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = common_option(ch, &sv, &url, &as_json, &salt, &e);
-        if (rc == 0) {
-            if (ch == 'l')
-                lengths_s = optarg;
-            else if (ch == 'r')
-                rc = muse_parse_long("--reps", optarg, 1, 64, &reps, &e) ? -1 : 1;
-            else
-                return bench_usage_error("prompt", "unknown option");
-        }
-        if (rc < 0) return bench_usage_error("prompt", e.msg);
-    }
+    const muse_flag table[] = {
+        SERVING_FLAGS(sv, url, salt, as_json),
+        MUSE_FLAG_S("lengths", &lengths_s, "512,4096,16384", "prompt lengths, a row each"),
+        MUSE_FLAG_L("reps", &reps, 1, 64, "R", "repetitions a row"),
+    };
+    int prc = bench_parse_flags(
+        "prompt",
+        "Prompt tokens/s and TTFT (max_tokens 1), cold and from the prompt cache; lengths\nbeyond "
+        "/health context_length are reported as skipped.\n",
+        table, sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
     long long lengths[MAX_LIST];
     char why[160];
     int nl = bench_parse_int_list("--lengths", lengths_s, 1, 1 << 24, lengths, MAX_LIST, why,

@@ -1,9 +1,9 @@
 /* muse-bench tokenizer: muse_tokenize and muse_detok_push speed on one core. */
-#include <getopt.h>
 
+#include "base/clock.h"
 #include "bench.h"
 #include "bench_table.h"
-#include "base/cli.h"
+#include "base/flags.h"
 #include "pack/config.h"
 #include "base/muse_common.h"
 #include "pack/pack_random.h"
@@ -67,30 +67,20 @@ static char *make_prose(size_t bytes, size_t *len)
 int bench_cmd_tokenizer(int argc, char **argv)
 {
     const char *tok_path = NULL, *text_path = NULL;
-    int as_json = 0;
+    bool as_json = false;
     long long chunk = 4096;
     double min_s = 1.0;
     muse_err e = {{0}};
-    static const struct option opts[] = {{"tokenizer", 1, 0, 'T'}, {"text", 1, 0, 'x'},
-                                         {"chunk", 1, 0, 'c'},     {"min-s", 1, 0, 't'},
-                                         {"json", 0, 0, 'j'},      {0, 0, 0, 0}};
-    int ch;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        if (ch == 'T')
-            tok_path = optarg;
-        else if (ch == 'x')
-            text_path = optarg;
-        else if (ch == 'c')
-            rc = muse_parse_long("--chunk", optarg, 64, 1 << 24, &chunk, &e);
-        else if (ch == 't')
-            rc = muse_parse_double("--min-s", optarg, 0.01, 60, &min_s, &e);
-        else if (ch == 'j')
-            as_json = 1;
-        else
-            return bench_usage_error("tokenizer", "unknown option");
-        if (rc) return bench_usage_error("tokenizer", e.msg);
-    }
+    const muse_flag table[] = {
+        MUSE_FLAG_S("tokenizer", &tok_path, "FILE", "the tokenizer", .required = true),
+        MUSE_FLAG_S("text", &text_path, "FILE", "the text", .def = "generated prose"),
+        MUSE_FLAG_L("chunk", &chunk, 64, 1 << 24, "BYTES", "bytes a piece (ending at a newline)"),
+        MUSE_FLAG_D("min-s", &min_s, 0.01, 60, "S", "seconds each measure runs at least"),
+        MUSE_FLAG_B("json", &as_json, "print JSON instead of a table"),
+    };
+    int prc = bench_parse_flags("tokenizer", "Encode MB/s and decode tokens/s on one core.\n",
+                                table, sizeof table / sizeof *table, argc, argv);
+    if (prc != MUSE_FLAGS_RUN) return prc;
     if (!tok_path) return bench_usage_error("tokenizer", "--tokenizer FILE is required");
     muse_tokenizer *tk;
     if (muse_tokenizer_load(tok_path, &tk, &e)) {
@@ -113,7 +103,7 @@ int bench_cmd_tokenizer(int argc, char **argv)
     int32_t *ids = NULL;
     size_t nids = 0, cap = 0;
     long passes = 0;
-    double t0 = bench_now_s(), t;
+    double t0 = muse_now_s(), t;
     int rc = 0;
     do {
         nids = 0;
@@ -125,7 +115,7 @@ int bench_cmd_tokenizer(int argc, char **argv)
             off = end;
         }
         passes++;
-        t = bench_now_s() - t0;
+        t = muse_now_s() - t0;
     } while (rc == 0 && t < min_s && passes < 10000);
     if (rc) {
         fprintf(stderr, "muse-bench tokenizer: %s\n", e.msg);
@@ -140,13 +130,13 @@ int bench_cmd_tokenizer(int argc, char **argv)
     char *out = MUSE_MALLOC(bound);
     long dpasses = 0;
     volatile long sink = 0;
-    t0 = bench_now_s();
+    t0 = muse_now_s();
     do {
         muse_detok d = {{0}, 0};
         for (size_t i = 0; i < nids; i++) sink += muse_detok_push(tk, &d, ids[i], out, bound);
         sink += muse_detok_finish(&d, out, bound);
         dpasses++;
-        t = bench_now_s() - t0;
+        t = muse_now_s() - t0;
     } while (t < min_s && dpasses < 100000);
     double dec_tps = (double)nids * (double)dpasses / t;
     static const char *const cols[] = {"text bytes",  "tokens",          "bytes/token",

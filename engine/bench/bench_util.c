@@ -1,33 +1,30 @@
-/* Helpers shared by the muse-bench subcommands: clock, usage errors, quantiles, lists. */
+/* Helpers shared by the muse-bench subcommands: flags, usage errors, quantiles, lists. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
-#include "base/cli.h"
+#include "base/flags.h"
 #include "base/muse_common.h"
 #include "pack/pack_random.h"
 
-double bench_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+const char *const bench_codebooks[] = {"3inst", "mcg", "mul1", NULL};
 
-int64_t bench_now_ns(void)
+int bench_parse_flags(const char *cmd, const char *about, const muse_flag *flags, size_t n,
+                      int argc, char **argv)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    char prog[64];
+    snprintf(prog, sizeof prog, "muse-bench %s", cmd);
+    const muse_flags set = {.prog = prog, .about = about, .flags = flags, .n = n};
+    return muse_flags_parse(&set, argc, argv);
 }
 
 int bench_usage_error(const char *cmd, const char *msg)
 {
-    fprintf(stderr, "muse-bench %s: %s (see muse-bench --help)\n", cmd, msg);
-    return 2;
+    char prog[64];
+    snprintf(prog, sizeof prog, "muse-bench %s", cmd);
+    return muse_flags_error(&(muse_flags){.prog = prog}, "%s", msg);
 }
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
@@ -77,7 +74,7 @@ int bench_parse_int_list(const char *flag, const char *text, long long lo, long 
     }
     for (int i = 0; i < n; i++) {
         muse_err e = {{0}};
-        if (muse_parse_long(flag, items[i], lo, hi, &out[i], &e)) {
+        if (muse_parse_int(flag, items[i], lo, hi, &out[i], &e)) {
             snprintf(why, why_len, "%s", e.msg);
             return -1;
         }

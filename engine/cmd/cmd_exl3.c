@@ -3,66 +3,39 @@
 #include "cmd/cmd_exl3.h"
 
 #include <errno.h>
-#include <getopt.h>
 
-#include "base/cli.h"
+#include "base/flags.h"
 #include "pack/exl3.h"
 #include "pack/safetensors.h"
 #include "base/threadpool.h"
 
-static const char dequant_help[] =
-    "usage: muse-engine dequant --model DIR --tensor KEY --out FILE [--threads N]\n"
-    "Writes the effective weight W = diag(suh) Hk Wq Hn diag(svh) of the EXL3 Linear KEY (e.g.\n"
-    "model.layers.0.self_attn.q_proj; a trailing .trellis is accepted) as fp32 little-endian:\n"
-    "k rows (in_features) of n (out_features, padded to 128 for the head), y = x W. The bias,\n"
-    "if any, is not included. Prints k, n, bits and codebook on stderr.\n";
-
 typedef struct {
     const char *model, *tensor, *out;
-    long long threads;
+    int threads;
 } dequant_flags;
-
-static int bad(const char *msg)
-{
-    fprintf(stderr, "muse-engine dequant: %s (see muse-engine dequant --help)\n", msg);
-    return 2;
-}
 
 /* Returns -1 when the flags are complete, else the exit code. */
 static int parse_flags(int argc, char **argv, dequant_flags *f)
 {
-    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"tensor", 1, 0, 't'},
-                                         {"out", 1, 0, 'o'},   {"threads", 1, 0, 'j'},
-                                         {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
     *f = (dequant_flags){0};
-    muse_err e = {{0}};
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'm':
-            f->model = optarg;
-            break;
-        case 't':
-            f->tensor = optarg;
-            break;
-        case 'o':
-            f->out = optarg;
-            break;
-        case 'j':
-            if (muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e)) return bad(e.msg);
-            break;
-        case 'h':
-            fputs(dequant_help, stdout);
-            return 0;
-        default:
-            return bad("unknown option or missing value");
-        }
-    }
-    if (optind < argc) return bad("unexpected argument");
-    if (!f->model || !f->tensor || !f->out) return bad("--model, --tensor and --out are required");
-    return -1;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("model", &f->model, "DIR", "the pack", .required = true),
+        MUSE_FLAG_S("tensor", &f->tensor, "KEY",
+                    "the Linear, e.g. model.layers.0.self_attn.q_proj (a trailing .trellis is\n"
+                    "accepted)",
+                    .required = true),
+        MUSE_FLAG_S("out", &f->out, "FILE", "where the fp32 weight goes", .required = true),
+        MUSE_FLAG_I("threads", &f->threads, 0, 1024, "N", "threads", .def = "0: one per core"),
+    };
+    const muse_flags set = {
+        .prog = "muse-engine dequant",
+        .about = "Writes the effective weight W = diag(suh) Hk Wq Hn diag(svh) of the EXL3 Linear "
+                 "KEY as fp32\nlittle-endian: k rows (in_features) of n (out_features, padded to "
+                 "128 for the head),\ny = x W. The bias, if any, is not included. Prints k, n, "
+                 "bits and codebook on stderr.\n",
+        .flags = table,
+        .n = sizeof table / sizeof *table};
+    return muse_flags_parse(&set, argc, argv);
 }
 
 /* The Linear's key: KEY with a trailing ".trellis" removed. */
@@ -134,7 +107,7 @@ int muse_cmd_dequant(int argc, char **argv)
     }
     size_t count = (size_t)w.k * (size_t)w.n;
     float *out = MUSE_MALLOC(count * sizeof *out);
-    muse_pool *pool = muse_pool_create((int)f.threads);
+    muse_pool *pool = muse_pool_create(f.threads);
     muse_exl3_dequant(&w, out, pool);
     muse_pool_destroy(pool);
     rc = write_floats(f.out, out, count, &e);

@@ -1,13 +1,12 @@
 /* muse-engine subcommands that run the model: logits, generate, inspect. */
 #include "cmd/cmd_model.h"
 
-#include <getopt.h>
 #include <math.h>
 
 #include <cjson/cJSON.h>
 
 #include "text/chat.h"
-#include "base/cli.h"
+#include "base/flags.h"
 #include "serve/openai.h"
 #include "text/reply.h"
 #include "serve/request.h"
@@ -22,96 +21,74 @@ typedef struct {
 
 static int bad(const char *cmd, const char *msg)
 {
-    fprintf(stderr, "muse-engine %s: %s (see muse-engine %s --help)\n", cmd, msg, cmd);
-    return 2;
+    char prog[64];
+    snprintf(prog, sizeof prog, "muse-engine %s", cmd);
+    return muse_flags_error(&(muse_flags){.prog = prog}, "%s", msg);
 }
 
-/* Parses the flags shared by logits and generate; returns -1 on success, else an exit code. */
-static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f, const char *help)
+enum { LOGITS = 1, GENERATE = 2, INSPECT = 4, CHAT = 8, RUN = LOGITS | GENERATE | CHAT };
+
+/* Parses the flags of logits, generate, inspect or chat (cmds picks the command's entries of
+ * one table); returns -1 on success, else an exit code. */
+static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv, run_flags *f,
+                           const char *about)
 {
-    static const struct option opts[] = {
-        {"model", 1, 0, 'm'},       {"tokens", 1, 0, 't'},
-        {"out", 1, 0, 'o'},         {"max-tokens", 1, 0, 'n'},
-        {"chunk", 1, 0, 'c'},       {"threads", 1, 0, 'j'},
-        {"temperature", 1, 0, 'T'}, {"top-k", 1, 0, 'k'},
-        {"top-p", 1, 0, 'p'},       {"min-p", 1, 0, 'P'},
-        {"seed", 1, 0, 's'},        {"messages", 1, 0, 'M'},
-        {"tokenizer", 1, 0, 'K'},   {"ranks", 1, 0, 'R'},
-        {"help", 0, 0, 'h'},        {"synthetic-weights", 1, 0, 'S'},
-        {"config", 1, 0, 'C'},      {"bits", 1, 0, 'b'},
-        {"codebook", 1, 0, 'B'},    {0, 0, 0, 0}};
     *f = (run_flags){
         .max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0, .ranks = 1, .synthetic = -1};
-    muse_err e = {{0}};
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (ch) {
-        case 'm':
-            f->model = optarg;
-            break;
-        case 't':
-            f->tokens = optarg;
-            break;
-        case 'o':
-            f->out = optarg;
-            break;
-        case 'M':
-            f->messages = optarg;
-            break;
-        case 'K':
-            f->tokenizer = optarg;
-            break;
-        case 'n':
-            rc = muse_parse_long("--max-tokens", optarg, 0, 1 << 24, &f->max_tokens, &e);
-            break;
-        case 'c':
-            rc = muse_parse_long("--chunk", optarg, 1, 1 << 20, &f->chunk, &e);
-            break;
-        case 'j':
-            rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
-            break;
-        case 'R':
-            rc = muse_parse_long("--ranks", optarg, 1, MUSE_MAX_RANKS, &f->ranks, &e);
-            break;
-        case 'S':
-            rc = muse_parse_long("--synthetic-weights", optarg, 0, INT64_MAX, &f->synthetic, &e);
-            break;
-        case 'C':
-            f->config = optarg;
-            break;
-        case 'b':
-            rc = muse_parse_long("--bits", optarg, 0, 8, &f->bits, &e);
-            break;
-        case 'B':
-            f->codebook = optarg;
-            break;
-        case 'T':
-            rc = muse_parse_double("--temperature", optarg, 0, 2, &f->temperature, &e);
-            break;
-        case 'k':
-            rc = muse_parse_long("--top-k", optarg, 0, 1 << 30, &f->top_k, &e);
-            break;
-        case 'p':
-            rc = muse_parse_double("--top-p", optarg, 1e-9, 1, &f->top_p, &e);
-            break;
-        case 'P':
-            rc = muse_parse_double("--min-p", optarg, 0, 1, &f->min_p, &e);
-            break;
-        case 's':
-            rc = muse_parse_long("--seed", optarg, 0, INT64_MAX, &f->seed, &e);
-            break;
-        case 'h':
-            fputs(help, stdout);
-            return 0;
-        default:
-            return bad(cmd, "unknown option or missing value");
-        }
-        if (rc) return bad(cmd, e.msg);
-    }
-    if (optind < argc) return bad(cmd, "unexpected argument");
+    const struct {
+        unsigned cmds;
+        muse_flag flag;
+    } all[] = {
+        {INSPECT, MUSE_FLAG_S("model", &f->model, "DIR", "the pack", .required = true)},
+        {RUN, MUSE_FLAG_S("model", &f->model, "DIR", "the pack (or --synthetic-weights)")},
+        {RUN, MUSE_FLAG_L("synthetic-weights", &f->synthetic, 0, INT64_MAX, "SEED",
+                          "weights filled from SEED in memory, no pack: the tensors\n"
+                          "muse-pack --seed SEED writes for --config",
+                          .def = "off")},
+        {RUN, MUSE_FLAG_S("config", &f->config, "FILE", "the shape --synthetic-weights fills")},
+        {RUN, MUSE_FLAG_L("bits", &f->bits, 0, 8, "B",
+                          "--synthetic-weights: EXL3 at B bits (head at 6); 0: fp16")},
+        {RUN, MUSE_FLAG_S("codebook", &f->codebook, "mul1|mcg|3inst",
+                          "--synthetic-weights: the EXL3 codebook", .def = "mul1")},
+        {RUN, MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
+                          "tensor-parallel ranks in this process (sums in rank order);\n"
+                          "the config must allow it (heads divisible, splits of 128)")},
+        {LOGITS | GENERATE,
+         MUSE_FLAG_S("tokens", &f->tokens, "1,2,3", "the prompt's token ids", .required = true)},
+        {LOGITS, MUSE_FLAG_S("out", &f->out, "FILE", "where the logits go", .required = true)},
+        {CHAT, MUSE_FLAG_S("messages", &f->messages, "FILE.json",
+                           "a messages array, or an object with messages, tools and\n"
+                           "reasoning_effort",
+                           .required = true)},
+        {CHAT, MUSE_FLAG_S("tokenizer", &f->tokenizer, "FILE", "the tokenizer",
+                           .def = "DIR/tokenizer.json")},
+        {GENERATE | CHAT,
+         MUSE_FLAG_L("max-tokens", &f->max_tokens, 0, 1 << 24, "N", "tokens to generate at most")},
+        {GENERATE | CHAT,
+         MUSE_FLAG_D("temperature", &f->temperature, 0, 2, "T", "0 is greedy; above, sampled")},
+        {GENERATE | CHAT,
+         MUSE_FLAG_L("top-k", &f->top_k, 0, 1 << 30, "K", "draw among the K likeliest; 0: all")},
+        {GENERATE | CHAT, MUSE_FLAG_D("top-p", &f->top_p, 1e-9, 1, "P",
+                                      "draw among the likeliest holding probability P")},
+        {GENERATE | CHAT, MUSE_FLAG_D("min-p", &f->min_p, 0, 1, "P",
+                                      "drop tokens below P times the likeliest's probability")},
+        {GENERATE | CHAT,
+         MUSE_FLAG_L("seed", &f->seed, 0, INT64_MAX, "S", "the same seed gives the same tokens")},
+        {RUN, MUSE_FLAG_L("chunk", &f->chunk, 1, 1 << 20, "N",
+                          "rows a forward (the result is bit-identical for every N)",
+                          .def = "the whole prompt, at most 4096")},
+        {RUN, MUSE_FLAG_L("threads", &f->threads, 0, 1024, "N", "threads for matrix products",
+                          .def = "0: one per core")},
+    };
+    muse_flag table[sizeof all / sizeof *all];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (all[i].cmds & cmds) table[n++] = all[i].flag;
+    char prog[64];
+    snprintf(prog, sizeof prog, "muse-engine %s", cmd);
+    const muse_flags set = {.prog = prog, .about = about, .flags = table, .n = n};
+    int rc = muse_flags_parse(&set, argc, argv);
+    if (rc != MUSE_FLAGS_RUN || !(cmds & RUN)) return rc;
     if (f->synthetic >= 0 && f->model)
         return bad(cmd, "--model and --synthetic-weights name the weights twice: give one");
     if (f->synthetic >= 0 && !f->config)
@@ -120,7 +97,7 @@ static int parse_run_flags(const char *cmd, int argc, char **argv, run_flags *f,
         return bad(cmd, "--config, --bits and --codebook go with --synthetic-weights SEED");
     if (!f->model && f->synthetic < 0)
         return bad(cmd, "--model DIR (or --synthetic-weights SEED --config FILE) is required");
-    return -1;
+    return rc;
 }
 
 typedef struct {
@@ -186,7 +163,6 @@ static int session_open(const char *cmd, const run_flags *f, long long extra, se
 {
     muse_err e = {{0}};
     memset(s, 0, sizeof *s);
-    if (!f->tokens) return bad(cmd, "--tokens 1,2,3 is required");
     if (muse_parse_ids("--tokens", f->tokens, &s->ids, &s->n, &e)) return bad(cmd, e.msg);
     return session_start(cmd, f, extra, s);
 }
@@ -239,21 +215,15 @@ static int write_rows(void *ctx, const float *logits, long rows)
     return fwrite(logits, sizeof(float), (size_t)rows * V, f) == (size_t)rows * V ? 0 : -1;
 }
 
-static const char logits_help[] =
-    "usage: muse-engine logits --model DIR --tokens 1,2,3 --out FILE [--chunk N] [--threads N]\n"
-    "                          [--ranks N]\n"
+static const char logits_about[] =
     "Runs the prompt and writes fp32 little-endian logits: T rows of vocab_size, one per "
-    "position.\n"
-    "--ranks N splits the model over N tensor-parallel ranks in this process (sums in rank\n"
-    "order); the config must allow it (heads divisible, split widths multiples of 128).\n"
-    "--chunk N feeds the prompt N rows a forward (the result is bit-identical for every N).\n";
+    "position.\n";
 
 int muse_cmd_logits(int argc, char **argv)
 {
     run_flags f;
-    int rc = parse_run_flags("logits", argc, argv, &f, logits_help);
+    int rc = parse_run_flags("logits", LOGITS, argc, argv, &f, logits_about);
     if (rc >= 0) return rc;
-    if (!f.out) return bad("logits", "--out FILE is required");
     session s;
     rc = session_open("logits", &f, 0, &s);
     if (rc >= 0) {
@@ -284,17 +254,14 @@ static bool is_stop(const muse_config *c, int32_t id)
     return false;
 }
 
-static const char generate_help[] =
-    "usage: muse-engine generate --model DIR --tokens 1,2,3 --max-tokens N [--temperature T]\n"
-    "                            [--top-k K] [--top-p P] [--min-p P] [--seed S] [--chunk N] "
-    "[--threads N]\n"
+static const char generate_about[] =
     "Prints the generated token ids, comma-separated; stops at an eos id or after N tokens.\n"
     "Temperature 0 (the default) is greedy. The same seed gives the same tokens.\n";
 
 int muse_cmd_generate(int argc, char **argv)
 {
     run_flags f;
-    int rc = parse_run_flags("generate", argc, argv, &f, generate_help);
+    int rc = parse_run_flags("generate", GENERATE, argc, argv, &f, generate_about);
     if (rc >= 0) return rc;
     session s;
     rc = session_open("generate", &f, f.max_tokens, &s);
@@ -324,8 +291,7 @@ int muse_cmd_generate(int argc, char **argv)
     return rc;
 }
 
-static const char inspect_help[] =
-    "usage: muse-engine inspect --model DIR\n"
+static const char inspect_about[] =
     "Prints the config, parameters (total and active per token), bytes by dtype, KV bytes per\n"
     "token and each layer's kind.\n";
 
@@ -381,7 +347,7 @@ static void print_kv_pool(const muse_model *m)
 int muse_cmd_inspect(int argc, char **argv)
 {
     run_flags f;
-    int rc = parse_run_flags("inspect", argc, argv, &f, inspect_help);
+    int rc = parse_run_flags("inspect", INSPECT, argc, argv, &f, inspect_about);
     if (rc >= 0) return rc;
     muse_err e = {{0}};
     muse_model m;
@@ -452,9 +418,7 @@ static void chat_event(void *ctx, const muse_reply_ev *ev)
     }
 }
 
-static const char chat_help[] =
-    "usage: muse-engine chat --model DIR --messages FILE.json [--tokenizer FILE] [--max-tokens N]\n"
-    "                        [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]\n"
+static const char chat_about[] =
     "Renders the messages in the Muse chat format, generates until a stop id (or N tokens, "
     "default\n"
     "16), and prints the parsed reply as an OpenAI assistant message (content, reasoning_content,\n"
@@ -506,9 +470,8 @@ static int chat_prompt(const run_flags *f, const muse_tokenizer *tok, session *s
 int muse_cmd_chat(int argc, char **argv)
 {
     run_flags f;
-    int rc = parse_run_flags("chat", argc, argv, &f, chat_help);
+    int rc = parse_run_flags("chat", CHAT, argc, argv, &f, chat_about);
     if (rc >= 0) return rc;
-    if (!f.messages) return bad("chat", "--messages FILE.json is required");
     char tokpath[4096];
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", f.model);
     muse_err e = {{0}};

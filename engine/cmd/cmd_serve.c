@@ -4,7 +4,6 @@
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
-#include <getopt.h>
 #include <grp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,7 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/cli.h"
+#include "base/clock.h"
+#include "base/flags.h"
+#include "serve/health.h"
+#include "serve/memory_plan.h"
 #include "serve/prompt_cache.h"
 #include "serve/scheduler.h"
 
@@ -25,6 +27,7 @@ typedef struct {
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
     bool fault_heap_overflow;
     double reserve_gib, prompt_cache_gib;
+    gid_t gid; /* of --group; -1: none */
 } serve_flags;
 
 static volatile sig_atomic_t stopping;
@@ -34,85 +37,14 @@ static void on_signal(int sig)
     stopping = 1;
 }
 
-static const char serve_help[] =
-    "usage: muse-engine serve --model DIR --listen SOCKET [--shm NAME] [--streams N] [--queue N]\n"
-    "                         [--context N] [--max-rows N] [--threads N] [--model-id ID]\n"
-    "                         [--group GROUP] [--reserve-gib X] [--drain-ms N]\n"
-    "                         [--prompt-cache-gib X] [--kv-blocks N] [--request-kib N]\n"
-    "                         [--backend cpu|script] [--tokenizer FILE] [--script FILE]\n"
-    "Serves a pack to ngx_muse_module through a sealed memfd segment (--shm: its label, default "
-    "/muse-engine)\n"
-    "handed over a unix socket (--listen, 0660 for --group, the nginx workers' group).\n"
-    "  --streams N      streams decoded together (lanes), default 4\n"
-    "  --queue N        requests waiting behind them, default 16 (more get 503 with Retry-After)\n"
-    "  --context N      positions a stream may hold, default min(max_position_embeddings, 4096)\n"
-    "  --max-rows N     rows a round (prompt chunks + decode tokens), default 256\n"
-    "  --ranks N        tensor-parallel ranks in this process (default 1; sums in rank order)\n"
-    "  --threads N      threads for matrix products and for drawing the streams' tokens of a\n"
-    "                   round, default one per core\n"
-    "  --reserve-gib X  memory reserved for the rest of the machine, shown in /health\n"
-    "                   (default: the MUSE_RESERVE_GIB environment variable, else 0)\n"
-    "  --drain-ms N     on SIGTERM, how long running streams may finish, default 30000\n"
-    "  --prompt-cache-gib X  prompt cache budget (KV blocks + sliding state), default 1; 0: off\n"
-    "  --keepalive-ms N a stream silent this long (a long prompt, a long non-streaming answer)\n"
-    "                   sends a keepalive, default 5000 (keep it under nginx's muse_idle_timeout)\n"
-    "  --request-kib N  largest request (scope + compact JSON body) a slot holds, default 4100\n"
-    "                   (4 MiB + 4 KiB: a prompt of the whole context fits); nginx answers larger\n"
-    "                   ones 413 request_too_large. Keep client_max_body_size at or below it\n"
-    "  --kv-blocks N    full-attention KV blocks of 16 positions in the pool; default: enough for\n"
-    "                   every stream's whole context plus the prompt cache budget\n"
-    "  --backend script replays token ids from --script FILE (a JSON array of id arrays) instead\n"
-    "                   of running the model; request i gets list seed %% count. For tests.\n"
-    "  --tokenizer      default DIR/tokenizer.json\n"
-    "  --synthetic-weights SEED --config FILE [--bits B] [--codebook mul1|mcg|3inst]\n"
-    "                   weights filled from SEED in memory for the shape of FILE (no pack;\n"
-    "                   fp16, or EXL3 at B bits with the head at 6); needs --tokenizer\n";
+static const char *const backends[] = {"cpu", "script", NULL};
 
-static int bad(const char *msg)
-{
-    fprintf(stderr, "muse-engine serve: %s (see muse-engine serve --help)\n", msg);
-    return 2;
-}
-
+/* Returns -1 when the flags are complete, else the exit code. */
 static int parse_flags(int argc, char **argv, serve_flags *f)
 {
-    static const struct option opts[] = {{"model", 1, 0, 'm'},
-                                         {"tokenizer", 1, 0, 'T'},
-                                         {"listen", 1, 0, 'l'},
-                                         {"shm", 1, 0, 's'},
-                                         {"backend", 1, 0, 'b'},
-                                         {"script", 1, 0, 'S'},
-                                         {"model-id", 1, 0, 'i'},
-                                         {"group", 1, 0, 'g'},
-                                         {"streams", 1, 0, 'n'},
-                                         {"queue", 1, 0, 'q'},
-                                         {"context", 1, 0, 'c'},
-                                         {"max-rows", 1, 0, 'r'},
-                                         {"threads", 1, 0, 'j'},
-                                         {"ranks", 1, 0, 'N'},
-                                         {"synthetic-weights", 1, 0, 'Y'},
-                                         {"config", 1, 0, 'C'},
-                                         {"bits", 1, 0, 'B'},
-                                         {"codebook", 1, 0, 'k'},
-                                         {"script-delay-ms", 1, 0, 'd'},
-                                         {"drain-ms", 1, 0, 'D'},
-                                         {"reserve-gib", 1, 0, 'R'},
-                                         {"prompt-cache-gib", 1, 0, 'P'},
-                                         {"kv-blocks", 1, 0, 'K'},
-                                         {"keepalive-ms", 1, 0, 'A'},
-                                         {"request-kib", 1, 0, 'Q'},
-#ifdef MUSE_TEST_HOOKS
-                                         {"fault-after-tokens", 1, 0, 'F'},
-                                         {"fault-stall-after-tokens", 1, 0, 'W'},
-                                         {"fault-oom-request", 1, 0, 'O'},
-                                         {"fault-sticky-after-tokens", 1, 0, 'X'},
-                                         {"fault-heap-overflow", 0, 0, 'H'},
-#endif
-                                         {"help", 0, 0, 'h'},
-                                         {0, 0, 0, 0}};
     const char *env_reserve = getenv("MUSE_RESERVE_GIB");
     *f = (serve_flags){.shm = "/muse-engine",
-                       .backend = "cpu",
+                       .gid = (gid_t)-1,
                        .streams = 4,
                        .ranks = 1,
                        .synthetic = -1,
@@ -122,135 +54,114 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .request_kib = 4100,
                        .prompt_cache_gib = 1,
                        .reserve_gib = env_reserve ? atof(env_reserve) : 0};
-    muse_err e = {{0}};
-    int ch;
-    optind = 1;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (ch) {
-        case 'm':
-            f->model = optarg;
-            break;
-        case 'T':
-            f->tokenizer = optarg;
-            break;
-        case 'l':
-            f->listen = optarg;
-            break;
-        case 's':
-            f->shm = optarg;
-            break;
-        case 'b':
-            f->backend = optarg;
-            break;
-        case 'S':
-            f->script = optarg;
-            break;
-        case 'i':
-            f->model_id = optarg;
-            break;
-        case 'g':
-            f->group = optarg;
-            break;
-        case 'n':
-            rc = muse_parse_long("--streams", optarg, 1, 4096, &f->streams, &e);
-            break;
-        case 'q':
-            rc = muse_parse_long("--queue", optarg, 0, 4096, &f->queue, &e);
-            break;
-        case 'c':
-            rc = muse_parse_long("--context", optarg, 1, 1 << 30, &f->context, &e);
-            break;
-        case 'r':
-            rc = muse_parse_long("--max-rows", optarg, 1, 4096, &f->max_rows, &e);
-            break;
-        case 'j':
-            rc = muse_parse_long("--threads", optarg, 0, 1024, &f->threads, &e);
-            break;
-        case 'N':
-            rc = muse_parse_long("--ranks", optarg, 1, MUSE_MAX_RANKS, &f->ranks, &e);
-            break;
-        case 'Y':
-            rc = muse_parse_long("--synthetic-weights", optarg, 0, INT64_MAX, &f->synthetic, &e);
-            break;
-        case 'C':
-            f->config = optarg;
-            break;
-        case 'B':
-            rc = muse_parse_long("--bits", optarg, 0, 8, &f->bits, &e);
-            break;
-        case 'k':
-            f->codebook = optarg;
-            break;
-        case 'd':
-            rc = muse_parse_long("--script-delay-ms", optarg, 0, 10000, &f->script_delay_ms, &e);
-            break;
-        case 'D':
-            rc = muse_parse_long("--drain-ms", optarg, 0, 3600000, &f->drain_ms, &e);
-            break;
-        case 'F':
-            rc = muse_parse_long("--fault-after-tokens", optarg, 1, 1 << 30, &f->fault_after_tokens,
-                                 &e);
-            break;
-        case 'W':
-            rc = muse_parse_long("--fault-stall-after-tokens", optarg, 1, 1 << 30,
-                                 &f->fault_stall_after_tokens, &e);
-            break;
-        case 'O':
-            rc = muse_parse_long("--fault-oom-request", optarg, 1, 1 << 30, &f->fault_oom_request,
-                                 &e);
-            break;
-        case 'H':
-            f->fault_heap_overflow = true;
-            break;
-        case 'X':
-            rc = muse_parse_long("--fault-sticky-after-tokens", optarg, 1, 1 << 30,
-                                 &f->fault_sticky_after_tokens, &e);
-            break;
-        case 'R':
-            rc = muse_parse_double("--reserve-gib", optarg, 0, 1 << 20, &f->reserve_gib, &e);
-            break;
-        case 'P':
-            rc = muse_parse_double("--prompt-cache-gib", optarg, 0, 1 << 20, &f->prompt_cache_gib,
-                                   &e);
-            break;
-        case 'A':
-            rc = muse_parse_long("--keepalive-ms", optarg, 10, 3600000, &f->keepalive_ms, &e);
-            break;
-        case 'Q':
-            rc = muse_parse_long("--request-kib", optarg, 1, 65536, &f->request_kib, &e);
-            break;
-        case 'K':
-            rc = muse_parse_long("--kv-blocks", optarg, 1, INT32_MAX, &f->kv_blocks, &e);
-            break;
-        case 'h':
-            fputs(serve_help, stdout);
-            return 0;
-        default:
-            return bad("unknown option or missing value");
-        }
-        if (rc) return bad(e.msg);
-    }
-    if (optind < argc) return bad("unexpected argument");
-    if (!f->listen) return bad("--listen SOCKET is required");
+    int backend = 0;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("model", &f->model, "DIR", "the pack (not with --backend script)"),
+        MUSE_FLAG_S("listen", &f->listen, "SOCKET", "the doorbell socket nginx connects to",
+                    .required = true),
+        MUSE_FLAG_S("shm", &f->shm, "NAME", "the shared-memory segment"),
+        MUSE_FLAG_L("streams", &f->streams, 1, 4096, "N", "streams decoded together (lanes)"),
+        MUSE_FLAG_L("queue", &f->queue, 0, 4096, "N",
+                    "requests waiting behind them (more get 503 with Retry-After)"),
+        MUSE_FLAG_L("context", &f->context, 1, 1 << 30, "N", "positions a stream may hold",
+                    .def = "min(max_position_embeddings, 4096)"),
+        MUSE_FLAG_L("max-rows", &f->max_rows, 1, 4096, "N",
+                    "rows a round (prompt chunks + decode tokens)"),
+        MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
+                    "tensor-parallel ranks in this process (sums in rank order); the config\n"
+                    "must allow it (heads divisible, split widths multiples of 128)"),
+        MUSE_FLAG_L("synthetic-weights", &f->synthetic, 0, INT64_MAX, "SEED",
+                    "weights filled from SEED in memory for the shape of --config (no pack;\n"
+                    "the tensors muse-pack --seed SEED writes); needs --tokenizer",
+                    .def = "off"),
+        MUSE_FLAG_S("config", &f->config, "FILE", "the shape --synthetic-weights fills"),
+        MUSE_FLAG_L("bits", &f->bits, 0, 8, "B",
+                    "--synthetic-weights: EXL3 at B bits (the head at 6); 0: fp16"),
+        MUSE_FLAG_S("codebook", &f->codebook, "mul1|mcg|3inst",
+                    "--synthetic-weights: the EXL3 codebook", .def = "mul1"),
+        MUSE_FLAG_L("threads", &f->threads, 0, 1024, "N",
+                    "threads for matrix products and for drawing the streams' tokens of a\n"
+                    "round",
+                    .def = "0: one per core"),
+        MUSE_FLAG_S("model-id", &f->model_id, "ID",
+                    "the model name in answers (letters, digits and - _ . : /)",
+                    .def = "muse-spark"),
+        MUSE_FLAG_S("group", &f->group, "GROUP",
+                    "the group (the nginx workers') the segment and socket are 0660 for"),
+        MUSE_FLAG_G("reserve-gib", &f->reserve_gib, 1 << 20,
+                    "memory reserved for the rest of the machine, shown in /health",
+                    .def = "the MUSE_RESERVE_GIB environment variable, else 0"),
+        MUSE_FLAG_L("drain-ms", &f->drain_ms, 0, 3600000, "N",
+                    "on SIGTERM, how long running streams may finish"),
+        MUSE_FLAG_G("prompt-cache-gib", &f->prompt_cache_gib, 1 << 20,
+                    "prompt cache budget (KV blocks + sliding state); 0: off"),
+        MUSE_FLAG_L("keepalive-ms", &f->keepalive_ms, 10, 3600000, "N",
+                    "a stream silent this long (a long prompt, a long non-streaming answer)\n"
+                    "sends a keepalive (keep it under nginx's muse_idle_timeout)",
+                    .def = "5000"),
+        MUSE_FLAG_L("request-kib", &f->request_kib, 1, 65536, "N",
+                    "largest request (scope + compact JSON body) a slot holds (4 MiB + 4 KiB:\n"
+                    "a prompt of the whole context fits); nginx answers larger ones 413\n"
+                    "request_too_large. Keep client_max_body_size at or below it"),
+        MUSE_FLAG_L("kv-blocks", &f->kv_blocks, 1, INT32_MAX, "N",
+                    "full-attention KV blocks of 16 positions in the pool",
+                    .def = "enough for every stream's whole context plus the prompt cache"),
+        MUSE_FLAG_E("backend", &backend, backends,
+                    "script replays token ids from --script FILE (a JSON array of id arrays)\n"
+                    "instead of running the model; request i gets list seed % count. For tests"),
+        MUSE_FLAG_S("tokenizer", &f->tokenizer, "FILE", "the tokenizer",
+                    .def = "DIR/tokenizer.json"),
+        MUSE_FLAG_S("script", &f->script, "FILE", "the token ids --backend script replays"),
+        MUSE_FLAG_L("script-delay-ms", &f->script_delay_ms, 0, 10000, "N",
+                    "--backend script: a pause before each token"),
+#ifdef MUSE_TEST_HOOKS
+        MUSE_FLAG_L("fault-after-tokens", &f->fault_after_tokens, 1, 1 << 30, "N",
+                    "test builds: a round fails after N tokens"),
+        MUSE_FLAG_L("fault-stall-after-tokens", &f->fault_stall_after_tokens, 1, 1 << 30, "N",
+                    "test builds: the scheduler stalls after N tokens"),
+        MUSE_FLAG_L("fault-oom-request", &f->fault_oom_request, 1, 1 << 30, "N",
+                    "test builds: request N finds no memory"),
+        MUSE_FLAG_L("fault-sticky-after-tokens", &f->fault_sticky_after_tokens, 1, 1 << 30, "N",
+                    "test builds: a sticky device error after N tokens"),
+        MUSE_FLAG_B("fault-heap-overflow", &f->fault_heap_overflow,
+                    "test builds: read past a heap block (the sanitizer build reports it)"),
+#endif
+    };
+    const muse_flags set = {.prog = "muse-engine serve",
+                            .usage = "--model DIR --listen SOCKET [flags]",
+                            .about = "Serves a pack to ngx_muse_module through a shared-memory "
+                                     "segment (--shm) and a unix\nsocket (--listen), both 0660 "
+                                     "for --group (the nginx workers' group).\n",
+                            .flags = table,
+                            .n = sizeof table / sizeof *table};
+    int rc = muse_flags_parse(&set, argc, argv);
+    if (rc != MUSE_FLAGS_RUN) return rc;
+    f->backend = backends[backend];
     for (const char *p = f->model_id; p && *p; p++) /* it goes into JSON and headers as is */
         if (!(isalnum((unsigned char)*p) || strchr("-_.:/", *p)))
-            return bad("--model-id may hold letters, digits and - _ . : / only");
-    bool script = strcmp(f->backend, "script") == 0;
-    if (!script && strcmp(f->backend, "cpu") != 0) return bad("--backend must be cpu or script");
-    if (script && !f->script) return bad("--backend script needs --script FILE");
+            return muse_flags_error(&set, "--model-id may hold letters, digits and - _ . : / only");
+    bool script = backend == 1;
+    if (script && !f->script) return muse_flags_error(&set, "--backend script needs --script FILE");
     if (f->synthetic >= 0 && f->model)
-        return bad("--model and --synthetic-weights name the weights twice: give one");
+        return muse_flags_error(&set, "--model and --synthetic-weights name the weights twice: "
+                                      "give one");
     if (f->synthetic >= 0 && (!f->config || !f->tokenizer))
-        return bad("--synthetic-weights SEED needs --config FILE and --tokenizer FILE");
+        return muse_flags_error(&set, "--synthetic-weights SEED needs --config FILE and "
+                                      "--tokenizer FILE");
     if (f->synthetic < 0 && (f->config || f->bits || f->codebook))
-        return bad("--config, --bits and --codebook go with --synthetic-weights SEED");
+        return muse_flags_error(&set, "--config, --bits and --codebook go with "
+                                      "--synthetic-weights SEED");
     if (!script && !f->model && f->synthetic < 0)
-        return bad("--model DIR (or --synthetic-weights SEED --config FILE) is required");
+        return muse_flags_error(&set, "--model DIR (or --synthetic-weights SEED --config FILE) "
+                                      "is required");
     if (script && !f->model && !f->tokenizer)
-        return bad("--backend script needs --tokenizer FILE or --model DIR");
-    return -1;
+        return muse_flags_error(&set, "--backend script needs --tokenizer FILE or --model DIR");
+    if (f->group) {
+        const struct group *g = getgrnam(f->group);
+        if (!g) return muse_flags_error(&set, "--group names no group on this machine");
+        f->gid = g->gr_gid;
+    }
+    return MUSE_FLAGS_RUN;
 }
 
 /* The script file: a JSON array of arrays of token ids. */
@@ -304,37 +215,13 @@ typedef struct {
     muse_sched *sched;
     const serve_flags *f;
     const muse_model *model;
-    const muse_backend *be;
+    const muse_memory_plan *plan;
     double started;
     /* 0 starting, 1 ok, 2 down. The pointers above are set before state becomes 1 (release)
      * and read only after it is seen (acquire). */
     _Atomic int state;
     _Atomic int quit;
 } health_ctx;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* kB figure of a /proc file line ("MemAvailable:", "VmHWM:"), in bytes; 0 when absent. */
-static uint64_t proc_kb(const char *path, const char *key)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[256];
-    uint64_t v = 0;
-    size_t kl = strlen(key);
-    while (fgets(line, sizeof line, f))
-        if (strncmp(line, key, kl) == 0) {
-            v = strtoull(line + kl, NULL, 10) * 1024;
-            break;
-        }
-    fclose(f);
-    return v;
-}
 
 static void publish_health(health_ctx *h)
 {
@@ -343,57 +230,26 @@ static void publish_health(health_ctx *h)
     muse_sched_stats st = {0};
     if (up) muse_sched_stats_get(h->sched, &st);
     const serve_flags *f = h->f;
-    uint64_t total = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t weights = up && h->model && h->model->st ? muse_st_total_bytes(h->model->st) : 0;
-    const muse_rank_mem *r0 = up && h->be ? &h->be->ranks[0] : NULL;
-    uint64_t kv = r0 ? r0->kv + r0->sliding : 0;
-    uint64_t ws = r0 ? r0->workspace + r0->staging + r0->snapshots : 0;
-    uint64_t reserve = (uint64_t)(f->reserve_gib * 1073741824.0);
-    uint64_t avail = proc_kb("/proc/meminfo", "MemAvailable:");
-    /* what admission can still hand out: free pool blocks, and the rings of the free lanes */
-    uint64_t left = 0;
-    if (up && h->be) {
-        uint64_t pool = (uint64_t)h->be->kv.n_blocks * h->be->kv_block_bytes;
-        uint64_t rings = kv > pool && f->streams ? (kv - pool) / (uint64_t)f->streams : 0;
-        left = st.kv_free_blocks * h->be->kv_block_bytes + rings * (uint64_t)(st.max - st.running);
-    }
     int busy = h->srv ? muse_server_busy_slots(h->srv) : 0;
-    const char *status = state == 0   ? "starting"
-                         : state == 2 ? "down"
-                                      : (avail && avail < reserve ? "degraded" : "ok");
-    char json[8192], hist[2][1024];
-    if (muse_hist_json(&st.ttft_seconds, "ttft_seconds", hist[0], sizeof hist[0]) < 0 ||
-        muse_hist_json(&st.decode_tokens_per_second, "decode_tokens_per_second", hist[1],
-                       sizeof hist[1]) < 0)
-        hist[0][0] = hist[1][0] = 0;
-    int n = snprintf(
-        json, sizeof json,
-        "{\"status\":\"%s\",\"model\":\"%s\",\"engine\":{\"pid\":%d,\"version\":\"%s\",\"uptime_"
-        "s\":%.0f,\"heartbeat_age_ms\":0,\"backend\":\"%s\"},"
-        "\"streams\":{\"running\":%d,\"queued\":%d,\"max\":%d},\"context_length\":%lld,"
-        "\"prompt_cache\":{\"gib\":%g,\"used_bytes\":%llu,\"entries\":%llu,\"hits\":%llu,"
-        "\"misses\":%llu},"
-        "\"ranks\":[{\"rank\":0,\"device\":\"cpu\",\"arch\":\"x86_64\",\"memory\":{\"total_bytes\":"
-        "%llu,\"weights_bytes\":%llu,"
-        "\"kv_bytes\":%llu,\"prompt_cache_bytes\":%llu,\"workspace_bytes\":%llu,\"reserve_bytes\":%"
-        "llu,\"free_bytes\":%llu,"
-        "\"left_for_streams_bytes\":%llu,\"peak_bytes\":%llu}}],"
-        "\"counters\":{\"requests\":%llu,\"tokens_in\":%llu,\"tokens_out\":%llu,\"errors\":%llu,"
-        "\"cancelled\":%llu},"
-        "\"histograms\":{%s%s%s}}",
-        status, f->model_id, (int)getpid(), MUSE_VERSION, now_s() - h->started, f->backend,
-        st.running, busy > st.running ? busy - st.running : 0, st.max,
-        (long long)(up ? f->context : 0), st.cache_budget ? f->prompt_cache_gib : 0.0,
-        (unsigned long long)st.cache_bytes, (unsigned long long)st.cache_entries,
-        (unsigned long long)st.cache_hits, (unsigned long long)st.cache_misses,
-        (unsigned long long)total, (unsigned long long)weights, (unsigned long long)kv,
-        (unsigned long long)st.cache_bytes, (unsigned long long)ws, (unsigned long long)reserve,
-        (unsigned long long)avail, (unsigned long long)left,
-        (unsigned long long)proc_kb("/proc/self/status", "VmHWM:"), (unsigned long long)st.requests,
-        (unsigned long long)st.tokens_in, (unsigned long long)st.tokens_out,
-        (unsigned long long)st.errors, (unsigned long long)st.cancelled, hist[0],
-        hist[0][0] && hist[1][0] ? "," : "", hist[0][0] ? hist[1] : "");
-    if (n > 0 && (size_t)n < sizeof json) muse_server_set_health(h->srv, json, (size_t)n);
+    muse_health hl = {
+        .model_id = f->model_id,
+        .backend = f->backend,
+        .pid = (int)getpid(),
+        .uptime_s = muse_now_s() - h->started,
+        .queued = busy > st.running ? busy - st.running : 0,
+        .context_length = up ? f->context : 0,
+        .prompt_cache_gib = f->prompt_cache_gib,
+        .st = &st,
+        .plan = up ? h->plan : NULL,
+        .total_bytes = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE),
+        .weights_bytes = up && h->model && h->model->st ? muse_st_total_bytes(h->model->st) : 0,
+        .reserve_bytes = muse_gib_bytes(f->reserve_gib),
+        .free_bytes = muse_proc_kb("/proc/meminfo", "MemAvailable:"),
+        .peak_bytes = muse_proc_kb("/proc/self/status", "VmHWM:")};
+    hl.status = muse_health_status(state, hl.free_bytes, hl.reserve_bytes);
+    char *json = muse_health_json(&hl);
+    muse_server_set_health(h->srv, json, strlen(json));
+    free(json);
 }
 
 /* The heartbeat and /health page, four times a second, whatever the scheduler is doing. */
@@ -406,6 +262,24 @@ static void *health_main(void *p)
         nanosleep(&ts, NULL);
     }
     return NULL;
+}
+
+/* The memory plan of these flags, for a model of kv_bytes_per_token (0: the script backend). */
+static void make_plan(const serve_flags *f, uint64_t kv_bytes_per_token, const muse_config *cfg,
+                      muse_memory_plan *plan)
+{
+    /* a rank's pool holds its KV heads of every position */
+    if (cfg) kv_bytes_per_token = muse_kv_rank_bytes(cfg, kv_bytes_per_token, (int)f->ranks);
+    muse_memory_opts mo = {.streams = (int)f->streams,
+                           .queue = (int)f->queue,
+                           .context = f->context,
+                           .kv_blocks = f->kv_blocks,
+                           .prompt_cache_gib = f->prompt_cache_gib,
+                           .reserve_gib = f->reserve_gib,
+                           .request_bytes = (uint64_t)f->request_kib * 1024,
+                           .kv_bytes_per_token = kv_bytes_per_token,
+                           .ranks = (int)f->ranks};
+    muse_memory_plan_make(&mo, plan);
 }
 
 int muse_cmd_serve(int argc, char **argv)
@@ -421,13 +295,8 @@ int muse_cmd_serve(int argc, char **argv)
         f.tokenizer = tokpath;
     }
     if (!f.model_id) f.model_id = "muse-spark";
-    gid_t gid = (gid_t)-1;
-    if (f.group) {
-        struct group *g = getgrnam(f.group);
-        if (!g) return bad("--group names no group on this machine");
-        gid = g->gr_gid;
-    }
     muse_model model = {0};
+    muse_memory_plan plan = {0};
     muse_backend *be = NULL;
     muse_forward *fwd = NULL;
     muse_tokenizer *tok = NULL;
@@ -436,7 +305,7 @@ int muse_cmd_serve(int argc, char **argv)
     int32_t **script_seqs = NULL;
     size_t *script_lens = NULL, n_script = 0;
     pthread_t health_tid;
-    health_ctx h = {.f = &f, .started = now_s()};
+    health_ctx h = {.f = &f, .started = muse_now_s()};
     bool health_running = false;
     rc = 1;
 #ifdef MUSE_TEST_HOOKS
@@ -453,7 +322,7 @@ int muse_cmd_serve(int argc, char **argv)
                            .socket_path = f.listen,
                            .slots = (int)(f.streams + f.queue),
                            .request_bytes = (size_t)f.request_kib * 1024,
-                           .socket_gid = (int)gid};
+                           .socket_gid = (int)f.gid};
     if (muse_server_start(&so, &srv, &e)) goto fail;
     h.srv = srv;
     publish_health(&h);
@@ -462,6 +331,7 @@ int muse_cmd_serve(int argc, char **argv)
     if (script) {
         if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
         if (!f.context) f.context = 4096;
+        make_plan(&f, 0, NULL, &plan);
     } else {
         muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook};
         if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
@@ -476,30 +346,24 @@ int muse_cmd_serve(int argc, char **argv)
                       f.context, (long long)model.cfg.max_position_embeddings);
             goto fail;
         }
-        /* the pool holds every stream's context, plus what the prompt cache may keep */
-        int ranks = (int)f.ranks; /* the pool and the cache are sized a rank */
-        uint64_t block_bytes =
-            MUSE_KV_BLOCK *
-            muse_kv_rank_bytes(&model.cfg, muse_kv_full_bytes_per_token(&model.cfg), ranks);
-        int64_t per_seq = (f.context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
-        int64_t blocks = f.kv_blocks ? f.kv_blocks : f.streams * per_seq;
-        if (!f.kv_blocks && block_bytes)
-            blocks += (int64_t)(f.prompt_cache_gib * 1073741824.0 / (double)block_bytes);
-        if (blocks > INT32_MAX) blocks = INT32_MAX;
-        uint64_t cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0);
-        muse_backend_opts bo = {
-            .max_rows = (long)f.max_rows,
-            .max_seqs = (int)f.streams,
-            .context = f.context,
-            .threads = (int)f.threads,
-            .ranks = (int)f.ranks,
-            .kv_blocks = blocks,
-            .snapshot_slots = muse_pcache_slots_for(
-                cache_bytes,
-                muse_kv_rank_bytes(&model.cfg, muse_kv_snapshot_bytes(&model.cfg), ranks))};
+        make_plan(&f, muse_kv_full_bytes_per_token(&model.cfg), &model.cfg, &plan);
+        uint64_t snap =
+            muse_kv_rank_bytes(&model.cfg, muse_kv_snapshot_bytes(&model.cfg), (int)f.ranks);
+        muse_backend_opts bo = {.max_rows = (long)f.max_rows,
+                                .max_seqs = (int)f.streams,
+                                .context = f.context,
+                                .threads = (int)f.threads,
+                                .ranks = (int)f.ranks,
+                                .kv_blocks = plan.ranks[0].kv_blocks,
+                                .snapshot_slots =
+                                    muse_pcache_slots_for(plan.ranks[0].prompt_cache_bytes, snap)};
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
-        h.be = be;
         fwd = muse_forward_create(be);
+        for (int r = 0; r < be->n_ranks; r++) { /* what each rank really holds */
+            const muse_rank_mem *m = &be->ranks[r];
+            muse_memory_plan_measured(&plan, r, m->weights, m->kv + m->sliding, m->kv,
+                                      m->workspace + m->staging + m->snapshots);
+        }
     }
     muse_sched_opts o = {.streams = (int)f.streams,
                          .max_rows = (long)f.max_rows,
@@ -513,10 +377,11 @@ int muse_cmd_serve(int argc, char **argv)
                          .fault_stall_after_tokens = (long)f.fault_stall_after_tokens,
                          .fault_oom_request = (long)f.fault_oom_request,
                          .fault_sticky_after_tokens = (long)f.fault_sticky_after_tokens,
-                         .prompt_cache_bytes = (uint64_t)(f.prompt_cache_gib * 1073741824.0),
+                         .prompt_cache_bytes = plan.ranks[0].prompt_cache_bytes,
                          .keepalive_ms = (int)f.keepalive_ms};
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
+    h.plan = &plan;
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
@@ -526,6 +391,9 @@ int muse_cmd_serve(int argc, char **argv)
     fprintf(stderr,
             "muse-engine serve: serving %s on %s (%lld streams, context %lld, %s backend)\n",
             f.model_id, f.listen, f.streams, f.context, f.backend);
+    char plan_text[1024];
+    muse_memory_plan_text(&plan, plan_text, sizeof plan_text);
+    fprintf(stderr, "muse-engine serve: memory plan: %s\n", plan_text);
     muse_sched_run(sched, &stopping, (int)f.drain_ms);
     atomic_store(&h.state, 2);
     fprintf(stderr, "muse-engine serve: drained, shutting down\n");

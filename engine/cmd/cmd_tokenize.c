@@ -3,6 +3,7 @@
 
 #include <errno.h>
 
+#include "base/flags.h"
 #include "text/tokenizer.h"
 
 #define EXIT_BAD_INPUT 2
@@ -11,49 +12,22 @@ typedef struct {
     const char *tokenizer, *text_file, *ids;
 } cmd_flags;
 
-static int usage(const char *cmd)
+/* Returns -1 when the flags are complete, else the exit code; `ids` picks detokenize's flags. */
+static int parse_flags(int argc, char **argv, int ids, cmd_flags *f)
 {
-    fprintf(stderr,
-            "usage: muse-engine tokenize --tokenizer FILE [--text-file F]   (text from F or "
-            "stdin; prints ids as 1,2,3)\n"
-            "       muse-engine detokenize --tokenizer FILE [--ids 1,2,3]   (ids from the flag "
-            "or stdin; prints the text)\n");
-    (void)cmd;
-    return EXIT_BAD_INPUT;
-}
-
-/* Accepts "--flag value" and "--flag=value"; `allow_ids` picks the subcommand's own flag. */
-static int parse_flags(int argc, char **argv, int allow_ids, cmd_flags *f)
-{
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *eq = strchr(arg, '=');
-        size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
-        const char **slot = NULL;
-        if (name_len == 11 && strncmp(arg, "--tokenizer", 11) == 0)
-            slot = &f->tokenizer;
-        else if (!allow_ids && name_len == 11 && strncmp(arg, "--text-file", 11) == 0)
-            slot = &f->text_file;
-        else if (allow_ids && name_len == 5 && strncmp(arg, "--ids", 5) == 0)
-            slot = &f->ids;
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return usage(argv[0]);
-        if (!slot) {
-            fprintf(stderr, "%s: unknown flag '%s'\n", argv[0], arg);
-            return usage(argv[0]);
-        }
-        if (eq) {
-            *slot = eq + 1;
-        } else if (i + 1 < argc) {
-            *slot = argv[++i];
-        } else {
-            fprintf(stderr, "%s: %s needs a value\n", argv[0], arg);
-            return EXIT_BAD_INPUT;
-        }
-    }
-    if (!f->tokenizer) {
-        fprintf(stderr, "%s: --tokenizer FILE is required (the pack's tokenizer.json)\n", argv[0]);
-        return EXIT_BAD_INPUT;
-    }
-    return 0;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("tokenizer", &f->tokenizer, "FILE", "the pack's tokenizer.json",
+                    .required = true),
+        ids ? (muse_flag)MUSE_FLAG_S("ids", &f->ids, "1,2,3", "the token ids", .def = "stdin")
+            : (muse_flag)MUSE_FLAG_S("text-file", &f->text_file, "F", "the text", .def = "stdin"),
+    };
+    const muse_flags set = {
+        .prog = ids ? "muse-engine detokenize" : "muse-engine tokenize",
+        .about = ids ? "Prints the text of token ids (commas and/or white space between them).\n"
+                     : "Prints the token ids of the text as 1,2,3.\n",
+        .flags = table,
+        .n = sizeof table / sizeof *table};
+    return muse_flags_parse(&set, argc, argv);
 }
 
 static int read_stream(FILE *f, char **out, size_t *len)
@@ -115,7 +89,7 @@ int muse_cmd_tokenize(int argc, char **argv)
 {
     cmd_flags f = {0};
     int rc = parse_flags(argc, argv, 0, &f);
-    if (rc) return rc;
+    if (rc >= 0) return rc;
     muse_tokenizer *t;
     if ((rc = load_tokenizer(argv[0], f.tokenizer, &t))) return rc;
     char *text;
@@ -200,7 +174,7 @@ int muse_cmd_detokenize(int argc, char **argv)
 {
     cmd_flags f = {0};
     int rc = parse_flags(argc, argv, 1, &f);
-    if (rc) return rc;
+    if (rc >= 0) return rc;
     char *stdin_text = NULL;
     size_t stdin_len;
     if (!f.ids && read_stream(stdin, &stdin_text, &stdin_len)) {

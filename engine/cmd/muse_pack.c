@@ -1,12 +1,13 @@
 /* muse-pack: writes a deterministic random-weight pack of any muse_spark config, in fp16,
  * bf16 or EXL3 (random trellis symbols + random-sign scales), scaled so activations stay O(1). */
 #include <errno.h>
-#include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
+#include "base/flags.h"
 #include "pack/config.h"
 #include "pack/exl3.h"
 #include "pack/pack_random.h"
@@ -109,92 +110,41 @@ static int write_configs(const char *out, const char *json, size_t len, const mu
     return rc;
 }
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: muse-pack --config FILE --out DIR [--seed S] [--shards N] [--dtype "
-               "float16|bfloat16]\n"
-               "                 [--no-router-bias] [--exl3-random BITS [--codebook "
-               "mul1|mcg|3inst] [--head-bits H]]\n"
-               "Writes a deterministic random-weight muse_spark pack: config.json, "
-               "generation_config.json,\n"
-               "safetensors (sharded with an index when N > 1). Weights are scaled so activations "
-               "stay O(1).\n"
-               "--dtype defaults to the config's torch_dtype (else float16). --exl3-random writes "
-               "every Linear\n"
-               "as EXL3 tensors from random trellis symbols and random-sign scales (head at "
-               "--head-bits, default 6).\n");
-}
-
-static int fail_usage(const char *msg)
-{
-    fprintf(stderr, "muse-pack: %s\n", msg);
-    usage(stderr);
-    return 2;
-}
+static const char *const dtypes[] = {"float16", "bfloat16", NULL};
+static const char *const codebooks[] = {"3inst", "mcg", "mul1", NULL}; /* muse_codebook order */
 
 int main(int argc, char **argv)
 {
-    const char *config = NULL, *out = NULL, *dtype = NULL, *codebook = "mul1";
-    long long seed = 1, shards = 1, bits = 0, head_bits = 6;
-    static const struct option opts[] = {{"config", 1, 0, 'c'},
-                                         {"out", 1, 0, 'o'},
-                                         {"seed", 1, 0, 's'},
-                                         {"shards", 1, 0, 'n'},
-                                         {"dtype", 1, 0, 'd'},
-                                         {"exl3-random", 1, 0, 'x'},
-                                         {"codebook", 1, 0, 'b'},
-                                         {"head-bits", 1, 0, 'h'},
-                                         {"no-router-bias", 0, 0, 'r'},
-                                         {"help", 0, 0, '?'},
-                                         {0, 0, 0, 0}};
-    muse_synth_list l = {.router_bias = 1};
-    int ch;
-    char *end;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (ch) {
-        case 'c':
-            config = optarg;
-            break;
-        case 'r':
-            l.router_bias = 0;
-            break;
-        case 'o':
-            out = optarg;
-            break;
-        case 'd':
-            dtype = optarg;
-            break;
-        case 'b':
-            codebook = optarg;
-            break;
-        case 's':
-            seed = strtoll(optarg, &end, 10);
-            if (*end || !*optarg) return fail_usage("--seed must be an integer");
-            break;
-        case 'n':
-            shards = strtoll(optarg, &end, 10);
-            if (*end || shards < 1 || shards > 9999)
-                return fail_usage("--shards must be 1 .. 9999");
-            break;
-        case 'x':
-            bits = strtoll(optarg, &end, 10);
-            if (*end || bits < 1 || bits > 8)
-                return fail_usage("--exl3-random BITS must be 1 .. 8");
-            break;
-        case 'h':
-            head_bits = strtoll(optarg, &end, 10);
-            if (*end || head_bits < 1 || head_bits > 8)
-                return fail_usage("--head-bits must be 1 .. 8");
-            break;
-        case '?':
-            if (optind > 0 && strcmp(argv[optind - 1], "--help") == 0) {
-                usage(stdout);
-                return 0;
-            }
-            return fail_usage("unknown option");
-        }
-    }
-    if (!config || !out) return fail_usage("--config and --out are required");
+    const char *config = "", *out = ""; /* both required: the parser refuses their absence */
+    long long seed = 1;
+    int shards = 1, bits = 0, head_bits = 6, dtype_i = -1, cb = MUSE_CB_MUL1;
+    bool no_router_bias = false;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("config", &config, "FILE", "a muse_spark config.json", .required = true),
+        MUSE_FLAG_S("out", &out, "DIR", "where the pack goes", .required = true),
+        MUSE_FLAG_L("seed", &seed, LLONG_MIN, LLONG_MAX, "S", "the weights' seed"),
+        MUSE_FLAG_I("shards", &shards, 1, 9999, "N",
+                    "safetensors files (with an index when N > 1)"),
+        MUSE_FLAG_E("dtype", &dtype_i, dtypes, "the weights' dtype",
+                    .def = "the config's torch_dtype, else float16"),
+        MUSE_FLAG_B("no-router-bias", &no_router_bias, "write no e_score_correction_bias"),
+        MUSE_FLAG_I("exl3-random", &bits, 1, 8, "BITS",
+                    "write every Linear as EXL3 tensors from random trellis symbols and\n"
+                    "random-sign scales",
+                    .def = "off"),
+        MUSE_FLAG_E("codebook", &cb, codebooks, "the EXL3 codebook"),
+        MUSE_FLAG_I("head-bits", &head_bits, 1, 8, "H", "the EXL3 head's bits"),
+    };
+    const muse_flags set = {
+        .prog = "muse-pack",
+        .about = "Writes a deterministic random-weight muse_spark pack: config.json, "
+                 "generation_config.json,\nsafetensors. Weights are scaled so activations stay "
+                 "O(1).\n",
+        .flags = table,
+        .n = sizeof table / sizeof *table};
+    int rc = muse_flags_parse(&set, argc, argv);
+    if (rc != MUSE_FLAGS_RUN) return rc;
+    muse_synth_list l = {.router_bias = !no_router_bias, .cb = (muse_codebook)cb};
     muse_err e = {{0}};
     char *json;
     size_t len;
@@ -205,7 +155,7 @@ int main(int argc, char **argv)
     }
     cJSON *root = cJSON_ParseWithLength(json, len);
     const char *td = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(root, "torch_dtype"));
-    if (!dtype) dtype = td ? td : "float16";
+    const char *dtype = dtype_i >= 0 ? dtypes[dtype_i] : td ? td : "float16";
     if (strcmp(dtype, "float16") == 0)
         l.dtype = MUSE_DT_F16;
     else if (strcmp(dtype, "bfloat16") == 0)
@@ -213,15 +163,11 @@ int main(int argc, char **argv)
     else {
         cJSON_Delete(root);
         free(json);
-        return fail_usage("--dtype (or torch_dtype) must be float16 or bfloat16");
+        return muse_flags_error(&set, "--dtype (or torch_dtype) must be float16 or bfloat16");
     }
     cJSON_Delete(root);
-    l.exl3_bits = (int)bits;
-    l.head_bits = (int)head_bits;
-    if (muse_codebook_parse(codebook, &l.cb)) {
-        free(json);
-        return fail_usage("--codebook must be mul1, mcg or 3inst");
-    }
+    l.exl3_bits = bits;
+    l.head_bits = head_bits;
     if (bits) {
         const char *why = NULL;
         if (c.hidden_size % 128 || (c.n_heads * c.head_dim) % 128 ||
@@ -231,7 +177,7 @@ int main(int argc, char **argv)
                   "be a multiple of 128";
         if (why) {
             free(json);
-            return fail_usage(why);
+            return muse_flags_error(&set, "%s", why);
         }
     }
     if (mkdir(out, 0755) != 0 && errno != EEXIST) {
@@ -240,12 +186,12 @@ int main(int argc, char **argv)
         return 2;
     }
     muse_synth_specs(&c, &l);
-    int rc = write_shards(out, &l, (int)shards, (uint64_t)seed, &e) ||
-             write_configs(out, json, len, &l, &c, &e);
+    rc = write_shards(out, &l, shards, (uint64_t)seed, &e) ||
+         write_configs(out, json, len, &l, &c, &e);
     if (rc)
         fprintf(stderr, "muse-pack: %s\n", e.msg);
     else
-        fprintf(stderr, "muse-pack: wrote %s: %zu tensors in %lld shard(s)\n", out, l.n, shards);
+        fprintf(stderr, "muse-pack: wrote %s: %zu tensors in %d shard(s)\n", out, l.n, shards);
     free(l.v);
     free(json);
     return rc ? 2 : 0;

@@ -3,7 +3,6 @@
  * (embeddings, norms, router, router bias) is copied as is. A tied head stays tied: the
  * embedding is never quantized, so the tied head keeps the embedding's fp16/bf16 weights. */
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <sys/stat.h>
@@ -12,7 +11,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "base/cli.h"
+#include "base/clock.h"
+#include "base/flags.h"
 #include "pack/config.h"
 #include "pack/exl3.h"
 #include "pack/exl3_quant.h"
@@ -62,13 +62,6 @@ typedef struct {
     size_t done, total; /* Linears */
     size_t copied;      /* tensors copied as is */
 } progress;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static bool ends_with(const char *s, const char *suffix)
 {
@@ -241,7 +234,7 @@ static void measure(const item *it, const quant_opts *o, const uint16_t *trellis
 static int quantize_linear(const item *it, const quant_opts *o, muse_pool *pool, item_out *out,
                            progress *pr, muse_err *e)
 {
-    double t0 = now_s();
+    double t0 = muse_now_s();
     int64_t kt = it->k / 16, nt = it->np / 16;
     size_t trellis_n = (size_t)(kt * nt * 16 * it->bits);
     uint16_t *trellis = MUSE_MALLOC(trellis_n * 2), *suh = MUSE_MALLOC((size_t)it->k * 2),
@@ -277,7 +270,7 @@ static int quantize_linear(const item *it, const quant_opts *o, muse_pool *pool,
     pr->weights += (uint64_t)(it->k * it->np);
     pr->err2 += err2;
     pr->ref2 += ref2;
-    double dt = now_s() - t0, all = now_s() - pr->t0;
+    double dt = muse_now_s() - t0, all = muse_now_s() - pr->t0;
     fprintf(stderr,
             "muse-quant: [%zu/%zu] %s %lldx%lld %d bits: rel RMS err %.4f, %.2f s; "
             "%.0f weights/s overall\n",
@@ -476,92 +469,41 @@ static int copy_side_file(const quant_opts *o, const char *name, muse_err *e)
 
 /* ---- command line ---- */
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: muse-quant --in PACK --out DIR --bits B [--head-bits H] [--codebook "
-            "mul1|mcg|3inst]\n"
-            "                  [--threads N] [--seed S] [--shards N]\n"
-            "Quantizes every Linear of an fp16/bf16 muse_spark pack to EXL3 (no calibration): "
-            "attention,\n"
-            "dense MLP, experts, shared experts at B bits (1..8), lm_head at H bits (default 6, "
-            "vocabulary\n"
-            "padded to 128 rows). Embeddings, norms, the router and its bias are copied as is; a "
-            "tied head\n"
-            "stays tied (the embedding is never quantized). Writes config.json with "
-            "quantization_config,\n"
-            "copies generation_config.json, tokenizer.json and tokenizer_config.json, and shards "
-            "like the\n"
-            "input unless --shards N. --codebook defaults to mul1, --seed to 1, --threads to one "
-            "per core.\n"
-            "The same inputs and seed give the same pack for any thread count.\n");
-}
-
-static int fail_usage(const char *msg)
-{
-    fprintf(stderr, "muse-quant: %s\n", msg);
-    usage(stderr);
-    return 2;
-}
+static const char *const codebooks[] = {"3inst", "mcg", "mul1", NULL}; /* muse_codebook order */
 
 /* Returns -1 when the options are complete, else the exit code. */
 static int parse_args(int argc, char **argv, quant_opts *o)
 {
-    static const struct option opts[] = {{"in", 1, 0, 'i'},       {"out", 1, 0, 'o'},
-                                         {"bits", 1, 0, 'b'},     {"head-bits", 1, 0, 'h'},
-                                         {"codebook", 1, 0, 'c'}, {"threads", 1, 0, 'j'},
-                                         {"seed", 1, 0, 's'},     {"shards", 1, 0, 'n'},
-                                         {"help", 0, 0, '?'},     {0, 0, 0, 0}};
-    *o = (quant_opts){.head_bits = 6, .cb = MUSE_CB_MUL1, .seed = 1};
-    muse_err e = {{0}};
-    long long v;
-    int ch;
-    opterr = 0;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (ch) {
-        case 'i':
-            o->in = optarg;
-            break;
-        case 'o':
-            o->out = optarg;
-            break;
-        case 'b':
-            rc = muse_parse_long("--bits", optarg, 1, 8, &v, &e);
-            o->bits = (int)v;
-            break;
-        case 'h':
-            rc = muse_parse_long("--head-bits", optarg, 1, 8, &v, &e);
-            o->head_bits = (int)v;
-            break;
-        case 'c':
-            if (muse_codebook_parse(optarg, &o->cb))
-                return fail_usage("--codebook must be mul1, mcg or 3inst");
-            break;
-        case 'j':
-            rc = muse_parse_long("--threads", optarg, 0, 1024, &v, &e);
-            o->threads = (int)v;
-            break;
-        case 's':
-            rc = muse_parse_long("--seed", optarg, 0, INT64_MAX, &v, &e);
-            o->seed = (uint64_t)v;
-            break;
-        case 'n':
-            rc = muse_parse_long("--shards", optarg, 1, 9999, &v, &e);
-            o->shards = (int)v;
-            break;
-        default:
-            if (optind > 0 && strcmp(argv[optind - 1], "--help") == 0) {
-                usage(stdout);
-                return 0;
-            }
-            return fail_usage("unknown option or missing value");
-        }
-        if (rc) return fail_usage(e.msg);
-    }
-    if (optind < argc) return fail_usage("unexpected argument");
-    if (!o->in || !o->out || !o->bits) return fail_usage("--in, --out and --bits are required");
-    return -1;
+    *o = (quant_opts){.head_bits = 6};
+    long long seed = 1;
+    int cb = MUSE_CB_MUL1;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("in", &o->in, "PACK", "an fp16/bf16 muse_spark pack", .required = true),
+        MUSE_FLAG_S("out", &o->out, "DIR", "where the EXL3 pack goes", .required = true),
+        MUSE_FLAG_I("bits", &o->bits, 1, 8, "B",
+                    "bits of attention, dense MLP, experts and shared experts", .required = true),
+        MUSE_FLAG_I("head-bits", &o->head_bits, 1, 8, "H",
+                    "bits of lm_head (vocabulary padded to 128 rows)"),
+        MUSE_FLAG_E("codebook", &cb, codebooks, "the EXL3 codebook"),
+        MUSE_FLAG_I("threads", &o->threads, 0, 1024, "N", "threads", .def = "0: one per core"),
+        MUSE_FLAG_L("seed", &seed, 0, INT64_MAX, "S", "the quantizer's seed"),
+        MUSE_FLAG_I("shards", &o->shards, 1, 9999, "N", "safetensors files",
+                    .def = "like the input"),
+    };
+    const muse_flags set = {
+        .prog = "muse-quant",
+        .about = "Quantizes every Linear of an fp16/bf16 muse_spark pack to EXL3 (no calibration). "
+                 "Embeddings,\nnorms, the router and its bias are copied as is; a tied head stays "
+                 "tied (the embedding is\nnever quantized). Writes config.json with "
+                 "quantization_config, copies generation_config.json,\ntokenizer.json and "
+                 "tokenizer_config.json. The same inputs and seed give the same pack for\nany "
+                 "thread count.\n",
+        .flags = table,
+        .n = sizeof table / sizeof *table};
+    int rc = muse_flags_parse(&set, argc, argv);
+    o->seed = (uint64_t)seed;
+    o->cb = (muse_codebook)cb;
+    return rc;
 }
 
 static int same_dir(const char *a, const char *b)
@@ -586,7 +528,7 @@ static int run(const quant_opts *o, muse_err *e)
     muse_st *st;
     if (muse_st_open(o->in, &st, e)) return -1;
     plan p = {0};
-    progress pr = {.t0 = now_s()};
+    progress pr = {.t0 = muse_now_s()};
     int rc = build_plan(st, o, &p, e);
     for (size_t i = 0; rc == 0 && i < p.n; i++) pr.total += p.v[i].kind == ITEM_LINEAR;
     muse_pool *pool = rc == 0 ? muse_pool_create(o->threads) : NULL;
@@ -601,7 +543,7 @@ static int run(const quant_opts *o, muse_err *e)
     for (size_t i = 0; rc == 0 && i < sizeof side / sizeof *side; i++)
         rc = copy_side_file(o, side[i], e);
     if (rc == 0) {
-        double dt = now_s() - pr.t0;
+        double dt = muse_now_s() - pr.t0;
         fprintf(stderr,
                 "muse-quant: wrote %s: %zu Linears (%llu weights) in %.1f s, %.0f weights/s; "
                 "copied %zu tensors; %d shard(s); rel RMS err of all Linears %.4f\n",

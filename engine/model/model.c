@@ -4,14 +4,8 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "base/clock.h"
 
 /* Finds "model.<name>" (or "model.language_model.<name>"). */
 static const muse_tensor *find_prefixed(const muse_model *m, const char *name, char *key,
@@ -251,7 +245,7 @@ static void count_params(muse_model *m)
 /* Reads every page once so the first forward does not stall, reporting progress when slow. */
 static void prefault(const muse_model *m)
 {
-    double t0 = now_s(), last = t0;
+    double t0 = muse_now_s(), last = t0;
     uint64_t total = muse_st_total_bytes(m->st), done = 0;
     volatile uint8_t sink = 0;
     bool shown = false;
@@ -260,7 +254,7 @@ static void prefault(const muse_model *m)
         const uint8_t *p = t->data;
         for (size_t off = 0; off < t->nbytes; off += 4096) sink ^= p[off];
         done += t->nbytes;
-        double now = now_s();
+        double now = muse_now_s();
         if (now - t0 > 1.0 && (now - last > 0.5 || done == total)) {
             fprintf(stderr, "\rmuse: loading %s: %.2f / %.2f GiB (%.0f MiB/s)", m->dir,
                     done / 1073741824.0, total / 1073741824.0, done / 1048576.0 / (now - t0));

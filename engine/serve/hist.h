@@ -18,7 +18,5 @@ typedef struct {
 
 void muse_hist_init(muse_hist *h, const double *le, int n);
 void muse_hist_observe(muse_hist *h, double v);
-/* Writes `"name":{"le":[..],"counts":[..],"sum":x,"count":n}` into buf; returns bytes or -1. */
-int muse_hist_json(const muse_hist *h, const char *name, char *buf, size_t cap);
 
 #endif

@@ -37,7 +37,7 @@ int muse_lane_flush(muse_sched *s, lane *l)
         int rc = muse_server_emit(s->srv, l->ref, r->type, r->status, r->data, r->len);
         if (rc == 1) break;
         free(r->data); /* sent, or the slot is gone: either way it is done */
-        l->t_record = now_ms();
+        l->t_record = muse_now_ms();
     }
     memmove(l->out, l->out + i, (l->n_out - i) * sizeof *l->out);
     l->n_out -= i;
@@ -180,7 +180,7 @@ void muse_lane_finish(muse_sched *s, lane *l, const char *reason)
 
 void muse_lane_token(muse_sched *s, lane *l, int32_t tok)
 {
-    double t = now_ms();
+    double t = muse_now_ms();
     if (!l->generated) l->t_first = t;
     l->t_last = t;
     l->generated++;

@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+
 #define SIDE_DONE     1u /* the scheduler finished (or never will get it) */
 #define SIDE_GONE     2u /* the worker closed its doorbell */
 #define REAP_AFTER_NS (10ull * 1000000000ull)
@@ -63,13 +65,6 @@ struct muse_server {
     uint32_t *queue, qhead, qcount;
     pthread_mutex_t health_mu;
 };
-
-static uint64_t now_ns(clockid_t c)
-{
-    struct timespec ts;
-    clock_gettime(c, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static muse_ring_slot *shm_slot(muse_server *s, uint32_t i)
 {
@@ -328,7 +323,7 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
 static void on_reap(evutil_socket_t fd, short what, void *arg)
 {
     muse_server *s = arg;
-    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    uint64_t now = (uint64_t)muse_now_ns();
     (void)fd, (void)what;
     for (uint32_t i = 0; i < s->lay.slot_count; i++) {
         muse_ring_slot *sl = shm_slot(s, i);
@@ -467,12 +462,12 @@ static int make_segment(muse_server *s, const muse_server_opts *o, muse_err *e)
     s->hdr = b;
     h.abi_version = s->abi_version;
     h.engine_pid = (uint32_t)getpid();
-    h.started_unix_ns = now_ns(CLOCK_REALTIME);
+    h.started_unix_ns = (uint64_t)muse_unix_ns();
     h.magic = 0;
     memcpy(s->hdr, &h, sizeof h);
     memcpy(&s->lay, &h, sizeof h);
     atomic_store(&s->hdr->state, MUSE_ENGINE_STARTING);
-    atomic_store(&s->hdr->heartbeat_ns, now_ns(CLOCK_MONOTONIC));
+    atomic_store(&s->hdr->heartbeat_ns, (uint64_t)muse_now_ns());
     atomic_thread_fence(memory_order_release);
     /* Magic last: a worker that maps during creation sees "not ready". */
     ((volatile muse_ring_header *)s->hdr)->magic = MUSE_RING_MAGIC;
@@ -664,7 +659,7 @@ void muse_server_finish(muse_server *s, muse_slot_ref ref)
 
 void muse_server_heartbeat(muse_server *s)
 {
-    atomic_store(&s->hdr->heartbeat_ns, now_ns(CLOCK_MONOTONIC));
+    atomic_store(&s->hdr->heartbeat_ns, (uint64_t)muse_now_ns());
 }
 
 void muse_server_set_health(muse_server *s, const char *json, size_t len)

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/sha256.h"
 #include "serve/openai.h"
 #include "serve/prompt_cache.h"
@@ -88,13 +89,6 @@ static inline uint64_t mix_seed(uint64_t a, uint64_t b)
     x ^= x >> 27;
     x *= 0x94D049BB133111EBull;
     return x ^ (x >> 31);
-}
-
-static inline double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 static inline void stat_add(muse_sched *s, uint64_t *field, uint64_t n)

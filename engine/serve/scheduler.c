@@ -37,7 +37,7 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
                             mix_seed(++s->seed_counter, (uint64_t)time(NULL)) >> 11};
     muse_api_error err;
     l->ref = rq->ref;
-    l->t_admit = now_ms();
+    l->t_admit = muse_now_ms();
     stat_add(s, &s->stats.requests, 1);
     if (muse_request_parse(&env, (int)rq->kind, rq->flags, rq->body, rq->body_len, &l->req, &err)) {
         stat_add(s, &s->stats.errors, 1);
@@ -312,7 +312,7 @@ static long script_round(muse_sched *s)
  * knows the engine is at work (SSE: a ": keepalive" comment). */
 static void keepalives(muse_sched *s)
 {
-    double now = now_ms(), every = s->o.keepalive_ms > 0 ? s->o.keepalive_ms : 5000;
+    double now = muse_now_ms(), every = s->o.keepalive_ms > 0 ? s->o.keepalive_ms : 5000;
     for (int i = 0; i < s->o.streams; i++) {
         lane *l = &s->lanes[i];
         if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) && !l->n_out &&
@@ -348,7 +348,7 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
     double drain_deadline = 0;
     for (;;) {
         bool draining = *stopping != 0;
-        if (draining && drain_deadline == 0) drain_deadline = now_ms() + drain_ms;
+        if (draining && drain_deadline == 0) drain_deadline = muse_now_ms() + drain_ms;
         cancel_gone(s);
         int admitted = admit(s, draining);
         s->round++;
@@ -367,7 +367,7 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         s->stats.cache_misses = cs.misses;
         s->stats.kv_free_blocks = s->be ? (uint64_t)s->be->kv.n_free : 0;
         pthread_mutex_unlock(&s->stats_mu);
-        if (draining && (run == 0 || now_ms() > drain_deadline)) break;
+        if (draining && (run == 0 || muse_now_ms() > drain_deadline)) break;
         /* idle, or waiting on readers; lanes admitted this round (their first records were just
          * flushed) run next round without the idle wait */
         if (!rows && !admitted) muse_server_wait(s->srv, pending ? 2 : 100);

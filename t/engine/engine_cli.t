@@ -79,7 +79,7 @@ my @bad = (
     [[qw(logits --model), "$tmp/tiny", qw(--tokens 1,1024 --out), "$tmp/x"], qr/token 2 \(1024\) is outside the vocabulary/, 'a token id past the vocabulary'],
     [[qw(logits --model), $tmp, qw(--tokens 1 --out), "$tmp/x"], qr/not a model pack/, 'a directory that is not a pack'],
     [[qw(logits --model /nonexistent --tokens 1 --out), "$tmp/x"], qr/not a model pack/, 'a missing directory'],
-    [[qw(generate --model), "$tmp/tiny", qw(--tokens 1 --temperature 3)], qr/--temperature must be/, 'a temperature out of range'],
+    [[qw(generate --model), "$tmp/tiny", qw(--tokens 1 --temperature 3)], qr/--temperature 3: must be a number in 0 \.\. 2/, 'a temperature out of range'],
     [[qw(generate --model), "$tmp/tiny", qw(--tokens 1 --max-tokens 5000)], qr/max_position_embeddings/, 'more positions than the context'],
     [[qw(nonsense)], qr/unknown command/, 'an unknown command'],
 );

@@ -281,7 +281,7 @@ is($r->{json} && $r->{json}{error}{code}, 'request_too_large', '... code request
 like($r->{json} ? $r->{json}{error}{message} : '', qr/--request-kib/, '... naming the setting');
 my $refusal = `'@{[MuseNginx::real_engine_path()]}' serve --request-kib 0 --listen /tmp/x --backend script 2>&1`;
 is($? >> 8, 2, '--request-kib 0 is refused (exit 2)');
-like($refusal, qr/--request-kib must be an integer in 1 \.\. 65536/, '... with the range');
+like($refusal, qr/--request-kib 0: must be an integer in 1 \.\. 65536/, '... with the range');
 after_case('request-kib');
 
 diag(sprintf('serve_script: %.1f s', time - $t_start));

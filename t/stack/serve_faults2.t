@@ -313,12 +313,15 @@ if (case_on(25)) {
     }
     @t = sort { $a <=> $b } @t;
     my $summary = join ', ', map { "$_: $by{$_}" } sort keys %by;
-    ok($elapsed < 5, sprintf('25: %d requests sent and answered in %.2f s (%s)', $BURST_N, $elapsed, $summary));
+    # the bounds are the shipped build's; under ASan+UBSan each reject's trip through the
+    # engine's socket costs several times more, so that run checks the same at 4x
+    my $slow = $ENV{MUSE_ENGINE_ASAN} ? 4 : 1;
+    ok($elapsed < 5 * $slow, sprintf('25: %d requests sent and answered in %.2f s (%s)', $BURST_N, $elapsed, $summary));
     is(($by{503} // 0) + ($by{429} // 0) + ($by{200} // 0), $BURST_N, '25: each one 503/429 or served');
     ok(($by{503} // 0) + ($by{429} // 0) >= $BURST_N * 0.9, '25: the slots were full: rejected');
     is($bad_refusal // 0, 0, '25: every rejection is JSON with Retry-After');
     is($hung // 0, 0, '25: none hangs');
-    ok(@t && $t[int(@t / 2)] < 0.05 && $t[-1] < 1, sprintf('25: fast rejects (median %.1f ms, max %.1f ms)', 1e3 * ($t[int(@t / 2)] // 0), 1e3 * ($t[-1] // 0)));
+    ok(@t && $t[int(@t / 2)] < 0.05 * $slow && $t[-1] < 1 * $slow, sprintf('25: fast rejects (median %.1f ms, max %.1f ms)', 1e3 * ($t[int(@t / 2)] // 0), 1e3 * ($t[-1] // 0)));
     close $_ for @hold;
     my ($wrss1, $erss1) = (status_kb($wpid, 'VmRSS'), status_kb($n->engine_pid, 'VmRSS'));
     ok($wrss1 - $wrss0 < 4096, "25: nginx worker memory bounded (VmRSS $wrss0 -> $wrss1 KiB)");

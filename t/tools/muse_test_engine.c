@@ -15,6 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
+#include "base/flags.h"
 #include "serve/ring_server.h"
 
 enum { S_DEFAULT, S_CTX, S_ERRMID, S_ECHO, S_HANG };
@@ -35,9 +37,7 @@ static void on_term(int sig)
 
 static long long now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (long long)muse_now_ms();
 }
 
 /* The text the script keys on: last message's content, or the prompt. */
@@ -198,28 +198,28 @@ int main(int argc, char **argv)
                           .socket_path = "/tmp/muse-test.sock",
                           .slots = 4,
                           .socket_gid = -1};
-    const char *health = "ok";
-    int gap_ms = 100;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--shm"))
-            o.shm_name = argv[i + 1];
-        else if (!strcmp(argv[i], "--socket"))
-            o.socket_path = argv[i + 1];
-        else if (!strcmp(argv[i], "--slots"))
-            o.slots = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--abi"))
-            o.abi_version = (uint32_t)atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--gid"))
-            o.socket_gid = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--gap-ms"))
-            gap_ms = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--health"))
-            health = argv[i + 1];
-        else {
-            fprintf(stderr, "muse-test-engine: unknown option %s\n", argv[i]);
-            return 2;
-        }
-    }
+    static const char *const healths[] = {"ok", "fatal", NULL};
+    int health_i = 0, gap_ms = 100, abi = 0;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("shm", &o.shm_name, "NAME", "the shared-memory segment"),
+        MUSE_FLAG_S("socket", &o.socket_path, "PATH", "the doorbell socket"),
+        MUSE_FLAG_I("slots", &o.slots, 1, 4096, "N", "request slots"),
+        MUSE_FLAG_I("abi", &abi, 0, 1 << 30, "V", "the ABI version the segment claims",
+                    .def = "this build's"),
+        MUSE_FLAG_I("gid", &o.socket_gid, -1, 1 << 30, "G",
+                    "the socket's group; -1: the process's"),
+        MUSE_FLAG_I("gap-ms", &gap_ms, 0, 60000, "MS", "between two chunks of an answer"),
+        MUSE_FLAG_E("health", &health_i, healths, "the state /health and the segment show"),
+    };
+    const muse_flags set = {.prog = "muse-test-engine",
+                            .about = "A scripted engine for the transport tests: the real ring "
+                                     "server, no model.\n",
+                            .flags = table,
+                            .n = sizeof table / sizeof *table};
+    int rc = muse_flags_parse(&set, argc, argv);
+    if (rc != MUSE_FLAGS_RUN) return rc;
+    o.abi_version = (uint32_t)abi;
+    const char *health = healths[health_i];
     muse_server *s;
     muse_err e = {{0}};
     if (muse_server_start(&o, &s, &e) != 0) {
