@@ -254,6 +254,46 @@ static bool is_stop(const muse_config *c, int32_t id)
     return false;
 }
 
+/* Reads the prompt, then draws up to --max-tokens tokens one round each; the backend draws
+ * where the logits are, keyed by (seed, position of the token drawn). on_token returns 1 to
+ * stop. 0, or -1 with e filled. */
+static int decode(session *s, const run_flags *f, int (*on_token)(void *ctx, int32_t tok),
+                  void *ctx, muse_err *e)
+{
+    muse_sampling params = {(float)f->temperature, (int)f->top_k, (float)f->top_p, (float)f->min_p,
+                            (uint64_t)f->seed};
+    int64_t position = (int64_t)s->n;
+    int32_t next = 0;
+    if (f->max_tokens <= 0) return 0;
+    if (feed(s, s->ids, s->n, 0, 0, &params, &next, NULL, NULL, e)) return -1;
+    for (long long i = 0; i < f->max_tokens; i++) {
+        if (on_token(ctx, next) || i + 1 == f->max_tokens) return 0;
+        int32_t tok = next;
+        if (feed(s, &tok, 1, position++, 0, &params, &next, NULL, NULL, e)) return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    const muse_config *cfg;
+    long long printed;
+} gen_print;
+
+/* generate: each id comma-separated as it comes; an eos id ends the run */
+static int print_token(void *ctx, int32_t tok)
+{
+    gen_print *g = ctx;
+    printf("%s%d", g->printed++ ? "," : "", tok);
+    fflush(stdout);
+    return is_stop(g->cfg, tok);
+}
+
+/* chat: into the reply parser, which says when the turn has ended */
+static int reply_token(void *ctx, int32_t tok)
+{
+    return muse_reply_push(ctx, tok) != 0;
+}
+
 static const char generate_about[] =
     "Prints the generated token ids, comma-separated; stops at an eos id or after N tokens.\n"
     "Temperature 0 (the default) is greedy. The same seed gives the same tokens.\n";
@@ -271,20 +311,8 @@ int muse_cmd_generate(int argc, char **argv)
     }
     muse_err e = {{0}};
     /* the backend draws where the logits are: keyed by (seed, position of the token drawn) */
-    muse_sampling params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
-                            (uint64_t)f.seed};
-    int64_t position = (int64_t)s.n;
-    int32_t next = 0;
-    rc = 0;
-    if (f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, &params, &next, NULL, NULL, &e)) rc = 1;
-    for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
-        printf("%s%d", i ? "," : "", next);
-        fflush(stdout);
-        if (is_stop(&s.model.cfg, next) || i + 1 == f.max_tokens) break;
-        int32_t tok = next;
-        position++;
-        if (feed(&s, &tok, 1, position - 1, 0, &params, &next, NULL, NULL, &e)) rc = 1;
-    }
+    gen_print gp = {&s.model.cfg, 0};
+    rc = decode(&s, &f, print_token, &gp, &e) ? 1 : 0;
     printf("\n");
     if (rc) fprintf(stderr, "muse-engine generate: %s\n", e.msg);
     session_close(&s);
@@ -515,18 +543,7 @@ int muse_cmd_chat(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    muse_sampling params = {(float)f.temperature, (int)f.top_k, (float)f.top_p, (float)f.min_p,
-                            (uint64_t)f.seed};
-    int64_t position = (int64_t)s.n;
-    int32_t next = 0;
-    rc = f.max_tokens > 0 && feed(&s, s.ids, s.n, 0, 0, &params, &next, NULL, NULL, &e) ? 1 : 0;
-    for (long long i = 0; rc == 0 && i < f.max_tokens; i++) {
-        if (muse_reply_push(reply, next)) break;
-        if (i + 1 == f.max_tokens) break;
-        int32_t tok_id = next;
-        position++;
-        if (feed(&s, &tok_id, 1, position - 1, 0, &params, &next, NULL, NULL, &e)) rc = 1;
-    }
+    rc = decode(&s, &f, reply_token, reply, &e) ? 1 : 0;
     muse_reply_finish(reply, "length");
     cJSON *msg = cJSON_CreateObject();
     cJSON_AddStringToObject(msg, "role", "assistant");

@@ -23,13 +23,14 @@ import sys
 
 import regex
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in t/tools
+from make_tiny_tokenizer import CONTROL, SPLIT, tokenizer_json  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(ROOT, "t", "node", "node_modules", "@stdlib", "datasets-sotu")
 VOCAB_SIZE = 8192
-CONTROL = ["<|begin_of_text|>", "<|end_of_text|>", "<|eom|>", "<|eot|>", "<|start|>", "<|message|>"]
 CONTROL_BASE = VOCAB_SIZE - len(CONTROL)  # control tokens take the last six ids
-# GPT-2 style pre-split: words with their leading space, numbers, punctuation runs, spaces.
-SPLIT = r" ?\p{L}+| ?\p{N}{1,3}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 SEED = 15
 DEFAULT_SYSTEM = "You are a helpful AI assistant."
 CUTOFF = "\nKnowledge cutoff: 2026-01-04.\n\nReasoning strength: "
@@ -68,19 +69,6 @@ def sentences(text):
 
 
 # ---------------------------------------------------------------- BPE
-
-
-def byte_to_unicode():
-    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the rest shift."""
-    keep = set(range(33, 127)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def train_bpe(texts, vocab_target):
@@ -145,93 +133,6 @@ def train_bpe(texts, vocab_target):
                 pairs.pop(p, None)
         pairs.pop(pr, None)
     return tokens, merges
-
-
-def tokenizer_json(tokens, merges):
-    b2u = byte_to_unicode()
-
-    def spell(tid):
-        return "".join(b2u[b] for b in tokens[tid])
-
-    added = [{"id": CONTROL_BASE + i, "content": c, "single_word": False, "lstrip": False,
-              "rstrip": False, "normalized": False, "special": True} for i, c in enumerate(CONTROL)]
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": SPLIT}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
-        ]},
-        "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "ignore_merges": False, "vocab": {spell(t): t for t in sorted(tokens)},
-                  "merges": [spell(a) + " " + spell(b) for a, b in merges]},
-    }
-
-
-class Encoder:
-    """Text -> ids with a tokenizer.json written above (pre-split, then merges by rank)."""
-
-    def __init__(self, path):
-        with open(path, encoding="utf-8") as f:
-            tj = json.load(f)
-        u2b = {u: b for b, u in byte_to_unicode().items()}
-        vocab = tj["model"]["vocab"]
-        self.id_of = {bytes(u2b[c] for c in s): i for s, i in vocab.items()}
-        self.ranks = {}
-        for rank, m in enumerate(tj["model"]["merges"]):
-            a, b = m.split(" ")
-            ab, bb = bytes(u2b[c] for c in a), bytes(u2b[c] for c in b)
-            pair = (self.id_of[ab], self.id_of[bb])
-            self.ranks.setdefault(pair, (rank, self.id_of[ab + bb]))
-        self.special = {t["content"]: t["id"] for t in tj["added_tokens"]}
-        self.cache = {}
-
-    def piece(self, p):
-        ids = self.cache.get(p)
-        if ids is None:
-            ids = list(p.encode("utf-8"))
-            while len(ids) > 1:
-                best = None
-                for i in range(len(ids) - 1):
-                    r = self.ranks.get((ids[i], ids[i + 1]))
-                    if r is not None and (best is None or r[0] < best[0]):
-                        best = (r[0], i, r[1])
-                if best is None:
-                    break
-                _, i, new = best
-                ids[i:i + 2] = [new]
-            self.cache[p] = ids
-        return ids
-
-    def encode(self, text):
-        out = []
-        for p in regex.findall(SPLIT, text):
-            out.extend(self.piece(p))
-        return out
-
-    def segments(self, segs):
-        """Ids of [("text", s) | ("special", name)]: each text run tokenized whole."""
-        out = []
-        for kind, s in segs:
-            out.extend([self.special[s]] if kind == "special" else self.encode(s))
-        return out
-
-
-# ---------------------------------------------------------------- chat examples
-
-GREETINGS = ["Say hello.", "Hello!", "Hi.", "Hello.", "Hi there!", "Good morning.", "Say hello to Congress.",
-             "Greet the nation.", "Hello, how are you?", "Please say hello."]
-TOPIC = ["Tell me about {w}.", "What about {w}?", "Speak about {w}.", "Write about {w}.", "What do you think of {w}?"]
-STOP = set("""which their there these those would could should shall about other every being
-before after under without within between through during against because while where whose
-upon have been from this that with will them they than then into also such more most must
-only very made make great public present first last year years country government""".split())
 
 
 def chat_segments(user, answer, effort):
@@ -316,7 +217,7 @@ def cmd_tokenizer(args):
     train, _ = split_addresses(load_addresses())
     tokens, merges = train_bpe([t for _, _, t in train], CONTROL_BASE)
     with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(tokenizer_json(tokens, merges), f, ensure_ascii=False, separators=(",", ":"))
+        json.dump(tokenizer_json(tokens, merges, CONTROL_BASE), f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
     print(f"{args.out}: {len(tokens)} BPE tokens ({len(merges)} merges) + {len(CONTROL)} control "
           f"tokens at {CONTROL_BASE}..{VOCAB_SIZE - 1}", file=sys.stderr)

@@ -78,15 +78,17 @@ def learn_merges(text, max_merges):
     return tokens, merges
 
 
-def build(max_merges):
+def tokenizer_json(tokens, merges, control_base=CONTROL_BASE):
+    """A Hugging Face tokenizer.json of byte-level BPE tokens (id -> bytes) and merges (id
+    pairs, in rank order), with Muse's control tokens at control_base ..; demo_data.py uses it
+    too."""
     b2u = byte_to_unicode()
-    tokens, merges = learn_merges(TEXT, max_merges)
 
     def spell(tid):
         return "".join(b2u[b] for b in tokens[tid])
 
     vocab = {spell(t): t for t in sorted(tokens)}
-    added = [{"id": CONTROL_BASE + i, "content": c, "single_word": False, "lstrip": False,
+    added = [{"id": control_base + i, "content": c, "single_word": False, "lstrip": False,
               "rstrip": False, "normalized": False, "special": True} for i, c in enumerate(CONTROL)]
     return {
         "version": "1.0",
@@ -105,6 +107,11 @@ def build(max_merges):
                   "ignore_merges": False, "vocab": vocab,
                   "merges": [spell(a) + " " + spell(b) for a, b in merges]},
     }
+
+
+def build(max_merges):
+    tokens, merges = learn_merges(TEXT, max_merges)
+    return tokenizer_json(tokens, merges)
 
 
 def main(argv):
