@@ -11,133 +11,159 @@
 typedef float vf16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef uint8_t vb16 __attribute__((vector_size(16)));
+/* AVX2 gets 8-lane types: GCC lowers 16-lane ones there through the stack (14x slower). */
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+typedef uint8_t vb8 __attribute__((vector_size(8)));
 
 #if defined(__clang__)
-#define EXPAND_1(v) __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
-#define EXPAND_2(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-#define EXPAND_3(v) __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+#define SHUFFLE(v, ...) __builtin_shufflevector(v, v, __VA_ARGS__)
 #else
-#define EXPAND_1(v) __builtin_shuffle(v, (vi16){0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7})
-#define EXPAND_2(v) __builtin_shuffle(v, (vi16){0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3})
-#define EXPAND_3(v) __builtin_shuffle(v, (vi16){0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1})
+#define SHUFFLE_16(v, ...) __builtin_shuffle(v, (vi16){__VA_ARGS__})
+#define SHUFFLE_8(v, ...)  __builtin_shuffle(v, (vi8){__VA_ARGS__})
 #endif
+#if defined(__clang__)
+#define EXPAND16_1(v) SHUFFLE(v, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+#define EXPAND16_2(v) SHUFFLE(v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+#define EXPAND16_3(v) SHUFFLE(v, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+#define EXPAND8_1(v)  SHUFFLE(v, 0, 0, 1, 1, 2, 2, 3, 3)
+#define EXPAND8_2(v)  SHUFFLE(v, 0, 0, 0, 0, 1, 1, 1, 1)
+#else
+#define EXPAND16_1(v) SHUFFLE_16(v, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
+#define EXPAND16_2(v) SHUFFLE_16(v, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+#define EXPAND16_3(v) SHUFFLE_16(v, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+#define EXPAND8_1(v)  SHUFFLE_8(v, 0, 0, 1, 1, 2, 2, 3, 3)
+#define EXPAND8_2(v)  SHUFFLE_8(v, 0, 0, 0, 0, 1, 1, 1, 1)
+#endif
+/* lane i of the previous costs: prev[(s0 + i) >> bits], from L consecutive raw entries */
+#define EXPAND16(raw, bits)                                                                        \
+    (bits == 1 ? EXPAND16_1(raw) : bits == 2 ? EXPAND16_2(raw) : EXPAND16_3(raw))
+#define EXPAND8(raw, bits) (bits == 1 ? EXPAND8_1(raw) : EXPAND8_2(raw))
 
 #define COST_PAD 16 /* prev is read 16 floats at a time past its last used index */
 
-/* The candidate costs of 16 states s0..s0+15 (top bits t), their t in the low bits. */
-#define CANDIDATES(ci, s0)                                                                         \
+/* The candidate costs of L states s0..s0+L-1 (top bits t), their t in the low bits. */
+#define CANDIDATES(VF, VI, L, EXPAND, ci, s0)                                                      \
     do {                                                                                           \
-        vf16 v_, pv_;                                                                              \
+        VF v_, pv_;                                                                                \
         memcpy(&v_, val + (s0), sizeof v_);                                                        \
-        if (bits >= 4) {                                                                           \
-            pv_ = (vf16){0} + muse_bits_to_f32(prev[(s0) >> bits]);                                \
+        if ((1 << bits) >= (L)) {                                                                  \
+            pv_ = (VF){0} + muse_bits_to_f32(prev[(s0) >> bits]);                                  \
         } else {                                                                                   \
-            vf16 raw_;                                                                             \
+            VF raw_;                                                                               \
             memcpy(&raw_, prev + ((s0) >> bits), sizeof raw_);                                     \
-            pv_ = bits == 1 ? EXPAND_1(raw_) : bits == 2 ? EXPAND_2(raw_) : EXPAND_3(raw_);        \
+            pv_ = EXPAND(raw_, bits);                                                              \
         }                                                                                          \
-        vf16 d_ = v_ - x;                                                                          \
-        (ci) = ((vi16)(pv_ + d_ * d_) & keep) | t;                                                 \
+        VF d_ = v_ - x;                                                                            \
+        (ci) = ((VI)(pv_ + d_ * d_) & keep) | t;                                                   \
     } while (0)
 
-#define KEEP_MIN(best, ci)                                                                         \
+#define KEEP_MIN(VI, best, ci)                                                                     \
     do {                                                                                           \
-        vi16 less_ = (ci) < (best);                                                                \
+        VI less_ = (ci) < (best);                                                                  \
         (best) = ((ci)&less_) | ((best) & ~less_);                                                 \
     } while (0)
 
 /* cur[e] = min over t of prev[s >> bits] + (val[s] - x)^2, s = t*E + e, t packed in the low
- * bits. Four independent 16-lane chains hide the compare latency. */
+ * bits. Four independent L-lane chains hide the compare latency. Every lane does the same IEEE
+ * operations in the same order whatever L is, so both widths give the same bits. */
+#define STEP_BODY(VF, VI, VB, L, EXPAND)                                                           \
+    const int E = 1 << (16 - bits), T = 1 << bits;                                                 \
+    const int32_t keep = ~(T - 1);                                                                 \
+    for (int e0 = 0; e0 < E; e0 += 4 * (L)) {                                                      \
+        VI b0, b1, b2, b3, c0, c1, c2, c3;                                                         \
+        int t = 0;                                                                                 \
+        CANDIDATES(VF, VI, L, EXPAND, b0, e0);                                                     \
+        CANDIDATES(VF, VI, L, EXPAND, b1, e0 + (L));                                               \
+        CANDIDATES(VF, VI, L, EXPAND, b2, e0 + 2 * (L));                                           \
+        CANDIDATES(VF, VI, L, EXPAND, b3, e0 + 3 * (L));                                           \
+        for (t = 1; t < T; t++) {                                                                  \
+            CANDIDATES(VF, VI, L, EXPAND, c0, t *E + e0);                                          \
+            CANDIDATES(VF, VI, L, EXPAND, c1, t *E + e0 + (L));                                    \
+            CANDIDATES(VF, VI, L, EXPAND, c2, t *E + e0 + 2 * (L));                                \
+            CANDIDATES(VF, VI, L, EXPAND, c3, t *E + e0 + 3 * (L));                                \
+            KEEP_MIN(VI, b0, c0);                                                                  \
+            KEEP_MIN(VI, b1, c1);                                                                  \
+            KEEP_MIN(VI, b2, c2);                                                                  \
+            KEEP_MIN(VI, b3, c3);                                                                  \
+        }                                                                                          \
+        memcpy(cur + e0, &b0, sizeof b0);                                                          \
+        memcpy(cur + e0 + (L), &b1, sizeof b1);                                                    \
+        memcpy(cur + e0 + 2 * (L), &b2, sizeof b2);                                                \
+        memcpy(cur + e0 + 3 * (L), &b3, sizeof b3);                                                \
+        if (back) {                                                                                \
+            VB t0 = __builtin_convertvector(b0 & (T - 1), VB);                                     \
+            VB t1 = __builtin_convertvector(b1 & (T - 1), VB);                                     \
+            VB t2 = __builtin_convertvector(b2 & (T - 1), VB);                                     \
+            VB t3 = __builtin_convertvector(b3 & (T - 1), VB);                                     \
+            memcpy(back + e0, &t0, (L));                                                           \
+            memcpy(back + e0 + (L), &t1, (L));                                                     \
+            memcpy(back + e0 + 2 * (L), &t2, (L));                                                 \
+            memcpy(back + e0 + 3 * (L), &t3, (L));                                                 \
+        }                                                                                          \
+    }
+
 static inline __attribute__((always_inline)) void
 step_body(const float *restrict val, const uint32_t *restrict prev, uint32_t *restrict cur,
           uint8_t *restrict back, const int bits, float x)
 {
-    const int E = 1 << (16 - bits), T = 1 << bits;
-    const int32_t keep = ~(T - 1);
-    for (int e0 = 0; e0 < E; e0 += 64) {
-        vi16 b0, b1, b2, b3, c0, c1, c2, c3;
-        int t = 0;
-        CANDIDATES(b0, e0);
-        CANDIDATES(b1, e0 + 16);
-        CANDIDATES(b2, e0 + 32);
-        CANDIDATES(b3, e0 + 48);
-        for (t = 1; t < T; t++) {
-            CANDIDATES(c0, t * E + e0);
-            CANDIDATES(c1, t * E + e0 + 16);
-            CANDIDATES(c2, t * E + e0 + 32);
-            CANDIDATES(c3, t * E + e0 + 48);
-            KEEP_MIN(b0, c0);
-            KEEP_MIN(b1, c1);
-            KEEP_MIN(b2, c2);
-            KEEP_MIN(b3, c3);
-        }
-        memcpy(cur + e0, &b0, sizeof b0);
-        memcpy(cur + e0 + 16, &b1, sizeof b1);
-        memcpy(cur + e0 + 32, &b2, sizeof b2);
-        memcpy(cur + e0 + 48, &b3, sizeof b3);
-        if (back) {
-            vb16 t0 = __builtin_convertvector(b0 & (T - 1), vb16);
-            vb16 t1 = __builtin_convertvector(b1 & (T - 1), vb16);
-            vb16 t2 = __builtin_convertvector(b2 & (T - 1), vb16);
-            vb16 t3 = __builtin_convertvector(b3 & (T - 1), vb16);
-            memcpy(back + e0, &t0, 16);
-            memcpy(back + e0 + 16, &t1, 16);
-            memcpy(back + e0 + 32, &t2, 16);
-            memcpy(back + e0 + 48, &t3, 16);
-        }
-    }
+    STEP_BODY(vf16, vi16, vb16, 16, EXPAND16)
+}
+
+static inline __attribute__((always_inline)) void
+step_body8(const float *restrict val, const uint32_t *restrict prev, uint32_t *restrict cur,
+           uint8_t *restrict back, const int bits, float x)
+{
+    STEP_BODY(vf8, vi8, vb8, 8, EXPAND8)
 }
 
 /* One specialization per bits so the shapes are compile-time constants. */
-static inline __attribute__((always_inline)) void
-step_switch(const float *val, const uint32_t *prev, uint32_t *cur, uint8_t *back, int bits, float x)
-{
-    switch (bits) {
-    case 1:
-        step_body(val, prev, cur, back, 1, x);
-        break;
-    case 2:
-        step_body(val, prev, cur, back, 2, x);
-        break;
-    case 3:
-        step_body(val, prev, cur, back, 3, x);
-        break;
-    case 4:
-        step_body(val, prev, cur, back, 4, x);
-        break;
-    case 5:
-        step_body(val, prev, cur, back, 5, x);
-        break;
-    case 6:
-        step_body(val, prev, cur, back, 6, x);
-        break;
-    case 7:
-        step_body(val, prev, cur, back, 7, x);
-        break;
-    default:
-        step_body(val, prev, cur, back, 8, x);
-        break;
+#define STEP_SWITCH(body)                                                                          \
+    switch (bits) {                                                                                \
+    case 1:                                                                                        \
+        body(val, prev, cur, back, 1, x);                                                          \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        body(val, prev, cur, back, 2, x);                                                          \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        body(val, prev, cur, back, 3, x);                                                          \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        body(val, prev, cur, back, 4, x);                                                          \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        body(val, prev, cur, back, 5, x);                                                          \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        body(val, prev, cur, back, 6, x);                                                          \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        body(val, prev, cur, back, 7, x);                                                          \
+        break;                                                                                     \
+    default:                                                                                       \
+        body(val, prev, cur, back, 8, x);                                                          \
+        break;                                                                                     \
     }
-}
 
 typedef void (*step_fn)(const float *, const uint32_t *, uint32_t *, uint8_t *, int, float);
 
 static void step_generic(const float *val, const uint32_t *prev, uint32_t *cur, uint8_t *back,
                          int bits, float x)
 {
-    step_switch(val, prev, cur, back, bits, x);
+    STEP_SWITCH(step_body)
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx2"))) static void
 step_avx2(const float *val, const uint32_t *prev, uint32_t *cur, uint8_t *back, int bits, float x)
 {
-    step_switch(val, prev, cur, back, bits, x);
+    STEP_SWITCH(step_body8)
 }
 __attribute__((target("avx512f"))) static void
 step_avx512(const float *val, const uint32_t *prev, uint32_t *cur, uint8_t *back, int bits, float x)
 {
-    step_switch(val, prev, cur, back, bits, x);
+    STEP_SWITCH(step_body)
 }
 #endif
 

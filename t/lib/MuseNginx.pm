@@ -164,6 +164,9 @@ sub start_real_engine {
     } elsif (!$o{no_model}) {    # no_model: the args name the weights (--synthetic-weights)
         push @args, '--model', $o{model} // tiny_pack();
     }
+    # a lane waiting (for KV, behind a slow sanitizer build) must beat the test's 3 s
+    # muse_idle_timeout, as the engine's 5 s default beats nginx's 60 s in production
+    push @args, '--keepalive-ms', '1000' unless grep { $_ eq '--keepalive-ms' } @{ $o{args} // [] };
     push @args, @{ $o{args} // [] };
     my $log = "$self->{dir}/logs/engine.log";
     my $from = -s $log // 0;

@@ -6,8 +6,10 @@ t/ref/exl3_ref.py (design/EXL3.md):
     4 bits 3inst / head 6; 3 shards): muse-engine logits vs the NumPy model, rel L2 < 2e-3 and
     the same top-1 at every position;
 (b) muse-engine dequant vs exl3_ref.dequantize (rel L2 < 1e-6), its key forms and its errors;
-(c) muse-quant of the fp16 tiny pack at 3 bits mul1: the pack's layout and config, untouched
-    copies, logits vs the NumPy model on the quantized pack, weights close to the fp16 originals;
+(c) muse-quant at 3 bits mul1 of an fp16 pack of tiny.json cut to 2 layers (dense, MoE) of width
+    128 (QUANT_SHAPE, 29 Linears: the Viterbi search costs seconds per 10^5 weights on 2 cores):
+    the pack's layout and config, untouched copies, logits vs the NumPy model on the quantized
+    pack, weights close to the fp16 originals;
 (d) corrupt EXL3 tensors refused with exit 2 by inspect and dequant, naming the tensor.
 Missing binaries fail, not skip. BUILD (default build) names the build directory.
 """
@@ -35,8 +37,14 @@ ENGINE_BIN = os.environ.get("MUSE_ENGINE") or ENGINE_BIN
 CONF = "conf/packs/tiny.json"
 REL_L2_BOUND = 2e-3
 DEQUANT_BOUND = 1e-6
-# muse-quant on the tiny pack, 3 bits mul1 (no calibration): measured 0.1296 over all Linears,
-# at most 0.135 for one 3-bit tensor, 0.019 for the 6-bit head (docs/exl3.md has the table).
+# tiny.json cut down for (c): every kind of Linear, 540672 weights instead of 5963776
+QUANT_SHAPE = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+               "layer_types": ["sliding_attention", "full_attention"], "layer_rope_theta": [10000, 0],
+               "mlp_layer_types": ["dense", "moe"], "intermediate_size": 256, "num_experts": 4,
+               "num_experts_per_tok": 2, "vocab_size": 256}
+QUANT_LINEARS = 29
+# muse-quant on that pack, 3 bits mul1 (no calibration): measured 0.1280 over all Linears,
+# at most MAXONE for one 3-bit tensor, HEAD for the 6-bit head (tiny.json: docs/exl3.md).
 QUANT_REL_RMS_ALL, QUANT_REL_RMS_ONE, QUANT_REL_RMS_HEAD = 0.14, 0.15, 0.03
 N_TOKENS = 30
 TIMEOUT_S = 600
@@ -160,16 +168,21 @@ def is_linear_weight(name):
 
 
 def check_quant(tmp):
-    src = os.path.join(tmp, "fp16")
-    rc, err = run([PACK_BIN, "--config", CONF, "--out", src, "--seed", "7", "--shards", "3"])
-    if not ok(rc == 0, "muse-pack makes the fp16 tiny pack"):
+    src, conf = os.path.join(tmp, "fp16"), os.path.join(tmp, "quant_shape.json")
+    with open(os.path.join(ROOT, CONF)) as f:
+        shape = json.load(f)
+    shape.update(QUANT_SHAPE)
+    with open(conf, "w") as f:
+        json.dump(shape, f)
+    rc, err = run([PACK_BIN, "--config", conf, "--out", src, "--seed", "7", "--shards", "3"])
+    if not ok(rc == 0, "muse-pack makes the fp16 pack of the cut-down shape"):
         diag(err)
         return
     dst = os.path.join(tmp, "q3")
     t0 = time.monotonic()
     rc, err = run([QUANT_BIN, "--in", src, "--out", dst, "--bits", "3", "--codebook", "mul1"])
-    diag(f"muse-quant tiny 3 bits mul1: {time.monotonic() - t0:.1f} s wall; {err.strip().splitlines()[-1] if err.strip() else ''}")
-    if not ok(rc == 0, "muse-quant quantizes the fp16 tiny pack at 3 bits mul1"):
+    diag(f"muse-quant 3 bits mul1: {time.monotonic() - t0:.1f} s wall; {err.strip().splitlines()[-1] if err.strip() else ''}")
+    if not ok(rc == 0, "muse-quant quantizes the fp16 pack at 3 bits mul1"):
         diag(err.strip()[-2000:])
         return
     with open(os.path.join(dst, "config.json")) as f:
@@ -185,7 +198,8 @@ def check_quant(tmp):
     a, b = muse_ref.SafeTensors(src), muse_ref.SafeTensors(dst)
     linears = [n[: -len(".weight")] for n in a.entries if is_linear_weight(n)]
     others = [n for n in a.entries if not is_linear_weight(n)]
-    ok(len(linears) == 145 and not any(is_linear_weight(n) for n in b.entries), "all 145 Linears quantized, none left fp16")
+    ok(len(linears) == QUANT_LINEARS and not any(is_linear_weight(n) for n in b.entries),
+       f"all {QUANT_LINEARS} Linears quantized, none left fp16")
     ok(all(b.has(k + s) for k in linears for s in (".trellis", ".suh", ".svh", ".mul1")), "each Linear has trellis, suh, svh and the mul1 marker")
     same = all(b.has(n) and b.entries[n][1] == a.entries[n][1] and np.array_equal(a.get(n), b.get(n)) for n in others)
     ok(same and len(b.entries) == len(others) + 4 * len(linears), f"the {len(others)} other tensors (embedding, norms, router, bias) copied as is")
