@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # muse-engine logits --backend cuda against --backend cpu on every tiny pack shape (fp16, bf16
 # with a tied head, EXL3 at 2 and 4 bits with two codebooks): within 2e-3 relative L2 and the
-# same top-1 at every position, whole prompt and in chunks of 5. Where there is no GPU (CI) or
-# the binary has no CUDA backend, each run prints a visible skip line.
+# same top-1 at every position, whole prompt and in chunks of 5; then muse-engine generate
+# (the GPU sampler through the whole plan, decode rounds replayed as CUDA graphs) must draw the
+# same tokens as the CPU, greedy and sampled. Where there is no GPU (CI) or the binary has no
+# CUDA backend, each run prints a visible skip line.
 cd "$(dirname "$0")/../.." || exit 2
 engine=build/muse-engine pack=build/muse-pack
 if [ ! -x "$engine" ] || [ ! -x "$pack" ]; then
@@ -13,13 +15,16 @@ dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 runs=("tiny.json fp16" "tiny-flip.json bf16-tied" "tiny.json exl3-2-mcg --exl3-random 2 --codebook mcg"
       "tiny.json exl3-4-3inst --exl3-random 4 --codebook 3inst")
 tokens=1,17,300,5,99,767,42,7,7,7,512,64,2,600,33,18,250,11,3,640,128,77,5
-echo "1..$((2 * ${#runs[@]}))"
+gen=("--max-tokens 40" "--max-tokens 40 --temperature 0.9 --top-k 40 --top-p 0.95 --min-p 0.02 --seed 11")
+echo "1..$(((2 + ${#gen[@]}) * ${#runs[@]}))"
 n=0
 for r in "${runs[@]}"; do
     set -- $r; cfg=$1 tag=$2; shift 2
     if ! "$pack" --config "conf/packs/$cfg" --out "$dir/$tag" --seed 3 "$@" >"$dir/$tag.log" 2>&1; then
         n=$((n + 1)); echo "not ok $n - $tag: muse-pack failed"; sed 's/^/# /' "$dir/$tag.log"
-        n=$((n + 1)); echo "not ok $n - $tag chunk 5: muse-pack failed"; continue
+        n=$((n + 1)); echo "not ok $n - $tag chunk 5: muse-pack failed"
+        for g in "${gen[@]}"; do n=$((n + 1)); echo "not ok $n - $tag generate: muse-pack failed"; done
+        continue
     fi
     "$engine" logits --model "$dir/$tag" --tokens $tokens --out "$dir/$tag.cpu" >/dev/null 2>&1
     for chunk in whole 5; do
@@ -55,6 +60,20 @@ PY
             echo "ok $n - $tag chunk $chunk: cuda equals cpu ($res)"
         else
             echo "not ok $n - $tag chunk $chunk: $res"
+        fi
+    done
+    for g in "${gen[@]}"; do
+        n=$((n + 1))
+        want=$("$engine" generate --model "$dir/$tag" --tokens $tokens $g 2>&1)
+        got=$("$engine" generate --backend cuda --model "$dir/$tag" --tokens $tokens $g 2>&1); rc=$?
+        if [ $rc -ne 0 ] && echo "$got" | grep -qE 'no usable CUDA device|built without the CUDA backend'; then
+            why=$(echo "$got" | grep -qE 'built without' && echo "built without CUDA" || echo "no CUDA device")
+            echo "ok $n - $tag generate $g # skip $why"; continue
+        fi
+        if [ $rc -eq 0 ] && [ "$got" = "$want" ]; then
+            echo "ok $n - $tag generate $g: the same $(echo "$got" | tr ',' '\n' | wc -l) tokens as cpu"
+        else
+            echo "not ok $n - $tag generate $g: cuda exit $rc"; echo "# cpu:  $want"; echo "# cuda: $got"
         fi
     done
 done

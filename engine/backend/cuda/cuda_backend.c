@@ -4,7 +4,9 @@
  * is allocated and uploaded at start (weights once, sized from the options); a round copies
  * its batch into pinned staging, launches kernels on one stream and allocates nothing; the
  * first failing CUDA call is kept with its file:line and end_round reports it (sticky: the
- * context is not used again). One rank per process for now. */
+ * context is not used again). Each round is captured as a CUDA graph and replayed through one
+ * executable graph a row bucket (MUSE_CUDA_GRAPHS=0: eager launches; the bits are the same).
+ * One rank per process for now. */
 #include <math.h>
 
 #include <cuda_runtime_api.h>
@@ -60,6 +62,10 @@ typedef struct {
     muse_k_sampling *d_sampling;
     int do_sample, return_logits, in_round;
     muse_act logits;
+    /* CUDA graphs: each round is captured and replayed through one executable graph a row
+     * bucket (updated in place when the next capture of the bucket differs) */
+    int graphs, capturing;
+    cudaGraphExec_t execs[MUSE_MAX_BUCKETS + 1];
     int weight_bits;
     /* KV: per layer, fp16 */
     uint16_t **k_cache, **v_cache;
@@ -384,10 +390,40 @@ static int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
     c->return_logits = r->return_logits;
     c->logits = -1;
     c->in_round = 1;
+    if (c->graphs && !c->failed &&
+        !CHECK(c, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal)))
+        c->capturing = 1;
     if (c->failed)
         return muse_fail(e, "device error on rank 0 (cuda): %s; the context cannot be used again",
                          c->err);
     return 0;
+}
+
+/* Ends the round's capture and launches it through the bucket's executable graph: updated in
+ * place from the new capture (same topology: only parameters changed), else made again. */
+static void replay(cuda_backend *c)
+{
+    cudaGraph_t g = NULL;
+    c->capturing = 0;
+    if (CHECK(c, cudaStreamEndCapture(c->st, &g)) || c->failed) {
+        if (g) cudaGraphDestroy(g);
+        return;
+    }
+    int slot = MUSE_MAX_BUCKETS;
+    for (int i = 0; i < c->base.n_buckets; i++)
+        if (c->base.buckets[i] == c->rows) slot = i;
+    cudaGraphExec_t *x = &c->execs[slot];
+    if (*x) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(*x, g, &info) != cudaSuccess) {
+            (void)cudaGetLastError(); /* not sticky: a different topology, made again below */
+            cudaGraphExecDestroy(*x);
+            *x = NULL;
+        }
+    }
+    if (!*x) CHECK(c, cudaGraphInstantiate(x, g, 0));
+    if (*x) CHECK(c, cudaGraphLaunch(*x, c->st));
+    cudaGraphDestroy(g);
 }
 
 static int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
@@ -396,6 +432,7 @@ static int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
     MUSE_CHECK(c->in_round);
     c->in_round = 0;
     memset(out, 0, sizeof *out);
+    if (c->capturing) replay(c);
     if (be->fault_pending) /* test hooks force the device-failure path */
         return muse_fail(e, "device error on rank 0 (cuda): injected by a test hook; the "
                             "context cannot be used again");
@@ -778,6 +815,8 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
         return NULL;
     }
     c->device = dev;
+    const char *graphs = getenv("MUSE_CUDA_GRAPHS"); /* 0: launch each kernel eagerly */
+    c->graphs = !(graphs && !strcmp(graphs, "0"));
     int id_bits = 0;
     while (((int64_t)1 << id_bits) < cfg->vocab_size) id_bits++;
     c->weight_bits = 62 - id_bits;
@@ -835,6 +874,8 @@ static void cuda_destroy(muse_backend *be)
             cudaFree(c->k_cache[i]);
             cudaFree(c->v_cache[i]);
         }
+    for (int i = 0; i <= MUSE_MAX_BUCKETS; i++)
+        if (c->execs[i]) cudaGraphExecDestroy(c->execs[i]);
     if (c->st) cudaStreamDestroy(c->st);
     free(c->acts);
     free(c->act_width);
