@@ -8,6 +8,7 @@
 #include "linear.cuh"
 
 #define HAD 128
+#define MUSE_K_MAX_BITS 8
 
 __device__ __forceinline__ const muse_k_lin *k_desc(const muse_k_lin *descs,
                                                       const int32_t *row_desc, long r)
@@ -15,17 +16,52 @@ __device__ __forceinline__ const muse_k_lin *k_desc(const muse_k_lin *descs,
     return descs + (row_desc ? row_desc[r] : 0);
 }
 
-__global__ void k_dense(const muse_k_lin *descs, const int32_t *row_desc,
-                        const int32_t *row_src, const float *x, long x_stride, int round16,
-                        float *y, long y_stride)
+/* Dense: a block of 128 threads is 32 output columns x the 4 lanes of dot_f64; each 128-wide
+ * chunk of the input row and of the 32 weight rows is staged in shared memory (coalesced
+ * reads, converted to fp32 once), then lane l adds its elements i = l (mod 4) in ascending i,
+ * exactly the CPU's lane sums; lane 0 combines them with the tail as dot_f64 does. */
+#define DN_COLS  32
+#define DN_CHUNK 128
+
+__global__ void __launch_bounds__(128)
+    k_dense(const muse_k_lin *descs, const int32_t *row_desc, const int32_t *row_src,
+            const float *x, long x_stride, int round16, float *y, long y_stride)
 {
+    __shared__ float xs[DN_CHUNK];
+    __shared__ float ws[DN_COLS][DN_CHUNK + 1];
+    __shared__ double lanes[128];
     long r = blockIdx.y;
     const muse_k_lin *d = k_desc(descs, row_desc, r);
-    long col = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= d->n) return;
+    int t = threadIdx.x, cl = t / 4, lane = t % 4;
+    long col0 = (long)blockIdx.x * DN_COLS, k = (long)d->k, n = (long)d->n;
+    long whole = k - k % 4;
     const float *xr = x + (row_src ? (long)row_src[r] : r) * x_stride;
     int64_t ld = d->ld ? d->ld : d->k;
-    float v = (float)k_dot_f64_w(xr, d->w, d->dtype, (d->row0 + col) * ld + d->col0, (long)d->k);
+    double acc = 0;
+    for (long c0 = 0; c0 < whole; c0 += DN_CHUNK) {
+        if (c0 + t < k) xs[t] = xr[c0 + t];
+#pragma unroll 8
+        for (int e = t; e < DN_COLS * DN_CHUNK; e += 128) {
+            int c = e / DN_CHUNK, i = e % DN_CHUNK;
+            long col = col0 + c;
+            if (col < n && c0 + i < k)
+                ws[c][i] = k_load(d->w, d->dtype, (d->row0 + col) * ld + d->col0 + c0 + i);
+        }
+        __syncthreads();
+        long end = whole - c0 < DN_CHUNK ? whole - c0 : DN_CHUNK;
+#pragma unroll 8
+        for (long j = lane; j < end; j += 4) acc += (double)xs[j] * (double)ws[cl][j];
+        __syncthreads();
+    }
+    lanes[t] = acc;
+    __syncthreads();
+    long col = col0 + cl;
+    if (lane != 0 || col >= n) return;
+    double tail = 0;
+    for (long i = whole; i < k; i++)
+        tail += (double)xr[i] * (double)k_load(d->w, d->dtype, (d->row0 + col) * ld + d->col0 + i);
+    double sum = ((lanes[t] + lanes[t + 1]) + (lanes[t + 2] + lanes[t + 3])) + tail;
+    float v = (float)sum;
     y[r * y_stride + col] = round16 ? k_round_f16(v) : v;
 }
 
@@ -94,27 +130,38 @@ __device__ __forceinline__ uint32_t k_tile_state(const uint16_t *tile, int bits,
     return (uint32_t)(pair >> (48 - off)) & 0xFFFFu;
 }
 
-/* step 2: grid (n / 128, R), 128 threads: t[r, col] = sum over k ascending of a * w */
-__global__ void k_exl3_product(const muse_k_lin *descs, const int32_t *row_desc,
-                               const float *a, double *t)
+/* step 2: grid (n / 128, R), 128 threads, one column each: t[r, col] = the sum over k
+ * ascending of a * w. For each 16-row tile band the 8 tiles of the block's columns are staged
+ * in shared memory; each thread decodes its column's 16 weights (independent of the running
+ * sum, so their table reads overlap) and adds them in order. */
+__global__ void __launch_bounds__(128)
+    k_exl3_product(const muse_k_lin *descs, const int32_t *row_desc, const float *a, double *t)
 {
+    __shared__ uint16_t tiles[8 * 16 * MUSE_K_MAX_BITS];
+    __shared__ float as[16];
     long r = blockIdx.y;
     const muse_k_lin *d = k_desc(descs, row_desc, r);
-    long col = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= d->n) return;
-    int64_t k = d->k, tn = col / 16, tile_len = 16 * d->bits;
-    int c = (int)(col % 16);
+    int th = threadIdx.x;
+    long col = (long)blockIdx.x * 128 + th;
+    int64_t k = d->k, tn0 = (int64_t)blockIdx.x * 8, tile_len = 16 * d->bits;
+    int c = th % 16, bits = d->bits;
+    const uint16_t *mine = tiles + (th / 16) * tile_len;
     const float *ar = a + r * k;
     const float *table = d->table;
     double acc = 0;
     for (int64_t tk = 0; tk < k / 16; tk++) {
-        const uint16_t *tile = d->trellis + (tk * d->tiles_ld + tn) * tile_len;
-        for (int i = 0; i < 16; i++) {
-            float w = table[k_tile_state(tile, d->bits, i, c)];
-            acc += (double)ar[tk * 16 + i] * (double)w;
-        }
+        const uint16_t *band = d->trellis + (tk * d->tiles_ld + tn0) * tile_len;
+        for (int e = th; e < 8 * tile_len; e += 128) tiles[e] = band[e];
+        if (th < 16) as[th] = ar[tk * 16 + th];
+        __syncthreads();
+        float w[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) w[i] = table[k_tile_state(mine, bits, i, c)];
+#pragma unroll
+        for (int i = 0; i < 16; i++) acc += (double)as[i] * (double)w[i];
+        __syncthreads();
     }
-    t[r * d->n + col] = acc;
+    if (col < d->n) t[r * d->n + col] = acc;
 }
 
 /* step 3: grid (n / 128, R), 64 threads */
@@ -146,7 +193,7 @@ MUSE_K_API int muse_k_linear(const muse_k_lin *descs, const muse_k_lin *shape,
     if (rows <= 0) return 0;
     unsigned n = (unsigned)shape->n, k = (unsigned)shape->k, R = (unsigned)rows;
     if (shape->kind == MUSE_K_DENSE) {
-        k_dense<<<dim3((n + 127) / 128, R), 128, 0, st>>>(descs, row_desc, row_src, x, x_stride,
+        k_dense<<<dim3((n + DN_COLS - 1) / DN_COLS, R), 128, 0, st>>>(descs, row_desc, row_src, x, x_stride,
                                                          round16, y, y_stride);
         return (int)cudaGetLastError();
     }

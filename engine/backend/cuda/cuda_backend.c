@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "base/clock.h"
 #include "model/shard.h"
 #include "kernels/attention.cuh"
 #include "kernels/embed.cuh"
@@ -22,6 +23,36 @@
 #include "kernels/qk_rope.cuh"
 #include "kernels/sample.cuh"
 #include "kernels/swiglu.cuh"
+
+enum {
+    PROF_BEGIN,
+    PROF_END,
+    PROF_EMBED,
+    PROF_NORM,
+    PROF_ADD_NORM,
+    PROF_DENSE,
+    PROF_EXL3,
+    PROF_QK,
+    PROF_ATTENTION,
+    PROF_SWIGLU,
+    PROF_MOE,
+    PROF_HEAD,
+    PROF_SAMPLE,
+    PROF_OPS
+};
+static const char *const prof_names[PROF_OPS] = {"begin_round (host)",
+                                                 "end_round (host)",
+                                                 "embed",
+                                                 "norm",
+                                                 "add_norm",
+                                                 "linear dense",
+                                                 "linear exl3",
+                                                 "qk_norm_rope",
+                                                 "attention",
+                                                 "swiglu",
+                                                 "moe",
+                                                 "head",
+                                                 "sample"};
 
 /* One uploaded tensor: its host bytes and where they are on the device. */
 typedef struct {
@@ -66,6 +97,11 @@ typedef struct {
      * bucket (updated in place when the next capture of the bucket differs) */
     int graphs, capturing;
     cudaGraphExec_t execs[MUSE_MAX_BUCKETS + 1];
+    /* MUSE_CUDA_PROFILE=1: each op timed with events (eager, synchronized), printed at exit */
+    int prof;
+    cudaEvent_t ev0, ev1;
+    double prof_ms[PROF_OPS];
+    long prof_n[PROF_OPS];
     int weight_bits;
     /* KV: per layer, fp16 */
     uint16_t **k_cache, **v_cache;
@@ -95,6 +131,29 @@ static int cuda_ok(cuda_backend *c, int rc, const char *what, const char *file, 
     return -1;
 }
 #define CHECK(c, call) cuda_ok((c), (int)(call), #call, __FILE__, __LINE__)
+
+static void prof_begin(cuda_backend *c)
+{
+    if (c->prof && !c->failed) CHECK(c, cudaEventRecord(c->ev0, c->st));
+}
+
+static void prof_end(cuda_backend *c, int op)
+{
+    float ms = 0;
+    if (!c->prof || c->failed || CHECK(c, cudaEventRecord(c->ev1, c->st)) ||
+        CHECK(c, cudaEventSynchronize(c->ev1)) ||
+        CHECK(c, cudaEventElapsedTime(&ms, c->ev0, c->ev1)))
+        return;
+    c->prof_ms[op] += ms;
+    c->prof_n[op]++;
+}
+
+static void prof_host(cuda_backend *c, int op, int64_t since)
+{
+    if (!c->prof) return;
+    c->prof_ms[op] += (double)(muse_now_ns() - since) / 1e6;
+    c->prof_n[op]++;
+}
 
 static void *dalloc(cuda_backend *c, size_t bytes, uint64_t *account)
 {
@@ -340,6 +399,7 @@ static int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
     if (c->failed)
         return muse_fail(e, "device error on rank 0 (cuda): %s; the context cannot be used again",
                          c->err);
+    int64_t t0 = muse_now_ns();
     long R = muse_backend_bucket(be, r->rows), n = 0;
     for (long i = 0; i < r->rows; i++) {
         c->h_tokens[i] = r->tokens[i];
@@ -393,6 +453,7 @@ static int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
     if (c->graphs && !c->failed &&
         !CHECK(c, cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal)))
         c->capturing = 1;
+    prof_host(c, PROF_BEGIN, t0);
     if (c->failed)
         return muse_fail(e, "device error on rank 0 (cuda): %s; the context cannot be used again",
                          c->err);
@@ -432,6 +493,7 @@ static int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
     MUSE_CHECK(c->in_round);
     c->in_round = 0;
     memset(out, 0, sizeof *out);
+    int64_t t0 = muse_now_ns();
     if (c->capturing) replay(c);
     if (be->fault_pending) /* test hooks force the device-failure path */
         return muse_fail(e, "device error on rank 0 (cuda): injected by a test hook; the "
@@ -448,6 +510,7 @@ static int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
     if (c->failed)
         return muse_fail(e, "device error on rank 0 (cuda): %s; the context cannot be used again",
                          c->err);
+    prof_host(c, PROF_END, t0);
     out->wanted = c->real_wanted;
     out->tokens = c->do_sample ? c->h_drawn : NULL;
     out->logits = c->return_logits && c->logits >= 0 ? c->h_logits : NULL;
@@ -459,8 +522,10 @@ static void cuda_embed(muse_backend *be, muse_act out)
     cuda_backend *c = cu(be);
     const muse_model *m = be->model;
     if (c->failed) return;
+    prof_begin(c);
     CHECK(c, muse_k_embed(dev_ptr(c, m->embed->data), kdtype(m->embed->dtype), c->d_tokens, c->rows,
                           (long)m->cfg.hidden_size, m->cfg.rms_norm_eps, act(c, out), c->st));
+    prof_end(c, PROF_EMBED);
 }
 
 static const float *vec(cuda_backend *c, const muse_vec *w)
@@ -475,11 +540,13 @@ static void cuda_norm(muse_backend *be, muse_act x, long width, const muse_vec *
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
+    prof_begin(c);
     int kmode = mode == MUSE_NORM_PLUS1   ? MUSE_K_NORM_PLUS1
                 : mode == MUSE_NORM_PLAIN ? MUSE_K_NORM_PLAIN
                                           : MUSE_K_NORM_NONE;
     CHECK(c, muse_k_norm(act(c, x), c->rows, width, mode == MUSE_NORM_NONE ? NULL : vec(c, w), 0,
                          NULL, kmode, (double)eps, round16, act(c, out), c->st));
+    prof_end(c, PROF_NORM);
 }
 
 static void cuda_add_norm(muse_backend *be, muse_act h, muse_act y, long width, const muse_vec *w,
@@ -487,7 +554,9 @@ static void cuda_add_norm(muse_backend *be, muse_act h, muse_act y, long width, 
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
+    prof_begin(c);
     CHECK(c, muse_k_add_norm(act(c, h), act(c, y), c->rows, width, vec(c, w), (double)eps, c->st));
+    prof_end(c, PROF_ADD_NORM);
 }
 
 /* y = x W over rows rows (x rows of k floats, y rows of n) with linear l's descriptor. */
@@ -503,7 +572,9 @@ static void cuda_linear(muse_backend *be, const muse_linear *l, muse_act x, int 
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
+    prof_begin(c);
     run_linear(c, l, act(c, x), c->rows, round16, act(c, y));
+    prof_end(c, c->lin[l->id].kind == MUSE_K_EXL3 ? PROF_EXL3 : PROF_DENSE);
 }
 
 static void cuda_qk_norm_rope(muse_backend *be, muse_act x, long heads, long head_dim, double theta,
@@ -511,8 +582,10 @@ static void cuda_qk_norm_rope(muse_backend *be, muse_act x, long heads, long hea
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
+    prof_begin(c);
     CHECK(c, muse_k_qk_norm_rope(act(c, x), c->rows, heads, head_dim, c->d_positions, theta,
                                  (double)eps, c->st));
+    prof_end(c, PROF_QK);
 }
 
 static muse_k_kv layer_kv(cuda_backend *c, int layer)
@@ -527,6 +600,7 @@ static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, 
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
+    prof_begin(c);
     const muse_config *cfg = &be->model->cfg;
     long hd = (long)cfg->head_dim, Hq = (long)cfg->n_heads, Hkv = (long)cfg->n_kv_heads;
     muse_k_kv kv = layer_kv(c, layer);
@@ -535,13 +609,16 @@ static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, 
     double scale = cfg->qk_scale_factor / sqrt((double)hd);
     CHECK(c, muse_k_attention(kv, act(c, q), act(c, g), act(c, o), c->rows, Hq, hd, Hq / Hkv,
                               window, scale, c->d_seqs, c->d_positions, c->st));
+    prof_end(c, PROF_ATTENTION);
 }
 
 static void cuda_swiglu(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out)
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
+    prof_begin(c);
     CHECK(c, muse_k_swiglu(act(c, gate), act(c, up), c->rows * width, act(c, out), c->st));
+    prof_end(c, PROF_SWIGLU);
 }
 
 /* gate, up, swiglu, down of one MLP over rows (row r of x at x_stride), per-row descriptors
@@ -566,6 +643,7 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
+    prof_begin(c);
     const muse_model *m = be->model;
     const muse_config *cfg = &m->cfg;
     long H = (long)cfg->hidden_size, E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
@@ -593,6 +671,7 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
         shared = c->zs;
     }
     CHECK(c, muse_k_moe_combine(c->sel, c->sel_w, c->zg, shared, R, K, H, act(c, y_a), c->st));
+    prof_end(c, PROF_MOE);
 }
 
 static void cuda_all_reduce(muse_backend *be, muse_act x, long width)
@@ -605,6 +684,7 @@ static void cuda_head(muse_backend *be, muse_act x, muse_act logits)
     cuda_backend *c = cu(be);
     c->logits = logits;
     if (c->failed || !c->wanted) return;
+    prof_begin(c);
     const muse_model *m = be->model;
     const muse_config *cfg = &m->cfg;
     long H = (long)cfg->hidden_size, V = (long)cfg->vocab_size, N = (long)m->head.n;
@@ -612,6 +692,7 @@ static void cuda_head(muse_backend *be, muse_act x, muse_act logits)
     run_linear(c, &m->head, c->xsel, c->wanted, 0, c->raw);
     CHECK(c, muse_k_head_finish(c->raw, c->wanted, N, V, cfg->output_multiplier,
                                 cfg->final_logit_softcapping, act(c, logits), c->st));
+    prof_end(c, PROF_HEAD);
 }
 
 static void cuda_sample(muse_backend *be, muse_act logits)
@@ -619,9 +700,11 @@ static void cuda_sample(muse_backend *be, muse_act logits)
     cuda_backend *c = cu(be);
     c->logits = logits;
     if (c->failed || !c->wanted) return;
+    prof_begin(c);
     CHECK(c,
           muse_k_sample(act(c, logits), c->wanted, (long)be->model->cfg.vocab_size, c->d_sampling,
                         c->d_draw_pos, c->weight_bits, c->weights, c->d_drawn, c->st));
+    prof_end(c, PROF_SAMPLE);
 }
 
 /* K then V of each sliding layer, positions ascending, between the rings and a slot. */
@@ -817,11 +900,15 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
     c->device = dev;
     const char *graphs = getenv("MUSE_CUDA_GRAPHS"); /* 0: launch each kernel eagerly */
     c->graphs = !(graphs && !strcmp(graphs, "0"));
+    const char *prof = getenv("MUSE_CUDA_PROFILE");
+    c->prof = prof && !strcmp(prof, "1");
+    if (c->prof) c->graphs = 0; /* each op synchronized on its own */
     int id_bits = 0;
     while (((int64_t)1 << id_bits) < cfg->vocab_size) id_bits++;
     c->weight_bits = 62 - id_bits;
     if (!CHECK(c, cudaSetDevice(dev)))
         CHECK(c, cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+    if (c->prof && !CHECK(c, cudaEventCreate(&c->ev0))) CHECK(c, cudaEventCreate(&c->ev1));
     if (c->failed || upload_weights(c) || upload_vectors(c) || upload_linears(c) || allocate(c)) {
         muse_fail(e, "--backend cuda: start-up on device %d failed: %s; use --backend cpu", dev,
                   c->err);
@@ -834,6 +921,15 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
 static void cuda_destroy(muse_backend *be)
 {
     cuda_backend *c = cu(be);
+    if (c->prof) {
+        fprintf(stderr, "cuda profile (ms total, calls, us a call):\n");
+        for (int i = 0; i < PROF_OPS; i++)
+            if (c->prof_n[i])
+                fprintf(stderr, "  %-20s %10.3f %8ld %10.1f\n", prof_names[i], c->prof_ms[i],
+                        c->prof_n[i], 1000.0 * c->prof_ms[i] / (double)c->prof_n[i]);
+        cudaEventDestroy(c->ev0);
+        cudaEventDestroy(c->ev1);
+    }
     void *dev[] = {c->wdev,
                    c->vec_block,
                    c->lin_dev,
