@@ -19,6 +19,29 @@ MAIN_SRCS := engine/cmd/muse_engine.c engine/cmd/muse_pack.c engine/cmd/muse_qua
 MAINS     := $(patsubst engine/cmd/muse_%.c,$(BUILD)/muse-%,$(MAIN_SRCS))
 LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard engine/$(d)/*.c)))
 LIB_OBJS  := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
+
+# The CUDA backend (engine/backend/cuda/ and the kernels/ it launches), built into libmuse.a
+# when nvcc is found (make CUDA=0: never); without it the engine is CPU-only and --backend cuda
+# says so. Kernels build for sm_90a and sm_90 with -fmad=false: no contraction the CPU
+# reference does not do. cudart is linked statically, so the binaries need no CUDA install.
+CUDA      ?= 1
+NVCC_BIN  := $(if $(filter 1,$(CUDA)),$(firstword $(shell command -v $(NVCC) 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc)))
+ifneq ($(NVCC_BIN),)
+CUDA_HOME    := $(patsubst %/bin/nvcc,%,$(NVCC_BIN))
+NVCCFLAGS    ?= -O2
+NVCCFLAGS    += -std=c++17 -fmad=false -Iengine -I. -Xcompiler -Wall \
+                -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=sm_90
+KERNEL_SRCS  := $(wildcard kernels/*.cu)
+KERNEL_OBJS  := $(patsubst kernels/%.cu,$(BUILD)/obj/kernels/%.o,$(KERNEL_SRCS))
+CUDA_SRCS    := $(wildcard engine/backend/cuda/*.c)
+CUDA_OBJS    := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(CUDA_SRCS)) $(KERNEL_OBJS)
+LDLIBS       += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+$(patsubst engine/%.c,$(BUILD)/obj/%.o,$(CUDA_SRCS)): CFLAGS += -I. -isystem $(CUDA_HOME)/include
+$(BUILD)/obj/backend/backend.o: CFLAGS += -DMUSE_HAVE_CUDA
+$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC_BIN) $(NVCCFLAGS) -c $< -o $@
+endif
 LIB       := $(BUILD)/libmuse.a
 ENGINE_H  := $(shell find engine -name '*.h')
 
@@ -57,7 +80,7 @@ $(BUILD)/obj/%.o: engine/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
-$(LIB): $(LIB_OBJS)
+$(LIB): $(LIB_OBJS) $(CUDA_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/muse-%: $(BUILD)/obj/cmd/muse_%.o $(LIB) | $(BUILD)

@@ -9,11 +9,18 @@ static const struct {
     create_fn create;
 } backends[] = {
     {"cpu", muse_cpu_backend_create},
+#ifdef MUSE_HAVE_CUDA
+    {"cuda", muse_cuda_backend_create},
+#endif
 };
 
 const char *muse_backend_names(void)
 {
+#ifdef MUSE_HAVE_CUDA
+    return "cpu, cuda";
+#else
     return "cpu";
+#endif
 }
 
 muse_backend *muse_backend_create(const char *name, const muse_model *m, const muse_backend_opts *o,

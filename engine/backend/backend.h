@@ -141,5 +141,8 @@ long muse_backend_bucket(const muse_backend *be, long rows);
 
 /* The CPU reference backend. */
 muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e);
+/* The CUDA backend (engine/backend/cuda/), in binaries built with nvcc (MUSE_HAVE_CUDA). */
+muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_opts *o,
+                                       muse_err *e);
 
 #endif

@@ -14,7 +14,7 @@
 #include "text/sampler.h"
 
 typedef struct {
-    const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook;
+    const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook, *backend;
     long long max_tokens, chunk, threads, seed, top_k, ranks, synthetic, bits;
     double temperature, top_p, min_p;
 } run_flags;
@@ -33,8 +33,13 @@ enum { LOGITS = 1, GENERATE = 2, INSPECT = 4, CHAT = 8, RUN = LOGITS | GENERATE 
 static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv, run_flags *f,
                            const char *about)
 {
-    *f = (run_flags){
-        .max_tokens = 16, .temperature = 0, .top_p = 1, .seed = 0, .ranks = 1, .synthetic = -1};
+    *f = (run_flags){.max_tokens = 16,
+                     .temperature = 0,
+                     .top_p = 1,
+                     .seed = 0,
+                     .ranks = 1,
+                     .synthetic = -1,
+                     .backend = "cpu"};
     const struct {
         unsigned cmds;
         muse_flag flag;
@@ -50,6 +55,9 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
                           "--synthetic-weights: EXL3 at B bits (head at 6); 0: fp16")},
         {RUN, MUSE_FLAG_S("codebook", &f->codebook, "mul1|mcg|3inst",
                           "--synthetic-weights: the EXL3 codebook", .def = "mul1")},
+        {RUN,
+         MUSE_FLAG_S("backend", &f->backend, "cpu|cuda",
+                     "where the model runs (cuda: in binaries built with nvcc)", .def = "cpu")},
         {RUN, MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
                           "tensor-parallel ranks in this process (sums in rank order);\n"
                           "the config must allow it (heads divisible, splits of 128)")},
@@ -149,7 +157,7 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
                            .context = context > 0 ? context : 1,
                            .ranks = (int)f->ranks,
                            .threads = (int)f->threads};
-    s->be = muse_backend_create("cpu", &s->model, &o, &e);
+    s->be = muse_backend_create(f->backend, &s->model, &o, &e);
     if (!s->be) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
         return 2;

@@ -37,7 +37,7 @@ static void on_signal(int sig)
     stopping = 1;
 }
 
-static const char *const backends[] = {"cpu", "script", NULL};
+static const char *const backends[] = {"cpu", "script", "cuda", NULL};
 
 /* Returns -1 when the flags are complete, else the exit code. */
 static int parse_flags(int argc, char **argv, serve_flags *f)
@@ -107,6 +107,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                     "full-attention KV blocks of 16 positions in the pool",
                     .def = "enough for every stream's whole context plus the prompt cache"),
         MUSE_FLAG_E("backend", &backend, backends,
+                    "cuda runs the model on the GPU (binaries built with nvcc);\n"
                     "script replays token ids from --script FILE (a JSON array of id arrays)\n"
                     "instead of running the model; request i gets list seed % count. For tests"),
         MUSE_FLAG_S("tokenizer", &f->tokenizer, "FILE", "the tokenizer",

@@ -1,0 +1,37 @@
+/* head: gather (one thread an element) and finish (one thread a logit: the product with the
+ * multiplier and the tanh softcap in double, then fp32, as cpu_backend.c cpu_head). */
+#include "common.cuh"
+#include "head.cuh"
+
+__global__ void k_gather_rows(const float *src, const int32_t *rows, long W, float *dst)
+{
+    long i = blockIdx.y, j = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < W) dst[i * W + j] = src[(long)rows[i] * W + j];
+}
+
+__global__ void k_head_finish(const float *raw, long N, long V, double mult, double cap,
+                              float *logits)
+{
+    long i = blockIdx.y, j = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= V) return;
+    double z = (double)raw[i * N + j] * mult;
+    logits[i * V + j] = (float)(cap > 0 ? cap * tanh(z / cap) : z);
+}
+
+MUSE_K_API int muse_k_gather_rows(const float *src, const int32_t *rows, long n, long W,
+                                  float *dst, cudaStream_t st)
+{
+    if (n <= 0) return 0;
+    k_gather_rows<<<dim3((unsigned)((W + 255) / 256), (unsigned)n), 256, 0, st>>>(src, rows, W,
+                                                                                  dst);
+    return (int)cudaGetLastError();
+}
+
+MUSE_K_API int muse_k_head_finish(const float *raw, long n, long N, long V, double mult,
+                                  double cap, float *logits, cudaStream_t st)
+{
+    if (n <= 0) return 0;
+    k_head_finish<<<dim3((unsigned)((V + 255) / 256), (unsigned)n), 256, 0, st>>>(raw, N, V, mult,
+                                                                                 cap, logits);
+    return (int)cudaGetLastError();
+}

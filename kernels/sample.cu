@@ -1,0 +1,222 @@
+/* sample: one block of 1024 threads a wanted row. The rules are the host sampler's
+ * (engine/text/sampler.c): greedy and the non-finite cases first; else integer weights
+ * q = round(2^S exp((x - max) / T)) on the same IEEE float operation sequence (explicit _rn
+ * intrinsics, no contraction), keys (q bits << 32 | ~id) ordered descending, the filters top_k,
+ * top_p, min_p as key cut-offs and the draw as the key where the running total in key order
+ * passes the target. Where the host walks histogram bins, this finds the same key by a bitwise
+ * search over the 64-bit key space, each step an exact integer sum over the row (so no order
+ * of summation can matter). */
+#include <float.h>
+
+#include "common.cuh"
+#include "sample.cuh"
+
+#define SM_THREADS 1024
+
+__device__ __forceinline__ uint64_t k_splitmix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ uint64_t k_rand_bits(uint64_t seed, uint64_t position, uint64_t stream)
+{
+    const uint64_t golden = 0x9e3779b97f4a7c15ull;
+    uint64_t h = k_splitmix(seed + golden);
+    h = k_splitmix(h + position * golden + 0x6a09e667f3bcc909ull);
+    return k_splitmix(h + stream * golden + 0xbb67ae8584caa73bull);
+}
+
+/* floor(a * b / 2^shift), or the ceiling when round_up; shift in [1, 127] */
+__device__ __forceinline__ uint64_t k_mul_shift(uint64_t a, uint64_t b, int shift, int round_up)
+{
+    uint64_t hi = __umul64hi(a, b), lo = a * b, q, rest;
+    if (shift < 64) {
+        q = (lo >> shift) | (hi << (64 - shift));
+        rest = lo & ((1ull << shift) - 1);
+    } else {
+        q = hi >> (shift - 64);
+        rest = lo | (shift > 64 ? hi & ((1ull << (shift - 64)) - 1) : 0);
+    }
+    return q + (round_up && rest != 0);
+}
+
+__device__ __forceinline__ uint64_t k_ceil_float_times(float f, uint64_t w)
+{
+    int exponent;
+    float mant = frexpf(f, &exponent);
+    uint64_t m24 = (uint64_t)__fmul_rn(mant, 16777216.0f);
+    int shift = 24 - exponent;
+    if (shift > 127) return 1;
+    return k_mul_shift(m24, w, shift, 1);
+}
+
+__device__ __forceinline__ uint64_t k_min_p_cut(float min_p, int weight_bits)
+{
+    double top = (double)((uint64_t)1 << weight_bits);
+    double least = ceil((double)min_p * top);
+    if (least > top) least = top;
+    float f = (float)least;
+    if ((double)f < least) f = nextafterf(f, INFINITY);
+    return (uint64_t)k_f32_bits(f) << 32;
+}
+
+/* lane_weights of the host sampler for one logit */
+__device__ __forceinline__ float k_weight(float x, float max, float inv_t, int wb)
+{
+    const float z_min = __fsub_rn(0.0f, __fmul_rn((float)(wb + 2), 0.693147182f));
+    const float round_magic = 0x1.8p23f, two23 = 0x1p23f;
+    float z = __fmul_rn(__fsub_rn(x, max), inv_t);
+    bool finite = z >= z_min;
+    if (!finite) z = 0;
+    float kf = __fsub_rn(__fadd_rn(__fmul_rn(z, 1.44269502f), round_magic), round_magic);
+    float r = __fsub_rn(__fsub_rn(z, __fmul_rn(kf, 0.693359375f)), __fmul_rn(kf, -2.12194440e-4f));
+    float p = __fadd_rn(__fmul_rn(__fdiv_rn(1.0f, 5040.0f), r), __fdiv_rn(1.0f, 720.0f));
+    p = __fadd_rn(__fmul_rn(p, r), __fdiv_rn(1.0f, 120.0f));
+    p = __fadd_rn(__fmul_rn(p, r), __fdiv_rn(1.0f, 24.0f));
+    p = __fadd_rn(__fmul_rn(p, r), __fdiv_rn(1.0f, 6.0f));
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    int k = (int)kf;
+    float scale = k_bits_f32((uint32_t)(k + (127 + wb)) << 23);
+    float q = __fmul_rn(p, scale);
+    if (q < two23) q = __fsub_rn(__fadd_rn(q, two23), two23);
+    float top = (float)((uint64_t)1 << wb);
+    if (q > top) q = top;
+    return finite ? q : 0.0f;
+}
+
+__device__ __forceinline__ uint64_t k_key(const float *wts, long i)
+{
+    return ((uint64_t)k_f32_bits(wts[i]) << 32) | (0xffffffffu - (uint32_t)i);
+}
+
+/* Sum over the block of v (every thread gets it). */
+__device__ __forceinline__ uint64_t k_block_sum_u64(uint64_t v, uint64_t *red)
+{
+    int t = threadIdx.x;
+    red[t] = v;
+    __syncthreads();
+    for (int w = SM_THREADS / 2; w > 0; w >>= 1) {
+        if (t < w) red[t] += red[t + w];
+        __syncthreads();
+    }
+    uint64_t s = red[0];
+    __syncthreads();
+    return s;
+}
+
+/* Total share (1 or q) of the candidates (q > 0) whose key is >= cut. */
+__device__ uint64_t k_share_from(const float *wts, long V, uint64_t cut, int by_count,
+                                 uint64_t *red)
+{
+    uint64_t s = 0;
+    for (long i = threadIdx.x; i < V; i += SM_THREADS) {
+        float q = wts[i];
+        if (q > 0 && k_key(wts, i) >= cut) s += by_count ? 1 : (uint64_t)q;
+    }
+    return k_block_sum_u64(s, red);
+}
+
+/* The key where the running total in key-descending order first exceeds target: the largest
+ * key T with share_from(T) > target (the caller guarantees share_from(0) > target). */
+__device__ uint64_t k_crossing(const float *wts, long V, uint64_t target, int by_count,
+                               uint64_t *red)
+{
+    uint64_t key = 0;
+    for (int bit = 63; bit >= 0; bit--) {
+        uint64_t cand = key | (1ull << bit);
+        if (k_share_from(wts, V, cand, by_count, red) > target) key = cand;
+    }
+    return key;
+}
+
+__global__ void __launch_bounds__(SM_THREADS)
+    k_sample(const float *logits_all, long V, const muse_k_sampling *params,
+             const int64_t *draw_pos, int wb, float *weights_all, int32_t *tokens)
+{
+    __shared__ uint64_t red[SM_THREADS];
+    __shared__ float fmax_sh[SM_THREADS];
+    __shared__ long imin_sh[SM_THREADS];
+    long row = blockIdx.x;
+    int t = threadIdx.x;
+    const float *lg = logits_all + row * V;
+    float *wts = weights_all + row * V;
+    muse_k_sampling p = params[row];
+    /* the highest logit (NaN below -inf) */
+    float mx = -INFINITY;
+    for (long i = t; i < V; i += SM_THREADS) mx = lg[i] > mx ? lg[i] : mx;
+    fmax_sh[t] = mx;
+    __syncthreads();
+    for (int w = SM_THREADS / 2; w > 0; w >>= 1) {
+        if (t < w && fmax_sh[t + w] > fmax_sh[t]) fmax_sh[t] = fmax_sh[t + w];
+        __syncthreads();
+    }
+    mx = fmax_sh[0];
+    /* the lowest id holding it (or, when nothing is above -inf, the lowest holding -inf) */
+    long first = V;
+    for (long i = t; i < V; i += SM_THREADS)
+        if (lg[i] == mx && i < first) first = i;
+    imin_sh[t] = first;
+    __syncthreads();
+    for (int w = SM_THREADS / 2; w > 0; w >>= 1) {
+        if (t < w && imin_sh[t + w] < imin_sh[t]) imin_sh[t] = imin_sh[t + w];
+        __syncthreads();
+    }
+    long best = imin_sh[0];
+    if (mx == -INFINITY || !(p.temperature > 0) || mx == INFINITY) {
+        if (t == 0) tokens[row] = (int32_t)(best < V ? best : 0);
+        return;
+    }
+    float inv_t = __fdiv_rn(1.0f, p.temperature);
+    if (inv_t > FLT_MAX) inv_t = FLT_MAX;
+    uint64_t total = 0, candidates = 0;
+    for (long i = t; i < V; i += SM_THREADS) {
+        float q = k_weight(lg[i], mx, inv_t, wb);
+        wts[i] = q;
+        total += (uint64_t)q;
+        candidates += q > 0;
+    }
+    __syncthreads();
+    total = k_block_sum_u64(total, red);
+    candidates = k_block_sum_u64(candidates, red);
+    uint64_t cut = 0, kept = total;
+    if (p.top_k > 0 && (uint64_t)p.top_k < candidates) {
+        cut = k_crossing(wts, V, (uint64_t)p.top_k - 1, 1, red);
+        kept = k_share_from(wts, V, cut, 0, red);
+    }
+    if (p.top_p < 1) {
+        uint64_t need = p.top_p > 0 ? k_ceil_float_times(p.top_p, kept) : 1;
+        if (need == 0) need = 1;
+        if (need < kept) {
+            uint64_t c = k_crossing(wts, V, need - 1, 0, red);
+            if (c > cut) {
+                cut = c;
+                kept = k_share_from(wts, V, cut, 0, red);
+            }
+        }
+    }
+    if (p.min_p > 0) {
+        uint64_t min_cut = k_min_p_cut(p.min_p, wb);
+        if (min_cut > cut) {
+            cut = min_cut;
+            kept = k_share_from(wts, V, cut, 0, red);
+        }
+    }
+    uint64_t u53 = k_rand_bits(p.seed, (uint64_t)draw_pos[row], 0) >> 11;
+    uint64_t target = k_mul_shift(u53, kept, 53, 0);
+    uint64_t c = k_crossing(wts, V, target, 0, red);
+    if (t == 0) tokens[row] = (int32_t)(0xffffffffu - (uint32_t)c);
+}
+
+MUSE_K_API int muse_k_sample(const float *logits, long n, long V, const muse_k_sampling *params,
+                             const int64_t *draw_pos, int weight_bits, float *weights,
+                             int32_t *tokens, cudaStream_t st)
+{
+    if (n <= 0) return 0;
+    k_sample<<<(unsigned)n, SM_THREADS, 0, st>>>(logits, V, params, draw_pos, weight_bits,
+                                                 weights, tokens);
+    return (int)cudaGetLastError();
+}
