@@ -168,6 +168,12 @@ static void cancel_gone(muse_sched *s)
     }
 }
 
+/* Test builds: a lane that never emits again, keepalives included (a hung engine). */
+static bool lane_stalled(const muse_sched *s, const lane *l)
+{
+    return s->o.fault_stall_after_tokens > 0 && l->generated >= s->o.fault_stall_after_tokens;
+}
+
 /* Lanes in least-recently-served order (a stable insertion sort over few lanes). */
 static int order_lanes(muse_sched *s, int *order)
 {
@@ -176,8 +182,7 @@ static int order_lanes(muse_sched *s, int *order)
         lane *l = &s->lanes[i];
         if (l->state != LANE_PREFILL && l->state != LANE_DECODE) continue;
         if (l->n_out) continue; /* its ring is full: paused until the client reads */
-        if (s->o.fault_stall_after_tokens > 0 && l->generated >= s->o.fault_stall_after_tokens)
-            continue; /* test builds: a lane that never emits again */
+        if (lane_stalled(s, l)) continue;
         int j = n++;
         while (j > 0 && s->lanes[order[j - 1]].served > l->served) {
             order[j] = order[j - 1];
@@ -316,7 +321,7 @@ static void keepalives(muse_sched *s)
     for (int i = 0; i < s->o.streams; i++) {
         lane *l = &s->lanes[i];
         if ((l->state == LANE_PREFILL || l->state == LANE_DECODE) && !l->n_out &&
-            now - l->t_record >= every)
+            !lane_stalled(s, l) && now - l->t_record >= every)
             muse_lane_push(l, MUSE_EV_KEEPALIVE, 0, NULL);
     }
 }
