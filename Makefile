@@ -28,16 +28,18 @@ CUDA      ?= 1
 NVCC_BIN  := $(if $(filter 1,$(CUDA)),$(firstword $(shell command -v $(NVCC) 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc)))
 ifneq ($(NVCC_BIN),)
 CUDA_HOME    := $(patsubst %/bin/nvcc,%,$(NVCC_BIN))
+# the archs built (wgmma needs 90a); muse-engine version lists them and the backend refuses others
+CUDA_ARCHS   := 90a 90
 NVCCFLAGS    ?= -O2
 NVCCFLAGS    += -std=c++17 -fmad=false -Iengine -I. -Xcompiler -Wall \
-                -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=sm_90
+                $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a))
 KERNEL_SRCS  := $(wildcard kernels/*.cu)
 KERNEL_OBJS  := $(patsubst kernels/%.cu,$(BUILD)/obj/kernels/%.o,$(KERNEL_SRCS))
 CUDA_SRCS    := $(wildcard engine/backend/cuda/*.c)
 CUDA_OBJS    := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(CUDA_SRCS)) $(KERNEL_OBJS)
 LDLIBS       += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-$(patsubst engine/%.c,$(BUILD)/obj/%.o,$(CUDA_SRCS)): CFLAGS += -I. -isystem $(CUDA_HOME)/include
-$(BUILD)/obj/backend/backend.o: CFLAGS += -DMUSE_HAVE_CUDA
+$(patsubst engine/%.c,$(BUILD)/obj/%.o,$(CUDA_SRCS)): CFLAGS += -I. -isystem $(CUDA_HOME)/include -DMUSE_CUDA_ARCHS='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"'
+$(BUILD)/obj/backend/backend.o: CFLAGS += -DMUSE_HAVE_CUDA -DMUSE_CUDA_ARCHS='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"'
 $(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC_BIN) $(NVCCFLAGS) -c $< -o $@

@@ -23,6 +23,15 @@ const char *muse_backend_names(void)
 #endif
 }
 
+const char *muse_backend_cuda_archs(void)
+{
+#ifdef MUSE_HAVE_CUDA
+    return MUSE_CUDA_ARCHS;
+#else
+    return NULL;
+#endif
+}
+
 muse_backend *muse_backend_create(const char *name, const muse_model *m, const muse_backend_opts *o,
                                   muse_err *e)
 {

@@ -132,6 +132,8 @@ muse_backend *muse_backend_create(const char *name, const muse_model *m, const m
 void muse_backend_destroy(muse_backend *be);
 /* The names this binary can make, comma-separated. */
 const char *muse_backend_names(void);
+/* The CUDA archs the kernels were built for ("sm_90a sm_90"); NULL without CUDA. */
+const char *muse_backend_cuda_archs(void);
 
 /* For backends: fills be's common fields (buckets, KV pool, byte counts of one rank). */
 int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_backend_opts *o,

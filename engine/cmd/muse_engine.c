@@ -1,11 +1,30 @@
 /* muse-engine: the engine process and its tools, one subcommand each. */
+#include "backend/backend.h"
 #include "base/flags.h"
 #include "cmd/cmd_exl3.h"
 #include "cmd/cmd_model.h"
 #include "cmd/cmd_serve.h"
 #include "cmd/cmd_tokenize.h"
 
+/* What this binary is: its version, its backends and the CUDA archs its kernels were built for. */
+static int cmd_version(int argc, char **argv)
+{
+    if (argc > 1) {
+        bool help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
+        fprintf(help ? stdout : stderr, "%s%s",
+                help ? "" : "muse-engine version: takes no flags or arguments\n",
+                "usage: muse-engine version\nPrints the version, the backends and the CUDA archs "
+                "built.\n");
+        return help ? 0 : 2;
+    }
+    const char *archs = muse_backend_cuda_archs();
+    printf("muse-engine %s\nbackends: %s\ncuda archs: %s\n", MUSE_VERSION, muse_backend_names(),
+           archs ? archs : "none (built without nvcc)");
+    return 0;
+}
+
 static const muse_subcommand subcommands[] = {
+    {"version", cmd_version, "version, backends and the CUDA archs built"},
     {"dequant", muse_cmd_dequant, "fp32 effective weight of one EXL3 Linear"},
     {"serve", muse_cmd_serve, "serve a pack to ngx_muse_module (shared memory + socket)"},
     {"logits", muse_cmd_logits, "fp32 logits of every position of a prompt"},

@@ -156,4 +156,16 @@ for my $cmd (qw(logits generate inspect chat)) {
     is($rc, 0, "$cmd --help exits 0");
     like($out, qr/usage: muse-engine $cmd/, "$cmd --help documents its flags");
 }
+# version: the backends and CUDA archs this binary has (the ASan build is CPU-only)
+{
+    my ($rc, $out) = run($engine, 'version');
+    is($rc, 0, 'version exits 0');
+    like($out, qr/^muse-engine \d+\.\d+\.\d+\nbackends: cpu(, cuda)?\ncuda archs: /, 'version prints the version, backends and archs');
+    my $cuda = $out =~ /^backends: cpu, cuda$/m;
+    like($out, $cuda ? qr/^cuda archs: sm_90a sm_90$/m : qr/^cuda archs: none \(built without nvcc\)$/m,
+         $cuda ? 'a CUDA build names sm_90a and sm_90' : 'a CPU-only build says it has no CUDA archs');
+    ($rc, $out) = run($engine, 'version', '--bogus');
+    ok($rc == 2 && $out =~ /takes no flags/, 'version --bogus exits 2 saying it takes no flags');
+}
+
 done_testing();

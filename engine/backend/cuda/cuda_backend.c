@@ -863,6 +863,24 @@ static int allocate(cuda_backend *c)
     return c->failed ? -1 : 0;
 }
 
+/* The kernels are SASS only (no PTX to JIT): a device runs them only when its compute
+ * capability is one of the archs built (MUSE_CUDA_ARCHS, "sm_90a sm_90"). */
+static int arch_check(int dev, muse_err *e)
+{
+    struct cudaDeviceProp p;
+    cudaError_t rc = cudaGetDeviceProperties(&p, dev);
+    if (rc != cudaSuccess)
+        return muse_fail(e, "--backend cuda: device %d: %s; use --backend cpu", dev,
+                         cudaGetErrorString(rc));
+    int cc = p.major * 10 + p.minor;
+    for (const char *a = MUSE_CUDA_ARCHS; (a = strstr(a, "sm_")) != NULL; a += 3)
+        if (atoi(a + 3) == cc) return 0;
+    return muse_fail(e,
+                     "--backend cuda: device %d (%s) is sm_%d; this binary has kernels for %s "
+                     "only; rebuild with CUDA_ARCHS naming %d, or use --backend cpu",
+                     dev, p.name, cc, MUSE_CUDA_ARCHS, cc);
+}
+
 muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e)
 {
     const muse_config *cfg = &m->cfg;
@@ -891,6 +909,7 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
         return muse_fail(e, "--backend cuda: device %d does not exist (%d found); use 0 .. %d", dev,
                          count, count - 1),
                NULL;
+    if (arch_check(dev, e)) return NULL;
     cuda_backend *c = MUSE_CALLOC(1, sizeof *c);
     c->base.ops = &cuda_ops;
     if (muse_backend_init_common(&c->base, m, o, e)) {
