@@ -55,6 +55,8 @@ int muse_cmd_plan(int argc, char **argv)
     int rc = muse_flags_parse(&set, argc, argv);
     if (rc != MUSE_FLAGS_RUN) return rc;
     if (!config) return muse_flags_error(&set, "--config FILE is required"); /* for cppcheck */
+    if (bits > 0 && bits < 1)
+        return muse_flags_error(&set, "--bits %g: give 0 (fp16) or 1 .. 8 (EXL3)", bits);
     if (kind < 0) kind = device_gib > 0 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
     muse_err e = {{0}};
     static muse_config cfg; /* large (per-layer arrays) */

@@ -98,7 +98,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                     "1/32) on a discrete GPU, max(4 GiB, 1/10) on a unified one"),
         MUSE_FLAG_G("device-gib", &f->device_gib, 1 << 20,
                     "memory of each rank's device: the plan must fit it or the engine refuses\n"
-                    "to start (exit 2) naming every term; 0: no limit, no check",
+                    "to start (exit 2) naming every term; 0: no limit, no check. On the CPU\n"
+                    "backend the ranks share the machine: give each rank's share",
                     .def = "0"),
         MUSE_FLAG_L("drain-ms", &f->drain_ms, 0, 3600000, "N",
                     "on SIGTERM, how long running streams may finish"),
@@ -398,7 +399,8 @@ int muse_cmd_serve(int argc, char **argv)
             goto fail;
         }
         double bits = f.synthetic >= 0 ? (double)f.bits : cfg.quantized ? cfg.quant_bits : 0;
-        double head_bits = f.synthetic >= 0 ? 6 : cfg.quant_head_bits;
+        /* a pack without quantization_config.head_bits: EXL3.md's default head of 6 bits */
+        double head_bits = f.synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
         if (make_plan(&f, &cfg, bits, head_bits, &plan, &e)) goto fail;
         muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook};
         if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)

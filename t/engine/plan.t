@@ -101,7 +101,7 @@ def main():
         ok(good, f"{why}: exit 3, every term and the fix named")
         if not good:
             diag(f"exit {rc}: {out} {err}")
-    for args, flag in ((["--bits", "9"], "--bits"), (["--ranks", "3"], "--ranks 3"), (["--ranks", "0"], "--ranks"),
+    for args, flag in ((["--bits", "9"], "--bits"), (["--bits", "0.5"], "--bits 0.5"), (["--ranks", "3"], "--ranks 3"), (["--ranks", "0"], "--ranks"),
                        (["--device-kind", "gpu"], "--device-kind"), (["--device-gib", "-1"], "--device-gib"),
                        (["--context", "999999999"], "--context"), (["--streams", "0"], "--streams"),
                        (["--config", "/nonexistent.json"], "/nonexistent.json")):
