@@ -374,22 +374,12 @@ int muse_cmd_serve(int argc, char **argv)
     }
 #endif
 
-    muse_server_opts so = {.shm_name = f.shm,
-                           .socket_path = f.listen,
-                           .slots = (int)(f.streams + f.queue),
-                           .request_bytes = (size_t)f.request_kib * 1024,
-                           .socket_gid = (int)f.gid};
-    if (muse_server_start(&so, &srv, &e)) goto fail;
-    h.srv = srv;
-    publish_health(&h);
-    if (pthread_create(&health_tid, NULL, health_main, &h) == 0) health_running = true;
-    if (muse_tokenizer_load(f.tokenizer, &tok, &e)) goto fail;
+    /* the plan from the config alone, checked before any large allocation (the segment too) */
+    static muse_config cfg; /* large (per-layer arrays); one serve a process */
     if (script) {
-        if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
         if (!f.context) f.context = 4096;
-        make_plan(&f, NULL, 0, 0, &plan, &e);
+        if (make_plan(&f, NULL, 0, 0, &plan, &e)) goto fail;
     } else {
-        static muse_config cfg; /* large (per-layer arrays); one serve a process */
         if (load_config(&f, &cfg, &e)) goto fail;
         if (!f.context)
             f.context = cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings : 4096;
@@ -402,6 +392,20 @@ int muse_cmd_serve(int argc, char **argv)
         /* a pack without quantization_config.head_bits: EXL3.md's default head of 6 bits */
         double head_bits = f.synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
         if (make_plan(&f, &cfg, bits, head_bits, &plan, &e)) goto fail;
+    }
+    muse_server_opts so = {.shm_name = f.shm,
+                           .socket_path = f.listen,
+                           .slots = (int)(f.streams + f.queue),
+                           .request_bytes = (size_t)f.request_kib * 1024,
+                           .socket_gid = (int)f.gid};
+    if (muse_server_start(&so, &srv, &e)) goto fail;
+    h.srv = srv;
+    publish_health(&h);
+    if (pthread_create(&health_tid, NULL, health_main, &h) == 0) health_running = true;
+    if (muse_tokenizer_load(f.tokenizer, &tok, &e)) goto fail;
+    if (script) {
+        if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
+    } else {
         muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook};
         if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
                              : muse_model_load(f.model, &model, &e))
