@@ -155,6 +155,53 @@ ngx_muse_metrics_histograms(u_char *p, u_char *end, cJSON *hists)
 }
 
 
+/* A label value from the engine's page: short, letters, digits and _ - . : only. */
+static ngx_uint_t
+ngx_muse_metrics_label_ok(const char *v)
+{
+    size_t  i;
+
+    for (i = 0; v[i]; i++) {
+        if (i >= 32 || !(isalnum((unsigned char) v[i]) || ngx_strchr("_-.:", v[i]))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+
+/* Each rank's memory terms as gauges: muse_rank_memory_<term>{rank,device,arch}. */
+static u_char *
+ngx_muse_metrics_ranks(u_char *p, u_char *end, cJSON *ranks)
+{
+    cJSON       *rk, *mem, *c, *dev, *arch, *id;
+    const char  *d, *a;
+
+    for (rk = cJSON_IsArray(ranks) ? ranks->child : NULL; rk; rk = rk->next) {
+        id = cJSON_GetObjectItemCaseSensitive(rk, "rank");
+        dev = cJSON_GetObjectItemCaseSensitive(rk, "device");
+        arch = cJSON_GetObjectItemCaseSensitive(rk, "arch");
+        mem = cJSON_GetObjectItemCaseSensitive(rk, "memory");
+        d = cJSON_IsString(dev) ? dev->valuestring : "";
+        a = cJSON_IsString(arch) ? arch->valuestring : "";
+        if (!cJSON_IsNumber(id) || !cJSON_IsObject(mem) || !ngx_muse_metrics_label_ok(d)
+            || !ngx_muse_metrics_label_ok(a))
+        {
+            continue;
+        }
+        for (c = mem->child; c; c = c->next) {
+            if (!cJSON_IsNumber(c) || ngx_strlen(c->string) > 64) {
+                continue;
+            }
+            p = ngx_slprintf(p, end,
+                             "muse_rank_memory_%s{rank=\"%d\",device=\"%s\",arch=\"%s\"} %.0f\n",
+                             c->string, (int) id->valuedouble, d, a, c->valuedouble);
+        }
+    }
+    return p;
+}
+
+
 /* Prometheus text from the health page's numbers. */
 static ngx_int_t
 ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, const char *why)
@@ -163,7 +210,7 @@ ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, const char *wh
     ngx_uint_t          healthy;
     cJSON              *root = ngx_muse_health_json(r, mcf, why, &healthy), *g, *c, *eng;
     u_char             *buf, *p, *end;
-    size_t              cap = 16384;
+    size_t              cap = 65536;
     const char        **gn;
 
     buf = ngx_pnalloc(r->pool, cap);
@@ -191,6 +238,7 @@ ngx_muse_metrics(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf, const char *wh
     }
     p = ngx_muse_metrics_histograms(p, end,
                                     cJSON_GetObjectItemCaseSensitive(root, "histograms"));
+    p = ngx_muse_metrics_ranks(p, end, cJSON_GetObjectItemCaseSensitive(root, "ranks"));
     cJSON_Delete(root);
     return ngx_muse_send_body(r, NGX_HTTP_OK, "text/plain; version=0.0.4", buf, p - buf);
 }

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,7 +28,9 @@ typedef struct {
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
     bool fault_heap_overflow;
     double reserve_gib, prompt_cache_gib;
-    gid_t gid; /* of --group; -1: none */
+    double device_gib;            /* a rank's device memory; 0: no limit, no check */
+    muse_device_kind device_kind; /* by backend: the reserve's default follows it */
+    gid_t gid;                    /* of --group; -1: none */
 } serve_flags;
 
 static volatile sig_atomic_t stopping;
@@ -42,7 +45,6 @@ static const char *const backends[] = {"cpu", "script", "cuda", NULL};
 /* Returns -1 when the flags are complete, else the exit code. */
 static int parse_flags(int argc, char **argv, serve_flags *f)
 {
-    const char *env_reserve = getenv("MUSE_RESERVE_GIB");
     *f = (serve_flags){.shm = "/muse-engine",
                        .gid = (gid_t)-1,
                        .streams = 4,
@@ -53,7 +55,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .drain_ms = 30000,
                        .request_kib = 4100,
                        .prompt_cache_gib = 1,
-                       .reserve_gib = env_reserve ? atof(env_reserve) : 0};
+                       .reserve_gib = -1};
     int backend = 0;
     const muse_flag table[] = {
         MUSE_FLAG_S("model", &f->model, "DIR", "the pack (not with --backend script)"),
@@ -89,8 +91,16 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         MUSE_FLAG_S("group", &f->group, "GROUP",
                     "the group (the nginx workers') the segment and socket are 0660 for"),
         MUSE_FLAG_G("reserve-gib", &f->reserve_gib, 1 << 20,
-                    "memory reserved for the rest of the machine, shown in /health",
-                    .def = "the MUSE_RESERVE_GIB environment variable, else 0"),
+                    "memory kept back on each rank's device, counted in the plan and shown in\n"
+                    "/health",
+                    .def = MUSE_RESERVE_ENV
+                    ", else by device: 0 on the CPU backend, max(1 GiB,\n"
+                    "1/32) on a discrete GPU, max(4 GiB, 1/10) on a unified one"),
+        MUSE_FLAG_G("device-gib", &f->device_gib, 1 << 20,
+                    "memory of each rank's device: the plan must fit it or the engine refuses\n"
+                    "to start (exit 2) naming every term; 0: no limit, no check. On the CPU\n"
+                    "backend the ranks share the machine: give each rank's share",
+                    .def = "0"),
         MUSE_FLAG_L("drain-ms", &f->drain_ms, 0, 3600000, "N",
                     "on SIGTERM, how long running streams may finish"),
         MUSE_FLAG_G("prompt-cache-gib", &f->prompt_cache_gib, 1 << 20,
@@ -138,6 +148,12 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     int rc = muse_flags_parse(&set, argc, argv);
     if (rc != MUSE_FLAGS_RUN) return rc;
     f->backend = backends[backend];
+    /* the CUDA backend will pass its device's memory and kind here; for now --device-gib */
+    f->device_kind = backend == 2 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
+    muse_err re = {{0}};
+    if (muse_reserve_resolve(f->reserve_gib, f->device_kind, muse_gib_bytes(f->device_gib),
+                             &f->reserve_gib, &re))
+        return muse_flags_error(&set, "%s", re.msg);
     for (const char *p = f->model_id; p && *p; p++) /* it goes into JSON and headers as is */
         if (!(isalnum((unsigned char)*p) || strchr("-_.:/", *p)))
             return muse_flags_error(&set, "--model-id may hold letters, digits and - _ . : / only");
@@ -232,8 +248,12 @@ static void publish_health(health_ctx *h)
     if (up) muse_sched_stats_get(h->sched, &st);
     const serve_flags *f = h->f;
     int busy = h->srv ? muse_server_busy_slots(h->srv) : 0;
+    static struct utsname un; /* the machine's arch, read once */
+    if (!un.machine[0]) uname(&un);
     muse_health hl = {
         .model_id = f->model_id,
+        .device = strcmp(f->backend, "cuda") == 0 ? "cuda" : "cpu",
+        .arch = un.machine,
         .backend = f->backend,
         .pid = (int)getpid(),
         .uptime_s = muse_now_s() - h->started,
@@ -265,12 +285,11 @@ static void *health_main(void *p)
     return NULL;
 }
 
-/* The memory plan of these flags, for a model of kv_bytes_per_token (0: the script backend). */
-static void make_plan(const serve_flags *f, uint64_t kv_bytes_per_token, const muse_config *cfg,
-                      muse_memory_plan *plan)
+/* The memory plan of these flags for cfg (NULL: the script backend), before any large
+ * allocation; -1 with the refusal (every term, the fix) when it does not fit the device. */
+static int make_plan(const serve_flags *f, const muse_config *cfg, double bits, double head_bits,
+                     muse_memory_plan *plan, muse_err *e)
 {
-    /* a rank's pool holds its KV heads of every position */
-    if (cfg) kv_bytes_per_token = muse_kv_rank_bytes(cfg, kv_bytes_per_token, (int)f->ranks);
     muse_memory_opts mo = {.streams = (int)f->streams,
                            .queue = (int)f->queue,
                            .context = f->context,
@@ -278,9 +297,45 @@ static void make_plan(const serve_flags *f, uint64_t kv_bytes_per_token, const m
                            .prompt_cache_gib = f->prompt_cache_gib,
                            .reserve_gib = f->reserve_gib,
                            .request_bytes = (uint64_t)f->request_kib * 1024,
-                           .kv_bytes_per_token = kv_bytes_per_token,
-                           .ranks = (int)f->ranks};
+                           .ranks = (int)f->ranks,
+                           .device_kind = f->device_kind,
+                           .device_bytes = muse_gib_bytes(f->device_gib),
+                           .cfg = cfg,
+                           .bits = bits,
+                           .head_bits = head_bits,
+                           .max_rows = (long)f->max_rows,
+                           .threads =
+                               (int)(f->threads > 0 ? f->threads : sysconf(_SC_NPROCESSORS_ONLN))};
     muse_memory_plan_make(&mo, plan);
+    if (muse_memory_plan_misfit(plan) < 0) {
+        if (cfg && mo.device_bytes)
+            fprintf(stderr,
+                    "muse-engine serve: context that fits: 1 x %lld tokens, 4 x %lld tokens\n",
+                    (long long)muse_memory_plan_context_fits(&mo, 1),
+                    (long long)muse_memory_plan_context_fits(&mo, 4));
+        else if (cfg)
+            fprintf(stderr,
+                    "muse-engine serve: context that fits: no device limit "
+                    "(--device-gib 0), max_position_embeddings %lld\n",
+                    (long long)cfg->max_position_embeddings);
+        return 0;
+    }
+    char text[4096];
+    muse_memory_plan_refusal(plan, text, sizeof text);
+    return muse_fail(e, "--device-gib %g: %s", f->device_gib, text);
+}
+
+/* The config alone (no weights): what the plan is made from before loading. */
+static int load_config(const serve_flags *f, muse_config *cfg, muse_err *e)
+{
+    if (f->model) return muse_config_load(f->model, cfg, e);
+    char *buf;
+    size_t len;
+    if (muse_read_file(f->config, 1 << 20, &buf, &len, e)) return -1;
+    int rc = muse_config_parse(buf, len, cfg, e);
+    free(buf);
+    if (rc) return muse_fail(e, "%s: %s", f->config, e->msg);
+    return 0;
 }
 
 int muse_cmd_serve(int argc, char **argv)
@@ -319,6 +374,25 @@ int muse_cmd_serve(int argc, char **argv)
     }
 #endif
 
+    /* the plan from the config alone, checked before any large allocation (the segment too) */
+    static muse_config cfg; /* large (per-layer arrays); one serve a process */
+    if (script) {
+        if (!f.context) f.context = 4096;
+        if (make_plan(&f, NULL, 0, 0, &plan, &e)) goto fail;
+    } else {
+        if (load_config(&f, &cfg, &e)) goto fail;
+        if (!f.context)
+            f.context = cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings : 4096;
+        if (f.context > cfg.max_position_embeddings) {
+            muse_fail(&e, "--context %lld exceeds the pack's max_position_embeddings %lld",
+                      f.context, (long long)cfg.max_position_embeddings);
+            goto fail;
+        }
+        double bits = f.synthetic >= 0 ? (double)f.bits : cfg.quantized ? cfg.quant_bits : 0;
+        /* a pack without quantization_config.head_bits: EXL3.md's default head of 6 bits */
+        double head_bits = f.synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
+        if (make_plan(&f, &cfg, bits, head_bits, &plan, &e)) goto fail;
+    }
     muse_server_opts so = {.shm_name = f.shm,
                            .socket_path = f.listen,
                            .slots = (int)(f.streams + f.queue),
@@ -331,39 +405,25 @@ int muse_cmd_serve(int argc, char **argv)
     if (muse_tokenizer_load(f.tokenizer, &tok, &e)) goto fail;
     if (script) {
         if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
-        if (!f.context) f.context = 4096;
-        make_plan(&f, 0, NULL, &plan);
     } else {
         muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook};
         if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
                              : muse_model_load(f.model, &model, &e))
             goto fail;
         h.model = &model;
-        if (!f.context)
-            f.context =
-                model.cfg.max_position_embeddings < 4096 ? model.cfg.max_position_embeddings : 4096;
-        if (f.context > model.cfg.max_position_embeddings) {
-            muse_fail(&e, "--context %lld exceeds the pack's max_position_embeddings %lld",
-                      f.context, (long long)model.cfg.max_position_embeddings);
-            goto fail;
-        }
-        make_plan(&f, muse_kv_full_bytes_per_token(&model.cfg), &model.cfg, &plan);
-        uint64_t snap =
-            muse_kv_rank_bytes(&model.cfg, muse_kv_snapshot_bytes(&model.cfg), (int)f.ranks);
         muse_backend_opts bo = {.max_rows = (long)f.max_rows,
                                 .max_seqs = (int)f.streams,
                                 .context = f.context,
                                 .threads = (int)f.threads,
                                 .ranks = (int)f.ranks,
                                 .kv_blocks = plan.ranks[0].kv_blocks,
-                                .snapshot_slots =
-                                    muse_pcache_slots_for(plan.ranks[0].prompt_cache_bytes, snap)};
+                                .snapshot_slots = plan.ranks[0].snapshot_slots};
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         fwd = muse_forward_create(be);
         for (int r = 0; r < be->n_ranks; r++) { /* what each rank really holds */
             const muse_rank_mem *m = &be->ranks[r];
             muse_memory_plan_measured(&plan, r, m->weights, m->kv + m->sliding, m->kv,
-                                      m->workspace + m->staging + m->snapshots);
+                                      m->workspace + m->staging, m->snapshots);
         }
     }
     muse_sched_opts o = {.streams = (int)f.streams,
@@ -392,9 +452,13 @@ int muse_cmd_serve(int argc, char **argv)
     fprintf(stderr,
             "muse-engine serve: serving %s on %s (%lld streams, context %lld, %s backend)\n",
             f.model_id, f.listen, f.streams, f.context, f.backend);
-    char plan_text[1024];
+    char plan_text[4096];
     muse_memory_plan_text(&plan, plan_text, sizeof plan_text);
     fprintf(stderr, "muse-engine serve: memory plan: %s\n", plan_text);
+    fprintf(stderr, "muse-engine serve: weights bytes:"); /* measured, exact: tests compare */
+    for (int r = 0; r < plan.n_ranks; r++)
+        fprintf(stderr, " rank %d %llu", r, (unsigned long long)plan.ranks[r].weights_bytes);
+    fprintf(stderr, "\n");
     muse_sched_run(sched, &stopping, (int)f.drain_ms);
     atomic_store(&h.state, 2);
     fprintf(stderr, "muse-engine serve: drained, shutting down\n");

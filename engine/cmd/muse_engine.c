@@ -3,6 +3,7 @@
 #include "base/flags.h"
 #include "cmd/cmd_exl3.h"
 #include "cmd/cmd_model.h"
+#include "cmd/cmd_plan.h"
 #include "cmd/cmd_serve.h"
 #include "cmd/cmd_tokenize.h"
 
@@ -29,6 +30,7 @@ static const muse_subcommand subcommands[] = {
     {"serve", muse_cmd_serve, "serve a pack to ngx_muse_module (shared memory + socket)"},
     {"logits", muse_cmd_logits, "fp32 logits of every position of a prompt"},
     {"generate", muse_cmd_generate, "generate token ids from a prompt"},
+    {"plan", muse_cmd_plan, "the memory plan per rank of a config, without weights"},
     {"inspect", muse_cmd_inspect, "config, parameters, bytes and layers of a pack"},
     {"chat", muse_cmd_chat, "render messages, generate, print the parsed reply"},
     {"tokenize", muse_cmd_tokenize, "text to token ids with a pack's tokenizer.json"},

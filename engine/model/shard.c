@@ -67,14 +67,19 @@ void muse_shard_heads(const muse_config *c, int rank, int ranks, muse_rank_heads
 void muse_shard_range(const muse_model *m, const muse_linear *l, int rank, int ranks, int64_t *lo,
                       int64_t *hi)
 {
-    const muse_config *c = &m->cfg;
-    int64_t width = l->shard == MUSE_SHARD_INPUT ? l->k : l->n;
+    muse_shard_range_cfg(&m->cfg, l->role, l->kind, l->shard == MUSE_SHARD_INPUT ? l->k : l->n,
+                         rank, ranks, lo, hi);
+}
+
+void muse_shard_range_cfg(const muse_config *c, muse_lin_role role, muse_linear_kind kind,
+                          int64_t width, int rank, int ranks, int64_t *lo, int64_t *hi)
+{
     *lo = 0;
     *hi = width;
     if (ranks <= 1) return;
     muse_rank_heads h;
     muse_shard_heads(c, rank, ranks, &h);
-    switch (l->role) {
+    switch (role) {
     case MUSE_ROLE_Q:
     case MUSE_ROLE_GATE:
     case MUSE_ROLE_O:
@@ -84,7 +89,7 @@ void muse_shard_range(const muse_model *m, const muse_linear *l, int rank, int r
     case MUSE_ROLE_K:
     case MUSE_ROLE_V:
         /* a rank's KV heads, unless that cuts an EXL3 Hadamard block: then it computes all */
-        if (l->kind == MUSE_LIN_DENSE || ((h.kv1 - h.kv0) * c->head_dim) % SPLIT_ALIGN == 0) {
+        if (kind == MUSE_LIN_DENSE || ((h.kv1 - h.kv0) * c->head_dim) % SPLIT_ALIGN == 0) {
             *lo = h.kv0 * c->head_dim;
             *hi = h.kv1 * c->head_dim;
         }

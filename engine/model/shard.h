@@ -29,6 +29,11 @@ int muse_shard_view(const muse_linear *l, int64_t lo, int64_t hi, int keep_bias,
 void muse_shard_range(const muse_model *m, const muse_linear *l, int rank, int ranks, int64_t *lo,
                       int64_t *hi);
 
+/* The same from the config alone (the memory plan sizes weights before any pack exists): width
+ * is the split dimension (n of an output split, k of an input split). */
+void muse_shard_range_cfg(const muse_config *c, muse_lin_role role, muse_linear_kind kind,
+                          int64_t width, int rank, int ranks, int64_t *lo, int64_t *hi);
+
 /* Bytes of the weight data a view reads (trellis and scales, or fp16 rows). */
 uint64_t muse_linear_bytes(const muse_linear *l);
 

@@ -78,10 +78,21 @@ char *muse_health_json(const muse_health *h)
         const muse_rank_plan *ri = h->plan ? &h->plan->ranks[i] : NULL;
         cJSON *rank = cJSON_CreateObject();
         cJSON_AddNumberToObject(rank, "rank", i);
-        cJSON_AddStringToObject(rank, "device", "cpu");
-        cJSON_AddStringToObject(rank, "arch", "x86_64");
+        cJSON_AddStringToObject(rank, "device", h->device ? h->device : "cpu");
+        cJSON_AddStringToObject(rank, "arch", h->arch ? h->arch : "");
+        cJSON_AddStringToObject(rank, "device_kind",
+                                muse_device_kind_name(h->plan ? h->plan->device_kind : 0));
         cJSON *mem = cJSON_AddObjectToObject(rank, "memory");
         add_u64(mem, "total_bytes", h->total_bytes);
+        /* the plan's device limit (0: none) and its sum of every term */
+        add_u64(mem, "device_bytes", ri ? ri->device_bytes : 0);
+        add_u64(mem, "planned_bytes", ri ? ri->total_bytes : 0);
+        add_u64(mem, "pool_bytes", ri ? ri->pool_bytes : 0);
+        add_u64(mem, "sliding_bytes",
+                ri && ri->kv_bytes > ri->pool_bytes ? ri->kv_bytes - ri->pool_bytes : 0);
+        add_u64(mem, "snapshots_bytes", ri ? ri->snapshots_bytes : 0);
+        add_u64(mem, "request_bytes", ri ? ri->request_bytes : 0);
+        add_u64(mem, "prompt_cache_budget_bytes", ri ? ri->prompt_cache_bytes : 0);
         add_u64(mem, "weights_bytes",
                 ri && ri->weights_bytes ? ri->weights_bytes : h->weights_bytes);
         add_u64(mem, "kv_bytes", ri ? ri->kv_bytes : 0);

@@ -12,6 +12,7 @@
 typedef struct {
     const char *status; /* muse_health_status() */
     const char *model_id, *backend;
+    const char *device, *arch; /* of every rank: "cpu" and uname's machine on the CPU backend */
     int pid;
     double uptime_s;
     int queued;                   /* busy slots beyond the running streams */

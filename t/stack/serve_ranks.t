@@ -67,6 +67,28 @@ for my $mode (['greedy', 0], ['seeded 0.7', 0.7]) {
 }
 my $h = $n->request('GET', '/health')->{json};
 is(scalar @{ $h->{ranks} // [] }, 2, '/health lists two ranks') or diag($JSON->encode($h));
+# every rank: its device and arch, every term of the plan, free, left for streams, peak
+chomp(my $arch = `uname -m`);
+my @terms = qw(total_bytes device_bytes planned_bytes weights_bytes kv_bytes pool_bytes sliding_bytes
+               snapshots_bytes prompt_cache_bytes prompt_cache_budget_bytes workspace_bytes request_bytes
+               reserve_bytes free_bytes left_for_streams_bytes peak_bytes);
+for my $i (0, 1) {
+    my $rk = $h->{ranks}[$i] // {};
+    my $mem = $rk->{memory} // {};
+    ok(($rk->{device} // '') eq 'cpu' && ($rk->{arch} // '') eq $arch && ($rk->{device_kind} // '') eq 'cpu',
+       "/health ranks[$i]: device cpu, arch $arch (uname), device_kind cpu");
+    my @missing = grep { !defined $mem->{$_} || $mem->{$_} !~ /^\d+(\.\d+)?$/ } @terms;
+    ok(!@missing, "/health ranks[$i].memory: every plan term, numeric") or diag("missing: @missing");
+    ok($mem->{weights_bytes} > 0 && $mem->{pool_bytes} > 0 && $mem->{sliding_bytes} > 0
+       && $mem->{planned_bytes} >= $mem->{weights_bytes} + $mem->{kv_bytes},
+       "/health ranks[$i]: weights, pool, rings measured; the planned total holds them");
+}
+my $metrics = $n->request('GET', '/metrics')->{body} // '';
+for my $i (0, 1) {
+    like($metrics, qr/^muse_rank_memory_weights_bytes\{rank="$i",device="cpu",arch="\Q$arch\E"\} [1-9]\d*$/m,
+         "/metrics: rank ${i}'s weights gauge");
+    like($metrics, qr/^muse_rank_memory_left_for_streams_bytes\{rank="$i",/m, "/metrics: rank ${i}'s left for streams");
+}
 
 sub conversation {
     my (@shas, @cached);

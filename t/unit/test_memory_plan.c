@@ -37,7 +37,8 @@ static void plan_arithmetic(void)
     is_int(r->kv_blocks, 4 * 7 + 10922, "the pool: every stream's context + the cache's blocks");
     is_int(r->prompt_cache_bytes, 536870912, "the prompt cache budget in bytes");
     is_int(r->reserve_bytes, 2147483648LL, "the reserve in bytes");
-    is_int(r->request_bytes, 20LL * 4100 * 1024, "request areas: 20 slots x 4100 KiB");
+    is_int(r->request_bytes, 2 * 20LL * 4100 * 1024,
+           "request areas: 20 slots x 4100 KiB, shared and private copy");
 
     o.kv_blocks = 64;
     muse_memory_plan_make(&o, &p);
@@ -58,7 +59,7 @@ static void plan_arithmetic(void)
     /* left for streams: free blocks, plus the rings of the free lanes */
     o = (muse_memory_opts){.streams = 4, .context = 64, .kv_bytes_per_token = 1024};
     muse_memory_plan_make(&o, &p);
-    muse_memory_plan_measured(&p, 0, 5000, 16384 * 16 + 4 * 1000, 16384 * 16, 777);
+    muse_memory_plan_measured(&p, 0, 5000, 16384 * 16 + 4 * 1000, 16384 * 16, 777, 0);
     is_int(p.ranks[0].workspace_bytes, 777, "the measured workspace is kept");
     is_int(p.ranks[0].weights_bytes, 5000, "the measured weights are kept");
     muse_memory_opts o2 = o;
@@ -71,7 +72,7 @@ static void plan_arithmetic(void)
            "left: 5 free blocks of 16 KiB + 3 free lanes' rings of 1000 bytes");
     is_int(muse_memory_plan_left(&p, 0, 0, -1), 0, "no free lanes, no free blocks: nothing left");
     is_int(muse_memory_plan_left(&p, 1, 5, 3), 0, "a rank the plan has not: nothing");
-    muse_memory_plan_measured(&p, 0, 5000, 100, 16384 * 16, 0);
+    muse_memory_plan_measured(&p, 0, 5000, 100, 16384 * 16, 0, 0);
     is_int(muse_memory_plan_left(&p, 0, 1, 4), 16384, "a pool larger than kv_bytes: no rings");
 
     char text[1024];
@@ -87,7 +88,7 @@ static void health_json(void)
     muse_memory_opts o = {.streams = 4, .context = 64, .kv_bytes_per_token = 1024};
     muse_memory_plan p;
     muse_memory_plan_make(&o, &p);
-    muse_memory_plan_measured(&p, 0, 5000, 16384 * 16 + 4 * 1000, 16384 * 16, 777);
+    muse_memory_plan_measured(&p, 0, 5000, 16384 * 16 + 4 * 1000, 16384 * 16, 777, 0);
     muse_sched_stats st = {.running = 1,
                            .max = 4,
                            .requests = 9,
@@ -189,8 +190,103 @@ static void health_json(void)
     is_str(muse_health_status(2, 10, 5), "down", "state 2: down");
 }
 
+/* Reserve defaults by device kind, the fit check and the context that fits. */
+static void plan_fit(void)
+{
+    const uint64_t G = 1ull << 30;
+    is_int(muse_reserve_default_bytes(MUSE_DEVICE_CPU, 64 * G), 0, "cpu: no reserve by default");
+    is_int(muse_reserve_default_bytes(MUSE_DEVICE_DISCRETE, 16 * G), G,
+           "discrete 16 GiB: the 1 GiB floor (1/32 is 0.5)");
+    is_int(muse_reserve_default_bytes(MUSE_DEVICE_DISCRETE, 141 * G), 141 * G / 32,
+           "discrete 141 GiB: 1/32 of it");
+    is_int(muse_reserve_default_bytes(MUSE_DEVICE_UNIFIED, 16 * G), 4 * G,
+           "unified 16 GiB: the 4 GiB floor");
+    is_int(muse_reserve_default_bytes(MUSE_DEVICE_UNIFIED, 128 * G), 128 * G / 10,
+           "unified 128 GiB: 1/10 of it");
+    double gib = -2;
+    muse_err e = {{0}};
+    unsetenv(MUSE_RESERVE_ENV);
+    ok(muse_reserve_resolve(2.5, MUSE_DEVICE_DISCRETE, 141 * G, &gib, &e) == 0 && gib == 2.5,
+       "--reserve-gib wins");
+    setenv(MUSE_RESERVE_ENV, "3", 1);
+    ok(muse_reserve_resolve(-1, MUSE_DEVICE_DISCRETE, 141 * G, &gib, &e) == 0 && gib == 3,
+       "then " MUSE_RESERVE_ENV);
+    setenv(MUSE_RESERVE_ENV, "lots", 1);
+    ok(muse_reserve_resolve(-1, MUSE_DEVICE_CPU, 0, &gib, &e) == -1 &&
+           strstr(e.msg, MUSE_RESERVE_ENV "=lots") != NULL,
+       "a bad " MUSE_RESERVE_ENV " is refused by name: %s", e.msg);
+    unsetenv(MUSE_RESERVE_ENV);
+    ok(muse_reserve_resolve(-1, MUSE_DEVICE_UNIFIED, 16 * G, &gib, &e) == 0 && gib == 4,
+       "else the device's default");
+
+    /* one full layer of 2 KV heads x 64: 512 bytes a position; a block of 16 is 8 KiB */
+    static muse_config c;
+    c.vocab_size = 256, c.hidden_size = 128, c.num_layers = 2, c.n_heads = 2, c.n_kv_heads = 2;
+    c.head_dim = 64, c.attn_kind[0] = MUSE_ATTN_FULL, c.attn_kind[1] = MUSE_ATTN_SLIDING;
+    c.sliding_window = 8, c.mlp_kind[0] = c.mlp_kind[1] = MUSE_MLP_DENSE;
+    c.intermediate_size = 256, c.max_position_embeddings = 100000;
+    muse_memory_opts o = {.streams = 1,
+                          .context = 1024,
+                          .cfg = &c,
+                          .max_rows = 16,
+                          .reserve_gib = -1,
+                          .device_kind = MUSE_DEVICE_CPU};
+    muse_memory_plan p;
+    muse_memory_plan_make(&o, &p);
+    const muse_rank_plan *r = &p.ranks[0];
+    is_int(r->kv_block_bytes, 8192, "config: a block is 16 x 512 bytes");
+    is_int(r->pool_bytes, 64 * 8192, "the pool: 64 blocks of 8 KiB");
+    is_int(r->kv_bytes - r->pool_bytes, 23 * 256 * 2, "the ring: 8 + 16 - 1 positions of K+V");
+    is_int(r->reserve_bytes, 0, "cpu: no reserve");
+    /* weights: embed 256x128 + final norm, 4 norms a layer, q k v gate o 128x128, MLP 3x128x256 */
+    uint64_t w = 256 * 128 * 2 + 128 * 2 +
+                 2 * (4 * 128 * 2 + 5 * 128 * 128 * 2 + 3 * 128 * 256 * 2) + 128 * 256 * 2;
+    is_int(r->weights_bytes, w, "fp16 weights: every tensor's bytes");
+    ok(r->total_bytes == r->weights_bytes + r->kv_bytes + r->snapshots_bytes + r->workspace_bytes +
+                             r->request_bytes + r->reserve_bytes,
+       "the total is every term");
+    ok(muse_memory_plan_misfit(&p) == -1, "no device limit: fits");
+    is_int(muse_memory_plan_context_fits(&o, 4), 100000, "no limit: max_position_embeddings");
+    o.device_bytes = r->total_bytes;
+    muse_memory_plan_make(&o, &p);
+    ok(muse_memory_plan_misfit(&p) == -1, "a device of exactly the total: fits");
+    o.device_bytes = r->total_bytes - 1;
+    muse_memory_plan_make(&o, &p);
+    ok(muse_memory_plan_misfit(&p) == 0, "one byte less: rank 0 does not fit");
+    char text[2048];
+    muse_memory_plan_refusal(&p, text, sizeof text);
+    ok(strstr(text, "weights") && strstr(text, "kv pool") && strstr(text, "reserve") &&
+           strstr(text, "--streams") && strstr(text, "--context") &&
+           strstr(text, "--prompt-cache-gib") && strstr(text, "--reserve-gib"),
+       "the refusal names the terms and the flags: %s", text);
+    /* the device leaves room for the fixed terms plus 100 blocks of one stream */
+    o.device_bytes = p.ranks[0].total_bytes - r->pool_bytes + 100 * 8192 + 4000;
+    int64_t one = muse_memory_plan_context_fits(&o, 1);
+    ok(one % 16 == 0 && one > 0, "context that fits at 1 stream: whole blocks (%lld)",
+       (long long)one);
+    o.context = one;
+    muse_memory_plan_make(&o, &p);
+    ok(muse_memory_plan_misfit(&p) == -1, "... and it fits");
+    o.context = one + 16;
+    muse_memory_plan_make(&o, &p);
+    ok(muse_memory_plan_misfit(&p) == 0, "... one block more does not");
+    o.context = 1024;
+    ok(muse_memory_plan_context_fits(&o, 4) < one, "4 streams fit less context each");
+    o.device_bytes = 1000;
+    is_int(muse_memory_plan_context_fits(&o, 1), 0, "a device too small for the weights: 0");
+    o = (muse_memory_opts){.streams = 1,
+                           .context = 64,
+                           .cfg = &c,
+                           .reserve_gib = -1,
+                           .device_kind = MUSE_DEVICE_DISCRETE,
+                           .device_bytes = 64 * G};
+    muse_memory_plan_make(&o, &p);
+    is_int(p.ranks[0].reserve_bytes, 2 * G, "discrete 64 GiB: reserve 2 GiB in the plan");
+}
+
 int main(void)
 {
+    plan_fit();
     plan_arithmetic();
     health_json();
     return done_testing();

@@ -1,0 +1,128 @@
+/* muse-engine plan: the serve plan per rank (weights by the sharding rules, KV pool, rings,
+ * snapshots, workspace, request areas, reserve) for a config and a device, with the context
+ * that fits. Exit 0 when it fits, 3 when it does not (with the fix), 2 for bad input. */
+#include "cmd/cmd_plan.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/flags.h"
+#include "model/shard.h"
+#include "serve/memory_plan.h"
+
+#define PLAN_MISFIT 3 /* the plan does not fit the device: documented in docs/operations.md */
+
+static const char *const kinds[] = {"cpu", "discrete", "unified", NULL};
+
+int muse_cmd_plan(int argc, char **argv)
+{
+    const char *config = NULL;
+    long long ranks = 1, streams = 4, context = 0, max_rows = 256, queue = 16, request_kib = 4100;
+    long long threads = 1;
+    double device_gib = 0, bits = 0, head_bits = 6, prompt_cache_gib = 1, reserve_gib = -1;
+    int kind = -1;
+    const muse_flag table[] = {
+        MUSE_FLAG_S("config", &config, "FILE", "the config.json to plan for", .required = true),
+        MUSE_FLAG_L("ranks", &ranks, 1, MUSE_PLAN_MAX_RANKS, "N", "tensor-parallel ranks"),
+        MUSE_FLAG_G("device-gib", &device_gib, 1 << 20,
+                    "memory of each rank's device; 0: no limit (every term, no check)"),
+        MUSE_FLAG_E("device-kind", &kind, kinds,
+                    "where the ranks' memory lives (the reserve's\n"
+                    "default follows it)",
+                    .def = "discrete with --device-gib, else cpu"),
+        MUSE_FLAG_D("bits", &bits, 0, 8, "B", "EXL3 bits a weight (fractional allowed); 0: fp16"),
+        MUSE_FLAG_D("head-bits", &head_bits, 1, 8, "B", "EXL3 bits of the head"),
+        MUSE_FLAG_L("streams", &streams, 1, 4096, "N", "streams decoded together (lanes)"),
+        MUSE_FLAG_L("context", &context, 1, 1 << 30, "N", "positions a stream may hold",
+                    .def = "min(max_position_embeddings, 4096)"),
+        MUSE_FLAG_G("prompt-cache-gib", &prompt_cache_gib, 1 << 20,
+                    "prompt cache budget (KV blocks + sliding state); 0: off"),
+        MUSE_FLAG_G("reserve-gib", &reserve_gib, 1 << 20, "memory kept back on each device",
+                    .def = MUSE_RESERVE_ENV ", else by --device-kind (serve's rule)"),
+        MUSE_FLAG_L("max-rows", &max_rows, 1, 4096, "N", "rows a round"),
+        MUSE_FLAG_L("queue", &queue, 0, 4096, "N", "requests waiting behind the streams"),
+        MUSE_FLAG_L("request-kib", &request_kib, 1, 65536, "N", "one slot's request area"),
+        MUSE_FLAG_L("threads", &threads, 1, 1024, "N", "the CPU backend's threads (scratch)"),
+    };
+    const muse_flags set = {.prog = "muse-engine plan",
+                            .usage = "--config FILE [flags]",
+                            .about = "Prints the memory plan of `muse-engine serve` per rank for "
+                                     "a config, without weights,\nand the context that fits at "
+                                     "1 and 4 streams. Exit 0: it fits; 3: it does not; 2: bad "
+                                     "input.\n",
+                            .flags = table,
+                            .n = sizeof table / sizeof *table};
+    int rc = muse_flags_parse(&set, argc, argv);
+    if (rc != MUSE_FLAGS_RUN) return rc;
+    if (!config) return muse_flags_error(&set, "--config FILE is required"); /* for cppcheck */
+    if (bits > 0 && bits < 1)
+        return muse_flags_error(&set, "--bits %g: give 0 (fp16) or 1 .. 8 (EXL3)", bits);
+    if (kind < 0) kind = device_gib > 0 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
+    muse_err e = {{0}};
+    static muse_config cfg; /* large (per-layer arrays) */
+    char *buf;
+    size_t len;
+    if (muse_read_file(config, 1 << 20, &buf, &len, &e))
+        return muse_flags_error(&set, "--config %s: %s", config, e.msg);
+    rc = muse_config_parse(buf, len, &cfg, &e);
+    free(buf);
+    if (rc) return muse_flags_error(&set, "--config %s: %s", config, e.msg);
+    if (muse_shard_check(&cfg, (int)ranks, &e)) return muse_flags_error(&set, "%s", e.msg);
+    if (!context) context = cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings : 4096;
+    if (context > cfg.max_position_embeddings)
+        return muse_flags_error(&set,
+                                "--context %lld exceeds max_position_embeddings %lld: give at most "
+                                "that",
+                                context, (long long)cfg.max_position_embeddings);
+    double reserve;
+    if (muse_reserve_resolve(reserve_gib, (muse_device_kind)kind, muse_gib_bytes(device_gib),
+                             &reserve, &e))
+        return muse_flags_error(&set, "%s", e.msg);
+    muse_memory_opts mo = {.streams = (int)streams,
+                           .queue = (int)queue,
+                           .context = context,
+                           .prompt_cache_gib = prompt_cache_gib,
+                           .reserve_gib = reserve,
+                           .request_bytes = (uint64_t)request_kib * 1024,
+                           .ranks = (int)ranks,
+                           .device_kind = (muse_device_kind)kind,
+                           .device_bytes = muse_gib_bytes(device_gib),
+                           .cfg = &cfg,
+                           .bits = bits,
+                           .head_bits = head_bits,
+                           .max_rows = (long)max_rows,
+                           .threads = (int)threads};
+    muse_memory_plan p;
+    muse_memory_plan_make(&mo, &p);
+    printf("plan: %s, %lld rank%s, %s, %lld streams x %lld tokens, prompt cache %g GiB, "
+           "reserve %.2f GiB (%s device%s)\n",
+           config, ranks, ranks > 1 ? "s" : "", bits > 0 ? "EXL3" : "fp16", streams, context,
+           prompt_cache_gib, reserve, muse_device_kind_name((muse_device_kind)kind),
+           reserve_gib >= 0           ? ", --reserve-gib"
+           : getenv(MUSE_RESERVE_ENV) ? ", " MUSE_RESERVE_ENV
+                                      : ", default");
+    if (bits > 0) printf("bits: %g a weight, head %g\n", bits, head_bits);
+    static char text[8192];
+    muse_memory_plan_table(&p, text, sizeof text);
+    fputs(text, stdout);
+    printf("weights bytes:");
+    for (int i = 0; i < p.n_ranks; i++)
+        printf(" rank %d %llu", i, (unsigned long long)p.ranks[i].weights_bytes);
+    printf("\n");
+    if (device_gib > 0)
+        printf("context that fits: 1 x %lld tokens, 4 x %lld tokens (max_position_embeddings "
+               "%lld)\n",
+               (long long)muse_memory_plan_context_fits(&mo, 1),
+               (long long)muse_memory_plan_context_fits(&mo, 4),
+               (long long)cfg.max_position_embeddings);
+    else
+        printf("context that fits: no device limit (--device-gib 0)\n");
+    if (muse_memory_plan_misfit(&p) < 0) {
+        printf("fits\n");
+        return 0;
+    }
+    muse_memory_plan_refusal(&p, text, sizeof text);
+    printf("does not fit\n");
+    fprintf(stderr, "muse-engine plan: %s\n", text);
+    return PLAN_MISFIT;
+}

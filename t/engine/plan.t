@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""`muse-engine plan` and serve's fit check: the Muse Spark Open shape fits two 141 GiB GPUs at
+1.8 bits with every term and the reserve printed; a plan that does not fit exits 3 naming the
+terms and the fix; bad flags exit 2 naming the flag; the config-only weights of tiny-tp (fp16
+and EXL3 packs, --ranks 2) are within 1% of what serve measures; serve with --device-gib too
+small refuses to start (exit 2) with the terms.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.dont_write_bytecode = True
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "t", "ref"))
+from tap import diag, ok  # noqa: E402
+import tap  # noqa: E402
+
+BUILD = os.environ.get("BUILD", "build")
+ENGINE = os.environ.get("MUSE_ENGINE", os.path.join(BUILD, "muse-engine"))
+PACK = os.path.join(BUILD, "muse-pack")
+SPARK = "conf/packs/muse-spark-open.json"
+TERMS = ("weights", "kv pool", "sliding rings", "snapshots", "workspace", "requests", "reserve", "total")
+
+
+def run(cmd, env=None):
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def plan(*args):
+    return run([ENGINE, "plan", "--config", SPARK] + list(args))
+
+
+def row(out, term):
+    m = re.search(r"^%s\s+([-\d.]+)\s+([-\d.]+)\s*$" % re.escape(term), out, re.M)
+    return (float(m.group(1)), float(m.group(2))) if m else None
+
+
+def weights_bytes(text):
+    m = re.search(r"weights bytes: rank 0 (\d+) rank 1 (\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def serve_weights(pack, tmp, extra=()):
+    """Starts serve on pack with --ranks 2, returns (rc or None while running, stderr)."""
+    sock = os.path.join(tmp, "engine.sock")
+    cmd = [ENGINE, "serve", "--model", pack, "--tokenizer", os.path.join(tmp, "tokenizer.json"),
+           "--listen", sock, "--shm", "/muse-plan-t-%d" % os.getpid(), "--ranks", "2",
+           "--streams", "2", "--queue", "2", "--context", "160"] + list(extra)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    err = ""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        err += line
+        if "weights bytes:" in line:
+            proc.terminate()
+            break
+    proc.wait(timeout=60)
+    err += proc.stderr.read()
+    return proc.returncode, err
+
+
+def main():
+    if not ok(os.access(os.path.join(ROOT, ENGINE), os.X_OK), f"{ENGINE} exists (make it first)"):
+        return tap.done()
+    env = dict(os.environ)
+    env.pop("MUSE_MEMORY_RESERVE_GIB", None)
+    rc, out, err = run([ENGINE, "plan", "--config", SPARK, "--ranks", "2", "--device-gib", "141", "--bits", "1.8",
+                        "--streams", "4", "--context", "131072"], env=env)
+    diag(out.strip())
+    ok(rc == 0 and out.strip().endswith("fits"), "Muse Spark Open shape: fits two 141 GiB devices at 1.8 bits")
+    ok(all(row(out, t) for t in TERMS), "every term is printed for both ranks")
+    w = row(out, "weights")
+    ok(w is not None and 80 < w[0] < 100 and w[0] == w[1], f"about 93 GB of weights a rank ({w})")
+    ok(row(out, "reserve") == (4.41, 4.41) and "default" in out,
+       "the reserve shown: max(1 GiB, 141/32) = 4.41 GiB on a discrete GPU")
+    ok(re.search(r"context that fits: 1 x \d+ tokens, 4 x \d+ tokens", out) is not None, "context that fits at 1 and 4")
+    rc, out, err = plan("--ranks", "2", "--device-gib", "141", "--bits", "1.8", "--reserve-gib", "2")
+    ok(rc == 0 and row(out, "reserve") == (2.0, 2.0), "--reserve-gib 2 is the reserve")
+    env["MUSE_MEMORY_RESERVE_GIB"] = "3"
+    rc, out, err = run([ENGINE, "plan", "--config", SPARK, "--ranks", "2", "--device-gib", "141", "--bits", "1.8"], env=env)
+    ok(rc == 0 and row(out, "reserve") == (3.0, 3.0), "MUSE_MEMORY_RESERVE_GIB=3 is the reserve")
+    rc, out, err = plan("--ranks", "2", "--device-gib", "141", "--bits", "1.8", "--device-kind", "unified")
+    ok(rc == 0 and row(out, "reserve") == (14.1, 14.1), "unified 141 GiB: reserve 1/10 = 14.1 GiB")
+    rc, out, err = plan("--ranks", "2", "--device-gib", "141", "--bits", "1.8", "--device-kind", "cpu")
+    ok(rc == 0 and row(out, "reserve") == (0.0, 0.0), "cpu: no reserve unless given")
+
+    for args, why in ((["--device-gib", "80", "--ranks", "2", "--bits", "1.8"], "80 GiB a rank"),
+                      (["--device-gib", "141", "--ranks", "2", "--bits", "1.8", "--context", "524288",
+                        "--streams", "8"], "8 streams x 524288")):
+        rc, out, err = plan(*args)
+        good = rc == 3 and "does not fit" in out and all(
+            s in err for s in ("weights", "kv pool", "reserve", "--streams", "--context", "--prompt-cache-gib",
+                               "--reserve-gib", "GiB"))
+        ok(good, f"{why}: exit 3, every term and the fix named")
+        if not good:
+            diag(f"exit {rc}: {out} {err}")
+    for args, flag in ((["--bits", "9"], "--bits"), (["--bits", "0.5"], "--bits 0.5"), (["--ranks", "3"], "--ranks 3"), (["--ranks", "0"], "--ranks"),
+                       (["--device-kind", "gpu"], "--device-kind"), (["--device-gib", "-1"], "--device-gib"),
+                       (["--context", "999999999"], "--context"), (["--streams", "0"], "--streams"),
+                       (["--config", "/nonexistent.json"], "/nonexistent.json")):
+        rc, out, err = plan(*args)
+        ok(rc == 2 and flag in err, f"{' '.join(args)}: exit 2 naming {flag}")
+        if not (rc == 2 and flag in err):
+            diag(f"exit {rc}: {err.strip()}")
+
+    if not ok(os.access(os.path.join(ROOT, PACK), os.X_OK), f"{PACK} exists"):
+        return tap.done()
+    with tempfile.TemporaryDirectory(prefix="muse-plan-") as tmp:
+        subprocess.run(["/usr/bin/python3", "t/tools/make_tiny_tokenizer.py", os.path.join(tmp, "tokenizer.json")],
+                       cwd=ROOT, check=True)
+        for kind, extra, bits in (("fp16", [], "0"), ("exl3-4", ["--exl3-random", "4", "--codebook", "mul1"], "4")):
+            pack = os.path.join(tmp, kind)
+            rc, _, err = run([PACK, "--config", "conf/packs/tiny-tp.json", "--out", pack, "--seed", "7"] + extra)
+            if not ok(rc == 0, f"{kind}: muse-pack makes the tiny-tp pack"):
+                diag(err)
+                continue
+            rc, out, _ = run([ENGINE, "plan", "--config", "conf/packs/tiny-tp.json", "--ranks", "2", "--bits", bits,
+                              "--head-bits", "6" if bits != "0" else "6"])
+            est = weights_bytes(out)
+            rc, err = serve_weights(pack, tmp)
+            got = weights_bytes(err)
+            good = est and got and all(abs(e - g) <= 0.01 * g for e, g in zip(est, got))
+            ok(good, f"{kind} --ranks 2: the config-only weights {est} within 1% of serve's measured {got}")
+            if not good:
+                diag(err[-800:])
+        rc, err = serve_weights(os.path.join(tmp, "fp16"), tmp, ["--device-gib", "0.001"])
+        good = rc == 2 and all(s in err for s in ("weights", "kv pool", "reserve", "--streams", "--context")) \
+            and "weights bytes:" not in err
+        ok(good, "serve --device-gib 0.001: refuses to start (exit 2) with the terms and the fix")
+        if not good:
+            diag(f"exit {rc}: {err[-800:]}")
+    return tap.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
