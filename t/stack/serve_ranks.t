@@ -83,6 +83,13 @@ for my $i (0, 1) {
        && $mem->{planned_bytes} >= $mem->{weights_bytes} + $mem->{kv_bytes},
        "/health ranks[$i]: weights, pool, rings measured; the planned total holds them");
 }
+# the two shards add up to the pack: each rank holds less than the whole, together every tensor
+# (the replicated ones twice: embeddings, norms, router)
+my $pack_bytes = 0;
+$pack_bytes += -s $_ for glob "$dir/pack/*.safetensors";
+my ($w0, $w1) = map { $h->{ranks}[$_]{memory}{weights_bytes} // 0 } 0, 1;
+ok($w0 < $pack_bytes && $w1 < $pack_bytes && $w0 + $w1 > $pack_bytes * 0.99 && $w0 + $w1 < 2 * $pack_bytes,
+   "/health: each rank's weights ($w0, $w1) are a share of the pack's $pack_bytes bytes, together all of it");
 my $metrics = $n->request('GET', '/metrics')->{body} // '';
 for my $i (0, 1) {
     like($metrics, qr/^muse_rank_memory_weights_bytes\{rank="$i",device="cpu",arch="\Q$arch\E"\} [1-9]\d*$/m,
