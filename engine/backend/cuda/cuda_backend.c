@@ -217,9 +217,25 @@ static int upload_weights(cuda_backend *c)
         total += (c->tensors[i].bytes + 255) / 256 * 256;
     }
     c->wdev = dalloc(c, total, &c->base.ranks[0].weights);
-    for (size_t i = 0; i < c->n_tensors && !c->failed; i++)
+    double t0 = muse_now_s(), shown = t0;
+    size_t sent = 0, all = 0;
+    for (size_t i = 0; i < c->n_tensors; i++) all += c->tensors[i].bytes;
+    for (size_t i = 0; i < c->n_tensors && !c->failed; i++) {
         CHECK(c, cudaMemcpy(c->wdev + c->tensors[i].off, c->tensors[i].host, c->tensors[i].bytes,
                             cudaMemcpyHostToDevice));
+        sent += c->tensors[i].bytes;
+        double now = muse_now_s();
+        if (now - shown >= 1.0 || (shown > t0 && i + 1 == c->n_tensors)) {
+            /* a large pack takes minutes: say how far, how fast and how long is left */
+            double rate = (double)sent / (now - t0);
+            fprintf(stderr,
+                    "muse-engine: uploading weights to GPU %d: %.2f of %.2f GB, %.2f GB/s, %.0f s "
+                    "left\n",
+                    c->device, (double)sent / 1e9, (double)all / 1e9, rate / 1e9,
+                    rate > 0 ? (double)(all - sent) / rate : 0.0);
+            shown = now;
+        }
+    }
     return c->failed ? -1 : 0;
 }
 
