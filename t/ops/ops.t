@@ -15,7 +15,7 @@ fi
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 runs=("tiny.json fp16" "tiny-flip.json bf16-tied" "tiny.json exl3-2-mcg --exl3-random 2 --codebook mcg"
       "tiny.json exl3-4-3inst --exl3-random 4 --codebook 3inst")
-echo "1..${#runs[@]}"
+echo "1..$((${#runs[@]} + 1))"
 n=0
 for r in "${runs[@]}"; do
     set -- $r; cfg=$1 tag=$2; shift 2
@@ -37,3 +37,13 @@ for r in "${runs[@]}"; do
         echo "not ok $n - $tag: kernel-check exit $rc"
     fi
 done
+# bad input: exit 2 naming the flag, before any pack is read
+n=$((n + 1))
+out1=$("$engine" kernel-check --max-rows 64 2>&1); rc1=$?
+out2=$("$engine" kernel-check --model "$dir/fp16" --max-rows 5 2>&1); rc2=$?
+if [ $rc1 -eq 2 ] && echo "$out1" | grep -q -- '--model DIR is required' && [ $rc2 -eq 2 ] &&
+    echo "$out2" | grep -q -- '--max-rows 5'; then
+    echo "ok $n - kernel-check without --model or with --max-rows 5: exit 2 naming the flag"
+else
+    echo "not ok $n - kernel-check bad input: exit $rc1 ($out1), $rc2 ($out2)"
+fi
