@@ -1,7 +1,7 @@
 # muse: build, test and run. `make run` and `make test` first install what is missing (Debian 12).
 CC       ?= gcc
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Iengine
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -pthread -Iengine -I.
 DEPFLAGS := -MMD -MP
 LDLIBS   += -lcjson -lpcre2-8 -lm -pthread
 BUILD    := build
@@ -14,11 +14,13 @@ DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
 # engine/: one folder a job (docs/layout.md). engine/cmd/muse_*.c are the programs' main
 # files; every other .c under the library folders is libmuse.a. Objects depend on the headers
 # they include (-MMD), not on every header.
-LIB_DIRS  := abi base pack text model backend backend/cpu serve cmd
+LIB_DIRS  := abi base pack text model backend backend/cpu serve check cmd
 MAIN_SRCS := engine/cmd/muse_engine.c engine/cmd/muse_pack.c engine/cmd/muse_quant.c
 MAINS     := $(patsubst engine/cmd/muse_%.c,$(BUILD)/muse-%,$(MAIN_SRCS))
 LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard engine/$(d)/*.c)))
 LIB_OBJS  := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
+# kernels/registry.c: the kernel registry, plain C, in libmuse.a with or without nvcc
+LIB_OBJS  += $(BUILD)/obj/kernels/registry.o
 
 # The CUDA backend (engine/backend/cuda/ and the kernels/ it launches), built into libmuse.a
 # when nvcc is found (make CUDA=0: never); without it the engine is CPU-only and --backend cuda
@@ -50,10 +52,6 @@ ENGINE_H  := $(shell find engine -name '*.h')
 # C unit tests: t/unit/test_NAME.c -> build/t/test_NAME (TAP on stdout, run by prove).
 UNIT_SRCS := $(wildcard t/unit/test_*.c)
 UNITS     := $(patsubst t/unit/%.c,$(BUILD)/t/%,$(UNIT_SRCS))
-
-# The op harness: t/ops/ops_harness.c -> build/t/ops-harness, run by t/ops/ops.t on packs.
-OPS_HARNESS := $(BUILD)/t/ops-harness
-EXTRA_ALL   += $(OPS_HARNESS)
 
 # Fuzz harnesses: t/fuzz/fuzz_NAME.c -> build/fuzz/fuzz_NAME (libFuzzer + ASan, clang).
 FUZZ_SRCS := $(wildcard t/fuzz/fuzz_*.c)
@@ -103,13 +101,13 @@ $(BUILD)/t/test_validate: t/unit/test_validate.c t/unit/tap.h $(NGX_VALIDATE_OBJ
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/test_validate.d -I. -It/unit $< $(NGX_VALIDATE_OBJ) \
 	  -lcjson -lm -o $@
 
-$(OPS_HARNESS): t/ops/ops_harness.c $(LIB) | $(BUILD)/t
-	@mkdir -p $(BUILD)/obj/t
-	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/ops-harness.d $< $(LIB) $(LDLIBS) -o $@
+$(BUILD)/obj/kernels/registry.o: kernels/registry.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
 
-FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(ENGINE_H) | $(BUILD)/fuzz
-	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) $(LDLIBS) -o $@
+	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) kernels/registry.c $(LDLIBS) -o $@
 # fuzz_validate: the nginx module's validator, without nginx (its only sources are its own).
 $(BUILD)/fuzz/fuzz_validate: t/fuzz/fuzz_validate.c ngx_muse_validate.c ngx_muse_validate.h \
                              engine/abi/muse_limits.h engine/abi/muse_ring.h | $(BUILD)/fuzz
@@ -125,12 +123,13 @@ test:
 	@$(MAKE) --no-print-directory all fuzz
 	@t/run-tests
 
-LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c t/ops/*.c
+LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c \
+          kernels/registry.c kernels/registry.h
 # ngx_muse_module.c is written in nginx's own style and built with nginx's -Werror instead.
 lint:
 	clang-format --dry-run --Werror $(LINT_C)
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability \
-	  --suppress=missingIncludeSystem --inline-suppr -Iengine engine t/unit t/fuzz t/tools t/ops
+	  --suppress=missingIncludeSystem --inline-suppr -Iengine -I. engine t/unit t/fuzz t/tools kernels/registry.c
 
 format:
 	clang-format -i $(LINT_C)

@@ -1,6 +1,7 @@
 /* muse-engine: the engine process and its tools, one subcommand each. */
 #include "backend/backend.h"
 #include "base/flags.h"
+#include "cmd/cmd_check.h"
 #include "cmd/cmd_exl3.h"
 #include "cmd/cmd_model.h"
 #include "cmd/cmd_plan.h"
@@ -33,6 +34,8 @@ static const muse_subcommand subcommands[] = {
     {"plan", muse_cmd_plan, "the memory plan per rank of a config, without weights"},
     {"inspect", muse_cmd_inspect, "config, parameters, bytes and layers of a pack"},
     {"chat", muse_cmd_chat, "render messages, generate, print the parsed reply"},
+    {"kernel-check", muse_cmd_kernel_check, "every registry kernel of a backend against the CPU"},
+    {"compare", muse_cmd_compare, "teacher-forced logits of two backends: rel L2, top-1 misses"},
     {"tokenize", muse_cmd_tokenize, "text to token ids with a pack's tokenizer.json"},
     {"detokenize", muse_cmd_detokenize, "token ids to text"},
 };

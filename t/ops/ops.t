@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# The op harness (t/ops/ops_harness.c) on every tiny pack shape: fp16 (tiny), bf16 with a tied
-# head and other widths (tiny-flip), and EXL3 at 2 and 4 bits with two codebooks. Each run
-# checks every op of the backend seam against the CPU reference and its planted controls; its
-# TAP lines are passed through under a prefix, one ok line a run here. MUSE_OPS_BACKEND=cuda
-# checks the CUDA backend the same way (a skip line where there is no GPU).
+# muse-engine kernel-check (engine/check/ops_check.c, the registry in kernels/registry.c) on
+# every tiny pack shape: fp16 (tiny), bf16 with a tied head and other widths (tiny-flip), and
+# EXL3 at 2 and 4 bits with two codebooks. Each run checks every kernel of the backend seam
+# against the CPU reference and its planted controls; its failing TAP lines and SUMMARY are
+# passed through under a prefix, one ok line a run here. MUSE_OPS_BACKEND=cuda checks the CUDA
+# backend the same way (a skip line where there is no GPU).
 cd "$(dirname "$0")/../.." || exit 2
-harness=build/t/ops-harness pack=build/muse-pack
+engine=build/muse-engine pack=build/muse-pack
 backend=${MUSE_OPS_BACKEND:-cpu}
-if [ ! -x "$harness" ] || [ ! -x "$pack" ]; then
-    [ -n "$CI" ] && { echo "Bail out! $harness or $pack not built"; exit 1; }
-    echo "1..0 # SKIP $harness not built (make)"; exit 0
+if [ ! -x "$engine" ] || [ ! -x "$pack" ]; then
+    [ -n "$CI" ] && { echo "Bail out! $engine or $pack not built"; exit 1; }
+    echo "1..0 # SKIP $engine not built (make)"; exit 0
 fi
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 runs=("tiny.json fp16" "tiny-flip.json bf16-tied" "tiny.json exl3-2-mcg --exl3-random 2 --codebook mcg"
       "tiny.json exl3-4-3inst --exl3-random 4 --codebook 3inst")
-echo "1..${#runs[@]}"
+echo "1..$((${#runs[@]} + 1))"
 n=0
 for r in "${runs[@]}"; do
     set -- $r; cfg=$1 tag=$2; shift 2
@@ -22,7 +23,7 @@ for r in "${runs[@]}"; do
     if ! "$pack" --config "conf/packs/$cfg" --out "$dir/$tag" --seed 3 "$@" >"$dir/$tag.log" 2>&1; then
         echo "not ok $n - $tag: muse-pack failed"; sed 's/^/# /' "$dir/$tag.log"; continue
     fi
-    out=$("$harness" --model "$dir/$tag" --backend "$backend" 2>&1); rc=$?
+    out=$("$engine" kernel-check --model "$dir/$tag" --backend "$backend" 2>&1); rc=$?
     # a GPU backend where this machine has no GPU (CI) or the binary has no such backend: a
     # visible skip, never a failure
     if [ $rc -eq 2 ] && echo "$out" | grep -qE 'no usable CUDA device|built without the CUDA backend'; then
@@ -30,9 +31,19 @@ for r in "${runs[@]}"; do
         echo "ok $n - $tag: backend $backend # skip $why"; continue
     fi
     echo "$out" | grep -E '^not ok|SUMMARY' | sed "s/^/# $tag: /"
-    if [ $rc -eq 0 ] && echo "$out" | grep -q ' 0 failed; controls red as planted .*, missed 0$'; then
-        echo "ok $n - $tag: every op equals the reference, batch-invariant and repeatable; every control red"
+    if [ $rc -eq 0 ] && echo "$out" | grep -qE '^# SUMMARY .*: kernels checked [1-9][0-9]*, passed [0-9]+, failed 0; controls red as planted ([0-9]+) of \1, missed 0$'; then
+        echo "ok $n - $tag: every kernel equals the reference, batch-invariant and repeatable; every control red"
     else
-        echo "not ok $n - $tag: ops harness exit $rc"
+        echo "not ok $n - $tag: kernel-check exit $rc"
     fi
 done
+# bad input: exit 2 naming the flag, before any pack is read
+n=$((n + 1))
+out1=$("$engine" kernel-check --max-rows 64 2>&1); rc1=$?
+out2=$("$engine" kernel-check --model "$dir/fp16" --max-rows 5 2>&1); rc2=$?
+if [ $rc1 -eq 2 ] && echo "$out1" | grep -q -- '--model DIR is required' && [ $rc2 -eq 2 ] &&
+    echo "$out2" | grep -q -- '--max-rows 5'; then
+    echo "ok $n - kernel-check without --model or with --max-rows 5: exit 2 naming the flag"
+else
+    echo "not ok $n - kernel-check bad input: exit $rc1 ($out1), $rc2 ($out2)"
+fi

@@ -1,0 +1,19 @@
+/* The kernel checker behind `muse-engine kernel-check`: every entry of the kernel registry
+ * (kernels/registry.h) on a backend against the CPU reference, with planted controls. */
+#ifndef MUSE_OPS_CHECK_H
+#define MUSE_OPS_CHECK_H
+
+#include <stdio.h>
+
+typedef struct {
+    const char *model;   /* the pack */
+    const char *backend; /* "cpu", "cuda" */
+    long max_rows;       /* 17 .. 4096 */
+    FILE *out;           /* the TAP lines and the SUMMARY line */
+} muse_ops_check_opts;
+
+/* Runs every check; 0 all passed and every control red, 1 a failure or a missed control, 2
+ * the pack or the backend could not be made (the reason on stderr, prefixed by prog). */
+int muse_ops_check(const char *prog, const muse_ops_check_opts *o);
+
+#endif
