@@ -60,7 +60,7 @@ FUZZERS   := $(patsubst t/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRCS))
 .DEFAULT_GOAL := all
 -include mk/*.mk
 
-.PHONY: all deps test lint format clean fuzz run stop
+.PHONY: all deps test test-gpu lint format clean fuzz run stop
 all: $(MAINS) $(UNITS) $(EXTRA_ALL)
 
 # `make run` and `make test` run this first: it installs what is missing when root, else it
@@ -122,6 +122,13 @@ test:
 	@$(MAKE) --no-print-directory deps
 	@$(MAKE) --no-print-directory all fuzz
 	@t/run-tests
+
+# On a GPU machine: kernel-check and the parity tests on the CUDA backend, then the serving
+# exactness tests against an engine on --backend cuda (MUSE_TEST_BACKEND). Without a GPU the
+# CUDA runs print skip lines.
+test-gpu: all
+	MUSE_OPS_BACKEND=cuda prove t/ops/ops.t t/ops/cuda_logits.t
+	MUSE_TEST_BACKEND=cuda prove t/stack/serve_exactness.t
 
 LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c \
           kernels/registry.c kernels/registry.h

@@ -29,7 +29,16 @@ sub root { $ROOT }
 sub _in_ci { my ($why) = @_; die "cannot run: $why\n" if defined $why && $ENV{CI}; $why }
 
 sub missing { _in_ci(_missing()) }
-sub missing_real { _in_ci(_missing_real()) }
+sub missing_real { _in_ci(_missing_real()) // _missing_backend() }
+
+# MUSE_TEST_BACKEND=cuda where the engine cannot make it (no GPU, CI): a visible skip, never a
+# failure, as the op harness does
+sub _missing_backend {
+    my $b = $ENV{MUSE_TEST_BACKEND} // 'cpu';
+    return undef if $b eq 'cpu' || !-x real_engine_path();
+    my $out = `'@{[real_engine_path()]}' logits --backend '$b' --model '@{[tiny_pack()]}' --tokens 1 --out /dev/null 2>&1`;
+    return $? ? "no $b backend here: " . (split /\n/, $out)[0] : undef;
+}
 
 sub _missing {
     return "nginx not installed" unless -x '/usr/sbin/nginx';
@@ -153,7 +162,8 @@ sub tokenize {
 sub start_real_engine {
     my ($self, %o) = @_;
     $self->stop_engine;
-    my $backend = $o{backend} // 'cpu';
+    # MUSE_TEST_BACKEND=cuda (make test-gpu): the same tests against the GPU backend
+    my $backend = $o{backend} // $ENV{MUSE_TEST_BACKEND} // 'cpu';
     my @args = ('serve', '--listen', $self->{socket}, '--shm', $self->{shm}, '--backend', $backend);
     if ($backend eq 'script') {
         my $file = "$self->{dir}/script.json";
