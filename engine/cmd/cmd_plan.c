@@ -60,20 +60,9 @@ int muse_cmd_plan(int argc, char **argv)
     if (kind < 0) kind = device_gib > 0 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
     muse_err e = {{0}};
     static muse_config cfg; /* large (per-layer arrays) */
-    char *buf;
-    size_t len;
-    if (muse_read_file(config, 1 << 20, &buf, &len, &e))
-        return muse_flags_error(&set, "--config %s: %s", config, e.msg);
-    rc = muse_config_parse(buf, len, &cfg, &e);
-    free(buf);
-    if (rc) return muse_flags_error(&set, "--config %s: %s", config, e.msg);
-    if (muse_shard_check(&cfg, (int)ranks, &e)) return muse_flags_error(&set, "%s", e.msg);
-    if (!context) context = cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings : 4096;
-    if (context > cfg.max_position_embeddings)
-        return muse_flags_error(&set,
-                                "--context %lld exceeds max_position_embeddings %lld: give at most "
-                                "that",
-                                context, (long long)cfg.max_position_embeddings);
+    if (muse_config_load_file("--config", config, &cfg, &e) ||
+        muse_shard_check(&cfg, (int)ranks, &e) || muse_config_context(&cfg, &context, &e))
+        return muse_flags_error(&set, "%s", e.msg);
     double reserve;
     if (muse_reserve_resolve(reserve_gib, (muse_device_kind)kind, muse_gib_bytes(device_gib),
                              &reserve, &e))

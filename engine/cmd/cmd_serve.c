@@ -328,14 +328,8 @@ static int make_plan(const serve_flags *f, const muse_config *cfg, double bits, 
 /* The config alone (no weights): what the plan is made from before loading. */
 static int load_config(const serve_flags *f, muse_config *cfg, muse_err *e)
 {
-    if (f->model) return muse_config_load(f->model, cfg, e);
-    char *buf;
-    size_t len;
-    if (muse_read_file(f->config, 1 << 20, &buf, &len, e)) return -1;
-    int rc = muse_config_parse(buf, len, cfg, e);
-    free(buf);
-    if (rc) return muse_fail(e, "%s: %s", f->config, e->msg);
-    return 0;
+    return f->model ? muse_config_load(f->model, cfg, e)
+                    : muse_config_load_file("--config", f->config, cfg, e);
 }
 
 int muse_cmd_serve(int argc, char **argv)
@@ -380,14 +374,7 @@ int muse_cmd_serve(int argc, char **argv)
         if (!f.context) f.context = 4096;
         if (make_plan(&f, NULL, 0, 0, &plan, &e)) goto fail;
     } else {
-        if (load_config(&f, &cfg, &e)) goto fail;
-        if (!f.context)
-            f.context = cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings : 4096;
-        if (f.context > cfg.max_position_embeddings) {
-            muse_fail(&e, "--context %lld exceeds the pack's max_position_embeddings %lld",
-                      f.context, (long long)cfg.max_position_embeddings);
-            goto fail;
-        }
+        if (load_config(&f, &cfg, &e) || muse_config_context(&cfg, &f.context, &e)) goto fail;
         double bits = f.synthetic >= 0 ? (double)f.bits : cfg.quantized ? cfg.quant_bits : 0;
         /* a pack without quantization_config.head_bits: EXL3.md's default head of 6 bits */
         double head_bits = f.synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;

@@ -281,13 +281,7 @@ int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e)
 {
     memset(m, 0, sizeof *m);
     snprintf(m->dir, sizeof m->dir, "synthetic weights (seed %llu)", (unsigned long long)o->seed);
-    char *buf;
-    size_t len;
-    if (muse_read_file(o->config, 16 << 20, &buf, &len, e)) return -1;
-    muse_err why = {{0}};
-    int rc = muse_config_parse(buf, len, &m->cfg, &why);
-    free(buf);
-    if (rc) return muse_fail(e, "--config %s: %s", o->config, why.msg);
+    if (muse_config_load_file("--config", o->config, &m->cfg, e)) return -1;
     muse_synth_list l = {.dtype = MUSE_DT_F16, .router_bias = 1, .cb = MUSE_CB_MUL1};
     if (o->codebook && muse_codebook_parse(o->codebook, &l.cb))
         return muse_fail(e, "--codebook %s: unknown; use mul1, mcg or 3inst", o->codebook);
@@ -303,7 +297,7 @@ int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e)
                  muse_codebook_name(l.cb));
     }
     muse_synth_specs(&m->cfg, &l);
-    rc = muse_synth_st(&m->cfg, &l, o->seed, &m->st, e);
+    int rc = muse_synth_st(&m->cfg, &l, o->seed, &m->st, e);
     muse_synth_free(&l);
     return rc ? -1 : load_tensors(m, e);
 }

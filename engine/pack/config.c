@@ -468,6 +468,31 @@ static int load_generation_config(const char *dir, muse_config *c, muse_err *e)
     return rc;
 }
 
+int muse_config_load_file(const char *flag, const char *path, muse_config *c, muse_err *e)
+{
+    char *buf;
+    size_t len;
+    muse_err why = {{0}};
+    int rc = muse_read_file(path, 16 << 20, &buf, &len, &why);
+    if (!rc) {
+        rc = muse_config_parse(buf, len, c, &why);
+        free(buf);
+    }
+    return rc ? muse_fail(e, "%s %s: %s", flag, path, why.msg) : 0;
+}
+
+int muse_config_context(const muse_config *c, long long *context, muse_err *e)
+{
+    long long most = (long long)c->max_position_embeddings;
+    if (!*context) *context = most < 4096 ? most : 4096;
+    if (*context > most)
+        return muse_fail(e,
+                         "--context %lld exceeds the config's max_position_embeddings %lld: "
+                         "give at most that",
+                         *context, most);
+    return 0;
+}
+
 int muse_config_load(const char *dir, muse_config *c, muse_err *e)
 {
     char path[4096];

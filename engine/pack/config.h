@@ -44,6 +44,12 @@ int muse_config_parse(const char *json, size_t len, muse_config *c, muse_err *e)
 /* Reads dir/config.json and, when present, dir/generation_config.json (its eos list wins). */
 int muse_config_load(const char *dir, muse_config *c, muse_err *e);
 
+/* Reads one config.json file (--config FILE, no pack around it); errors read "FLAG PATH: why". */
+int muse_config_load_file(const char *flag, const char *path, muse_config *c, muse_err *e);
+/* The context a serve or plan runs at: *context, or min(max_position_embeddings, 4096) when 0;
+ * more than max_position_embeddings is refused naming --context and the most it may be. */
+int muse_config_context(const muse_config *c, long long *context, muse_err *e);
+
 /* Reads a whole small file (config, index) into a NUL-terminated malloc'd buffer. */
 int muse_read_file(const char *path, size_t max_bytes, char **out, size_t *len, muse_err *e);
 

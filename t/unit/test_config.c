@@ -117,5 +117,20 @@ int main(void)
            0, "an exl3 quantization_config parses");
     ok(c.quantized && c.quant_bits == 2.5 && strcmp(c.quant_codebook, "mul1") == 0,
        "quantization_config fields read");
+    /* the context a serve or plan runs at */
+    muse_config ctx_cfg = {.max_position_embeddings = 2048};
+    long long ctx = 0;
+    ok(muse_config_context(&ctx_cfg, &ctx, &e) == 0 && ctx == 2048,
+       "context 0: max_position_embeddings when below 4096");
+    ctx_cfg.max_position_embeddings = 524288;
+    ctx = 0;
+    ok(muse_config_context(&ctx_cfg, &ctx, &e) == 0 && ctx == 4096, "context 0: 4096 at most");
+    ctx = 524289;
+    ok(muse_config_context(&ctx_cfg, &ctx, &e) == -1 && strstr(e.msg, "--context 524289") &&
+           strstr(e.msg, "524288"),
+       "a context past max_position_embeddings is refused naming --context and the limit");
+    ok(muse_config_load_file("--config", "/nonexistent/config.json", &c, &e) == -1 &&
+           strstr(e.msg, "--config /nonexistent/config.json"),
+       "a missing --config file is refused naming the flag and the path");
     return done_testing();
 }
