@@ -29,7 +29,11 @@ LIB_OBJS  += $(BUILD)/obj/kernels/registry.o
 CUDA      ?= 1
 NVCC_BIN  := $(if $(filter 1,$(CUDA)),$(firstword $(shell command -v $(NVCC) 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc)))
 ifneq ($(NVCC_BIN),)
-CUDA_HOME    := $(patsubst %/bin/nvcc,%,$(NVCC_BIN))
+# the toolkit root as nvcc itself reports it (TOP), so a wrapper script on PATH finds its headers
+CUDA_HOME    := $(realpath $(shell $(NVCC_BIN) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p'))
+ifeq ($(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),)
+$(error nvcc $(NVCC_BIN) found but no cuda_runtime_api.h under '$(CUDA_HOME)/include': set NVCC=/path/to/cuda/bin/nvcc, or build CPU-only with make CUDA=0)
+endif
 # the archs built (wgmma needs 90a); muse-engine version lists them and the backend refuses others
 CUDA_ARCHS   := 90a 90
 NVCCFLAGS    ?= -O2
