@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """`muse-engine plan` and serve's fit check: the Muse Spark Open shape fits two 141 GiB GPUs at
-1.8 bits with every term and the reserve printed; a plan that does not fit exits 3 naming the
+1.8 bits with every term and the reserve printed, its one-GPU cut (96 experts) one at 2 bits; a plan that does not fit exits 3 naming the
 terms and the fix; bad flags exit 2 naming the flag; the config-only weights of tiny-tp (fp16
 and EXL3 packs, --ranks 2) are within 1% of what serve measures; serve with --device-gib too
 small refuses to start (exit 2) with the terms.
@@ -22,6 +22,7 @@ BUILD = os.environ.get("BUILD", "build")
 ENGINE = os.environ.get("MUSE_ENGINE", os.path.join(BUILD, "muse-engine"))
 PACK = os.path.join(BUILD, "muse-pack")
 SPARK = "conf/packs/muse-spark-open.json"
+SPARK1 = "conf/packs/muse-spark-open-1gpu.json"  # issue 12's one-GPU shape: 96 routed experts
 TERMS = ("weights", "kv pool", "sliding rings", "snapshots", "workspace", "requests", "reserve", "total")
 
 
@@ -37,6 +38,11 @@ def plan(*args):
 def row(out, term):
     m = re.search(r"^%s\s+([-\d.]+)\s+([-\d.]+)\s*$" % re.escape(term), out, re.M)
     return (float(m.group(1)), float(m.group(2))) if m else None
+
+
+def row1(out, term):
+    m = re.search(r"^%s\s+([-\d.]+)\s*$" % re.escape(term), out, re.M)
+    return float(m.group(1)) if m else -1
 
 
 def weights_bytes(text):
@@ -81,6 +87,13 @@ def main():
     ok(row(out, "reserve") == (4.41, 4.41) and "default" in out,
        "the reserve shown: max(1 GiB, 141/32) = 4.41 GiB on a discrete GPU")
     ok(re.search(r"context that fits: 1 x \d+ tokens, 4 x \d+ tokens", out) is not None, "context that fits at 1 and 4")
+    one = [ENGINE, "plan", "--config", SPARK1, "--device-gib", "139", "--bits", "2", "--streams", "4",
+           "--context", "131072"]
+    rc, out, err = run(one, env=env)
+    ok(rc == 0 and out.strip().endswith("fits") and 80 < row1(out, "weights") < 95,
+       f"the one-GPU shape (96 experts): fits one 139 GiB H200 at 2 bits, 4 x 128k ({row1(out, 'weights')} GiB weights)")
+    rc, out, err = run([ENGINE, "plan", "--config", SPARK] + one[4:], env=env)
+    ok(rc == 3, "the full shape (224 experts) does not fit one H200 at 2 bits")
     rc, out, err = plan("--ranks", "2", "--device-gib", "141", "--bits", "1.8", "--reserve-gib", "2")
     ok(rc == 0 and row(out, "reserve") == (2.0, 2.0), "--reserve-gib 2 is the reserve")
     env["MUSE_MEMORY_RESERVE_GIB"] = "3"

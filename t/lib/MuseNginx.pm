@@ -22,6 +22,8 @@ sub real_engine_path { $ENV{MUSE_ENGINE} || "$BUILD/muse-engine" }    # MUSE_ENG
 # built with -DMUSE_TEST_HOOKS; MUSE_ENGINE_ASAN=1 picks the same with ASan and UBSan
 sub hooks_engine_path { $ENV{MUSE_ENGINE_ASAN} ? "$BUILD/t/muse-engine-asan" : "$BUILD/t/muse-engine-test" }
 sub pack_tool_path { "$BUILD/muse-pack" }
+# MUSE_NGINX: another nginx binary (Debian's, unpacked with dpkg -x where nginx is not installed)
+sub nginx_bin { $ENV{MUSE_NGINX} || '/usr/sbin/nginx' }
 sub root { $ROOT }
 
 # Why the tests cannot run here, or undef.
@@ -41,7 +43,7 @@ sub _missing_backend {
 }
 
 sub _missing {
-    return "nginx not installed" unless -x '/usr/sbin/nginx';
+    return "nginx not installed: " . nginx_bin() unless -x nginx_bin();
     return "module not built: " . module_path() unless -f module_path();
     return "test engine not built: " . engine_path() unless -x engine_path();
     return undef;
@@ -49,7 +51,7 @@ sub _missing {
 
 # Why the real-engine tests (t/serve_*.t) cannot run here, or undef.
 sub _missing_real {
-    return "nginx not installed" unless -x '/usr/sbin/nginx';
+    return "nginx not installed: " . nginx_bin() unless -x nginx_bin();
     return "module not built: " . module_path() unless -f module_path();
     return "engine not built: " . real_engine_path() unless -x real_engine_path();
     return "muse-pack not built: " . pack_tool_path() unless -x pack_tool_path();
@@ -262,7 +264,7 @@ EOF
     if ($pid == 0) {
         open STDERR, '>>', "$dir/logs/stderr.log";
         open STDOUT, '>>', "$dir/logs/stderr.log";
-        exec '/usr/sbin/nginx', '-p', $dir, '-c', "$dir/conf/nginx.conf";
+        exec nginx_bin(), '-e', 'stderr', '-p', $dir, '-c', "$dir/conf/nginx.conf";
         exit 127;
     }
     $self->{nginx_pid} = $pid;
@@ -301,7 +303,7 @@ sub reload {
     my @old = $self->worker_pids;
     my %old = map { $_ => 1 } @old;
     my $dir = $self->{dir};
-    my $out = `/usr/sbin/nginx -p '$dir' -c '$dir/conf/nginx.conf' -s reload 2>&1`;
+    my $out = `'@{[nginx_bin()]}' -e stderr -p '$dir' -c '$dir/conf/nginx.conf' -s reload 2>&1`;
     die "nginx -s reload failed: $out" if $?;
     my $shutting = sub {
         my ($pid) = @_;

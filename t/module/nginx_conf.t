@@ -36,7 +36,7 @@ for my $conf (@confs) {
     open my $out, '>', "$dir/$name" or die $!;
     print $out $text;
     close $out;
-    my $got = `/usr/sbin/nginx -t -p '$dir' -c '$dir/$name' -g 'error_log $dir/logs/test.log; pid $dir/logs/test.pid;' 2>&1`;
+    my $got = `'@{[MuseNginx::nginx_bin()]}' -t -p '$dir' -c '$dir/$name' -g 'error_log $dir/logs/test.log; pid $dir/logs/test.pid;' 2>&1`;
     is($?, 0, "$name: nginx -t accepts it") or diag($got);
     like($got, qr/test is successful/, "$name: nginx says so");
 }

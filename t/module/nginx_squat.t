@@ -130,7 +130,7 @@ unlink "/tmp/muse-squat-$spy.got", $n->{socket};
 # nginx -t refuses a socket directory others can write, by name
 chmod 0777, $n->dir;
 my $dir = $n->dir;
-my $t = `/usr/sbin/nginx -t -p '$dir' -c '$dir/conf/nginx.conf' 2>&1`;
+my $t = `'@{[MuseNginx::nginx_bin()]}' -e stderr -t -p '$dir' -c '$dir/conf/nginx.conf' 2>&1`;
 ok($? != 0 && $t =~ /socket directory "\Q$dir\E" \(mode 0777.*can be written by others/,
    'nginx -t refuses a world-writable socket directory, naming it') or diag($t);
 chmod 0755, $dir;

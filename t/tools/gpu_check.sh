@@ -1,19 +1,100 @@
 #!/usr/bin/env bash
-# On the device machine, in a copy of the repo with build/muse-engine and build/muse-pack carried
-# over (and libcjson on LD_LIBRARY_PATH): kernel-check on CUDA over the tiny pack shapes, then
-# muse-engine compare cpu vs cuda on the demo pack and a 4-bit tiny pack. Writes under $OUT.
+# One device call that checks the CUDA backend on a GPU machine (docs/gpu.md): kernel-check,
+# parity with the CPU on the tiny packs (fp16; EXL3 at 2, 3, 4 bits in each codebook), the demo
+# pack and the medium pack, the logits tests, the serving exactness tests through nginx on
+# --backend cuda, the sticky-fault test, and the first benchmark tables. Needs build/gpu from
+# `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
+# $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
+# ends inside the device tool's 10 minutes. GPU_CHECK_BACKEND=cpu runs the same steps on the
+# CPU backend (to try the script where there is no GPU); GPU_CHECK_STEPS picks steps by name.
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
+B=${GPU_CHECK_BACKEND:-cuda}
+STEPS=${GPU_CHECK_STEPS:-setup ops logits compare medium serve fault bench}
+DEADLINE=${GPU_CHECK_DEADLINE:-560} # seconds: every step ends before it
 out=${OUT:-$(mktemp -d)}
-nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv | tee "$out/gpu.txt"
-build/muse-engine version | tee "$out/version.txt"
-MUSE_OPS_BACKEND=cuda timeout 100 bash t/ops/ops.t 2>&1 | tee "$out/ops.txt" | grep -E "^ok|^not ok|SUMMARY"
-tokens=$(seq -s, 5 37 900 | cut -d, -f1-24)
-tmp=$(mktemp -d)
-build/muse-pack --config conf/packs/tiny.json --out "$tmp/p4" --seed 3 --exl3-random 4 --codebook mul1 >/dev/null
-for p in conf/packs/demo-en "$tmp/p4"; do
-    f="$out/compare-$(basename "$p").txt"
-    timeout 40 build/muse-engine compare --model "$p" --tokens "$tokens" --a cpu --b cuda >"$f" 2>&1
-    echo "compare $p rc=$?"
-    grep -E "rel L2|agreement|router|PASS|FAIL" "$f" | head -5
+logs=$(mktemp -d)
+sum="$out/summary.txt"
+: >"$sum"
+note() { echo "$*" | tee -a "$sum"; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+# step NAME LIMIT CMD...: runs CMD under a time limit into logs/NAME.txt, notes rc and seconds
+step() {
+    local name=$1 limit=$2 t0=$SECONDS rc
+    shift 2
+    ((limit > DEADLINE - SECONDS)) && limit=$((DEADLINE - SECONDS))
+    if ((limit < 5)); then
+        note "== $name: not run (the call's deadline of $DEADLINE s is reached)"
+        return 124
+    fi
+    timeout "$limit" "$@" >"$logs/$name.txt" 2>&1
+    rc=$?
+    note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
+    grep -E "^not ok|SUMMARY|rel L2 max|agreement|router margin|PASS|FAIL|^# |Result|copy" \
+        "$logs/$name.txt" | head -40 | tee -a "$sum"
+    tar -czf "$out/logs.tar.gz" -C "$logs" . # each step's log comes back even if the call is cut
+    return $rc
+}
+
+if want setup; then
+    note "== setup $(date -u +%FT%TZ) backend $B"
+    if [ -d build/gpu ]; then
+        mkdir -p build/t build/nginx
+        cp build/gpu/muse-engine build/gpu/muse-pack build/gpu/muse-bench build/
+        cp build/gpu/t/* build/t/ && cp build/gpu/nginx/ngx_muse_module.so build/nginx/
+        deb=/tmp/muse-debs
+        for f in build/gpu/debs/*.deb; do dpkg -x "$f" "$deb"; done
+        export LD_LIBRARY_PATH="$deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        export MUSE_NGINX="$deb/usr/sbin/nginx"
+    fi
+    command -v nvidia-smi >/dev/null &&
+        nvidia-smi --query-gpu=name,memory.total,compute_cap,driver_version --format=csv | tee -a "$sum"
+    build/muse-engine version | tee -a "$sum"
+    [ -n "${MUSE_NGINX:-}" ] && "$MUSE_NGINX" -v 2>&1 | tee -a "$sum"
+fi
+
+# ids under the tiny vocab (1024); 400 positions so a 99.5% top-1 agreement means something
+ids() { awk -v n="$1" -v m="$2" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", (5 + i * 37) % m }'; }
+tokens=$(ids 400 1000)
+packs=$(mktemp -d)
+build/muse-pack --config conf/packs/tiny.json --out "$packs/fp16" --seed 3 >/dev/null 2>&1
+for bits in 2 3 4; do
+    for cb in mcg mul1 3inst; do
+        build/muse-pack --config conf/packs/tiny.json --out "$packs/q$bits-$cb" --seed 3 \
+            --exl3-random "$bits" --codebook "$cb" >/dev/null 2>&1 || note "muse-pack q$bits-$cb failed"
+    done
 done
+
+want ops && MUSE_OPS_BACKEND=$B step ops 120 prove -v t/ops/ops.t
+want logits && [ "$B" = cuda ] && step logits 60 prove -v t/ops/cuda_logits.t
+
+if want compare; then
+    for p in "$packs"/* conf/packs/demo-en; do
+        step "compare-$(basename "$p")" 40 build/muse-engine compare --model "$p" --tokens "$tokens" \
+            --a cpu --b "$B"
+    done
+fi
+
+# the medium pack: hidden 2048, 16 layers, 64 experts, 4 bits; 256 positions teacher-forced
+if want medium; then
+    step medium-pack 150 build/muse-pack --config conf/packs/medium-moe.json --out "$packs/medium" \
+        --seed 5 --exl3-random 4 --codebook mul1
+    step medium-compare 150 build/muse-engine compare --model "$packs/medium" \
+        --tokens "$(ids 256 32000)" --a cpu --b "$B"
+fi
+
+want serve && MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
+want fault && [ -f t/stack/serve_gpu_fault.t ] && MUSE_TEST_BACKEND=$B step fault 60 prove -v t/stack/serve_gpu_fault.t
+
+if want bench; then
+    if build/muse-bench kernels --help >/dev/null 2>&1; then
+        step bench-kernels 90 build/muse-bench kernels --backend "$B" --model "$packs/q4-mul1"
+        [ -d "$packs/medium" ] &&
+            step bench-medium 90 build/muse-bench kernels --backend "$B" --model "$packs/medium"
+    fi
+    [ -d "$packs/medium" ] &&
+        step bench-decode 90 build/muse-bench decode --backend "$B" --model "$packs/medium"
+fi
+
+rm -rf "$packs"
+note "== done $(date -u +%FT%TZ); logs in logs.tar.gz"

@@ -1,0 +1,15 @@
+# make gpu-carry: what one device call needs to check the CUDA backend on a GPU machine that has
+# no Debian packages and no nginx: the binaries built here, the nginx module and test engines,
+# and Debian's nginx and libcjson .debs (unpacked there with dpkg -x by t/tools/gpu_check.sh).
+# Carry build/gpu; run `bash t/tools/gpu_check.sh` there (docs/gpu.md).
+GPU_CARRY := $(BUILD)/gpu
+GPU_DEBS  := nginx nginx-common libcjson1
+
+.PHONY: gpu-carry
+gpu-carry: all
+	rm -rf $(GPU_CARRY) && mkdir -p $(GPU_CARRY)/t $(GPU_CARRY)/nginx $(GPU_CARRY)/debs
+	cp $(BUILD)/muse-engine $(BUILD)/muse-pack $(BUILD)/muse-bench $(GPU_CARRY)/
+	cp $(BUILD)/t/muse-engine-test $(BUILD)/t/muse-test-engine $(GPU_CARRY)/t/
+	cp $(BUILD)/nginx/ngx_muse_module.so $(GPU_CARRY)/nginx/
+	cd $(GPU_CARRY)/debs && apt-get download $(GPU_DEBS)
+	@du -sh $(GPU_CARRY)
