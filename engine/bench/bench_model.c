@@ -1,5 +1,5 @@
-/* muse-bench decode and chat: forward tokens/s on a backend, and the per-request chat work (rendering,
- * reply parsing, sampling) next to one decode step. */
+/* muse-bench decode and chat: forward tokens/s on a backend, and the per-request chat work
+ * (rendering, reply parsing, sampling) next to one decode step. */
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -110,8 +110,8 @@ typedef struct {
 } decode_flags;
 
 static const char *const decode_cols[] = {
-    "model",        "backend",       "vocab",         "threads",         "prompt tok/s (64-row)",
-    "decode tok/s", "decode p50 ms", "decode p99 ms", "step MB (1 row)", "floor ms",
+    "model",           "backend",       "vocab",         "threads",         "prompt tok/s (64-row)",
+    "decode tok/s",    "decode p50 ms", "decode p99 ms", "step MB (1 row)", "floor ms",
     "% of floor (p50)"};
 static const char *const decode_keys[] = {"model", "backend"};
 
@@ -132,7 +132,8 @@ static int decode_row(bench_table *t, engine_ctx *c, const decode_flags *f, cons
     double tp = 0, s = 0;
     for (int64_t pos = 0; pos < f->prompt && s >= 0; pos += 64) tp += s = engine_step(c, pos, 64);
     double *v = MUSE_MALLOC((size_t)f->tokens * sizeof *v), td = 0;
-    for (long i = 0; i < f->tokens && s >= 0; i++) td += v[i] = s = engine_step(c, f->prompt + i, 1);
+    for (long i = 0; i < f->tokens && s >= 0; i++)
+        td += v[i] = s = engine_step(c, f->prompt + i, 1);
     if (s < 0) {
         free(v);
         return -1;
@@ -166,13 +167,7 @@ int bench_cmd_decode(int argc, char **argv)
     const muse_flag table[] = {
         MUSE_FLAG_S("backend", &f.backend, "cpu|cuda", "the backend to measure", .def = "cpu"),
         MUSE_FLAG_R("model", dirs, &ndirs, 4, "DIR", "a pack to measure (or --synthetic-weights)"),
-        MUSE_FLAG_L("synthetic-weights", &f.w.synthetic, 0, INT64_MAX, "SEED",
-                    "weights from a seed in memory, of --config's shape"),
-        MUSE_FLAG_S("config", &f.w.config, "FILE", "the shape --synthetic-weights fills"),
-        MUSE_FLAG_L("bits", &f.w.bits, 0, 8, "B",
-                    "--synthetic-weights: EXL3 at B bits (head at 6); 0: fp16"),
-        MUSE_FLAG_S("codebook", &f.w.codebook, "mul1|mcg|3inst",
-                    "--synthetic-weights: the EXL3 codebook", .def = "mul1"),
+        BENCH_SYNTHETIC_FLAGS(f.w),
         MUSE_FLAG_L("tokens", &f.tokens, 1, 100000, "N", "decode steps"),
         MUSE_FLAG_L("prompt", &f.prompt, 64, 100000, "N", "prompt tokens (rounded down to 64)"),
         MUSE_FLAG_L("threads", &f.threads, 0, 1024, "N", "cpu threads", .def = "0: one per core"),
@@ -208,16 +203,17 @@ int bench_cmd_decode(int argc, char **argv)
     double bw = 0;
     int rc = 0;
     for (int d = 0; d < ndirs; d++) {
-        if (decode_open(&c, &f, dirs[d], &e) || (d == 0 && bench_copy_head(c.be, (long)f.copy_mib,
-                                                                             &t, &bw, &e))) {
+        if (decode_open(&c, &f, dirs[d], &e) ||
+            (d == 0 && bench_copy_head(c.be, (long)f.copy_mib, &t, &bw, &e))) {
             fprintf(stderr, "muse-bench decode: %s\n", e.msg);
             if (c.be) engine_close(&c);
             rc = 1;
             break;
         }
         if (d == 0) {
-            bench_table_head(&t, "floor", "the bytes of one 1-row step (weights read, KV at the "
-                                          "middle decode position) / copy bandwidth");
+            bench_table_head(&t, "floor",
+                             "the bytes of one 1-row step (weights read, KV at the "
+                             "middle decode position) / copy bandwidth");
             bench_table_header(&t);
         }
         int bad = decode_row(&t, &c, &f, dirs[d] ? dirs[d] : c.model.dir, bw);

@@ -64,7 +64,8 @@ static double attention_bytes(const muse_config *c, int i, long R, int64_t ctx)
 static double moe_bytes(const muse_model *m, const muse_layer *ly, long R)
 {
     const muse_config *c = &m->cfg;
-    double E = (double)c->num_experts, K = (double)c->num_experts_per_tok, H = (double)c->hidden_size;
+    double E = (double)c->num_experts, K = (double)c->num_experts_per_tok,
+           H = (double)c->hidden_size;
     double touched = E * (1.0 - pow(1.0 - K / E, (double)R));
     double b = E * H * (double)muse_dtype_size(ly->router->dtype) + (ly->router_bias.v ? E * 4 : 0);
     b += touched * (mlp_weight_bytes(&ly->experts[0]) + (c->expert_output_norm ? H * 4.0 : 0));
@@ -77,19 +78,29 @@ double bench_op_bytes(const muse_model *m, const muse_op_case *k, long R, int64_
     const muse_config *c = &m->cfg;
     double W = (double)k->in_width, r = (double)R, H = (double)c->hidden_size;
     switch (k->kid) {
-    case MUSE_K_EMBED: return r * H * ((double)muse_dtype_size(m->embed->dtype) + 4.0) + r * 4;
-    case MUSE_K_NORM: return (k->param % 3 ? W * 4 : 0) + 2.0 * r * W * 4;
-    case MUSE_K_ADD_NORM: return W * 4 + 3.0 * r * W * 4;
+    case MUSE_K_EMBED:
+        return r * H * ((double)muse_dtype_size(m->embed->dtype) + 4.0) + r * 4;
+    case MUSE_K_NORM:
+        return (k->param % 3 ? W * 4 : 0) + 2.0 * r * W * 4;
+    case MUSE_K_ADD_NORM:
+        return W * 4 + 3.0 * r * W * 4;
     case MUSE_K_LINEAR_DENSE:
     case MUSE_K_LINEAR_EXL3:
-    case MUSE_K_HEAD: return linear_bytes(k->arg, R);
-    case MUSE_K_QK_NORM_ROPE: return 2.0 * r * W * 4;
+    case MUSE_K_HEAD:
+        return linear_bytes(k->arg, R);
+    case MUSE_K_QK_NORM_ROPE:
+        return 2.0 * r * W * 4;
     case MUSE_K_ATTN_FULL:
-    case MUSE_K_ATTN_SLIDING: return attention_bytes(c, (int)k->param, R, ctx);
-    case MUSE_K_SWIGLU: return 3.0 * r * W * 4;
-    case MUSE_K_MOE: return moe_bytes(m, k->arg, R);
-    case MUSE_K_SAMPLE: return r * W * 4;
-    default: return 0; /* all_reduce on one rank moves nothing */
+    case MUSE_K_ATTN_SLIDING:
+        return attention_bytes(c, (int)k->param, R, ctx);
+    case MUSE_K_SWIGLU:
+        return 3.0 * r * W * 4;
+    case MUSE_K_MOE:
+        return moe_bytes(m, k->arg, R);
+    case MUSE_K_SAMPLE:
+        return r * W * 4;
+    default:
+        return 0; /* all_reduce on one rank moves nothing */
     }
 }
 
@@ -165,7 +176,9 @@ static void prepare(bench_run *b, const muse_op_case *k)
     muse_op_acts *a = &b->acts;
     switch (k->kid) {
     case MUSE_K_NORM:
-    case MUSE_K_QK_NORM_ROPE: muse_op_write_inputs(a, slot(b, W, 0), 11, ids, R, W, 1); break;
+    case MUSE_K_QK_NORM_ROPE:
+        muse_op_write_inputs(a, slot(b, W, 0), 11, ids, R, W, 1);
+        break;
     case MUSE_K_ADD_NORM:
         muse_op_write_inputs(a, slot(b, W, 0), 12, ids, R, W, 0);
         muse_op_write_inputs(a, slot(b, W, 1), 13, ids, R, W, 0);
@@ -191,7 +204,9 @@ static void prepare(bench_run *b, const muse_op_case *k)
         free(x);
         break;
     }
-    default: slot(b, H, 0); break; /* embed writes slot 0 */
+    default:
+        slot(b, H, 0);
+        break; /* embed writes slot 0 */
     }
 }
 
@@ -204,7 +219,9 @@ static void call(bench_run *b, const muse_op_case *k)
     long W = k->in_width, N = (long)b->m->head.n;
     long Q = (long)(c->n_heads * c->head_dim), KV = (long)(c->n_kv_heads * c->head_dim);
     switch (k->kid) {
-    case MUSE_K_EMBED: o->embed(be, slot(b, W, 0)); break;
+    case MUSE_K_EMBED:
+        o->embed(be, slot(b, W, 0));
+        break;
     case MUSE_K_NORM:
         o->norm(be, slot(b, W, 0), W, k->arg, (muse_norm_weight)(k->param % 3),
                 (float)c->rms_norm_eps, (int)(k->param / 3), slot(b, W, 1));
@@ -225,11 +242,20 @@ static void call(bench_run *b, const muse_op_case *k)
         o->attention(be, (int)k->param, slot(b, Q, 0), slot(b, KV, 3), slot(b, KV, 4),
                      slot(b, Q, 1), slot(b, Q, 2));
         break;
-    case MUSE_K_SWIGLU: o->swiglu(be, slot(b, W, 0), slot(b, W, 1), W, slot(b, W, 2)); break;
-    case MUSE_K_MOE: o->moe(be, k->arg, slot(b, W, 0), slot(b, W, 2)); break;
-    case MUSE_K_HEAD: o->head(be, slot(b, W, 0), slot(b, N, 2)); break;
-    case MUSE_K_SAMPLE: o->sample(be, slot(b, N, 0)); break;
-    default: break;
+    case MUSE_K_SWIGLU:
+        o->swiglu(be, slot(b, W, 0), slot(b, W, 1), W, slot(b, W, 2));
+        break;
+    case MUSE_K_MOE:
+        o->moe(be, k->arg, slot(b, W, 0), slot(b, W, 2));
+        break;
+    case MUSE_K_HEAD:
+        o->head(be, slot(b, W, 0), slot(b, N, 2));
+        break;
+    case MUSE_K_SAMPLE:
+        o->sample(be, slot(b, N, 0));
+        break;
+    default:
+        break;
     }
 }
 
@@ -277,8 +303,7 @@ static double time_op(bench_run *b, const muse_op_case *k, double empty_s, doubl
     return t > empty_s ? (t - empty_s) / (double)calls : 0;
 }
 
-static void shape_of(const muse_model *m, const muse_op_case *k, int64_t ctx, char *out,
-                     size_t len)
+static void shape_of(const muse_model *m, const muse_op_case *k, int64_t ctx, char *out, size_t len)
 {
     const muse_config *c = &m->cfg;
     const muse_linear *l = k->arg;
@@ -304,8 +329,12 @@ static void shape_of(const muse_model *m, const muse_op_case *k, int64_t ctx, ch
                  (long long)c->num_experts, (long long)c->hidden_size,
                  (long long)c->moe_intermediate_size);
         break;
-    case MUSE_K_SAMPLE: snprintf(out, len, "V %ld, T 0.7 top-p 0.9", k->in_width); break;
-    default: snprintf(out, len, "width %ld", k->in_width); break;
+    case MUSE_K_SAMPLE:
+        snprintf(out, len, "V %ld, T 0.7 top-p 0.9", k->in_width);
+        break;
+    default:
+        snprintf(out, len, "width %ld", k->in_width);
+        break;
     }
 }
 
@@ -331,7 +360,8 @@ typedef struct {
 static muse_backend *kernels_backend(const kernels_flags *f, const muse_model *m, long max_rows,
                                      muse_err *e)
 {
-    if (!strcmp(f->backend, "cuda") && !getenv("MUSE_CUDA_GRAPHS")) setenv("MUSE_CUDA_GRAPHS", "0", 1);
+    if (!strcmp(f->backend, "cuda") && !getenv("MUSE_CUDA_GRAPHS"))
+        setenv("MUSE_CUDA_GRAPHS", "0", 1);
     muse_backend_opts o = {.max_rows = max_rows,
                            .max_seqs = 1,
                            .context = f->ctx + max_rows + 1,
@@ -396,8 +426,8 @@ static int kernels_table(bench_table *t, bench_run *b, const muse_op_case *cs, i
     return 0;
 }
 
-static const char *const kernels_cols[] = {"op",       "shape",      "rows",       "us/call",
-                                           "bytes",    "floor us",   "% of floor", "calls/round"};
+static const char *const kernels_cols[] = {"op",    "shape",    "rows",       "us/call",
+                                           "bytes", "floor us", "% of floor", "calls/round"};
 static const char *const kernels_keys[] = {"op", "shape", "rows"};
 
 /* The table of every case at every row count; the exit status. */
@@ -447,10 +477,12 @@ static int kernels_run(const kernels_flags *f, const long long *rows, int n_rows
                          strcmp(getenv("MUSE_CUDA_GRAPHS"), "0") ? "on (MUSE_CUDA_GRAPHS)"
                                                                  : "off: eager launches");
     for (int r = 0; r < n_rows; r++)
-        if ((empty[r] = empty_round(&t, &b, cs, n, (long)rows[r], min_s, &e)) < 0) goto device_error;
-    bench_table_head(&t, "rows",
-                     "padded up to the backend's buckets (powers of two, then the largest); "
-                     "moe bytes: the experts uniform routing is expected to touch");
+        if ((empty[r] = empty_round(&t, &b, cs, n, (long)rows[r], min_s, &e)) < 0)
+            goto device_error;
+    bench_table_head(&t, "bytes",
+                     "weights of the shard + activations in and out (fp32) + KV written and read "
+                     "(fp16); moe: the experts uniform routing is expected to touch; rows padded "
+                     "up to a bucket (powers of two, then the largest)");
     bench_table_header(&t);
     for (int r = 0; r < n_rows; r++)
         if (kernels_table(&t, &b, cs, n, (long)rows[r], min_s, bw, empty[r], &e)) goto device_error;
@@ -468,18 +500,12 @@ done:
 
 int bench_cmd_kernels(int argc, char **argv)
 {
-    kernels_flags f = {.backend = "cpu", .rows_s = "1,256", .ctx = 1024, .min_ms = 100,
-                       .w = {.synthetic = -1}};
+    kernels_flags f = {
+        .backend = "cpu", .rows_s = "1,256", .ctx = 1024, .min_ms = 100, .w = {.synthetic = -1}};
     const muse_flag table[] = {
         MUSE_FLAG_S("backend", &f.backend, "cpu|cuda", "the backend to measure", .def = "cpu"),
         MUSE_FLAG_S("model", &f.w.dir, "DIR", "the pack (or --synthetic-weights)"),
-        MUSE_FLAG_L("synthetic-weights", &f.w.synthetic, 0, INT64_MAX, "SEED",
-                    "weights from a seed in memory, of --config's shape"),
-        MUSE_FLAG_S("config", &f.w.config, "FILE", "the shape --synthetic-weights fills"),
-        MUSE_FLAG_L("bits", &f.w.bits, 0, 8, "B",
-                    "--synthetic-weights: EXL3 at B bits (head at 6); 0: fp16"),
-        MUSE_FLAG_S("codebook", &f.w.codebook, "mul1|mcg|3inst",
-                    "--synthetic-weights: the EXL3 codebook", .def = "mul1"),
+        BENCH_SYNTHETIC_FLAGS(f.w),
         MUSE_FLAG_S("rows", &f.rows_s, "M,M,...", "rows a round (1: decode; more: a prompt)",
                     .def = "1,256"),
         MUSE_FLAG_L("context", &f.ctx, 0, 1 << 20, "N", "attention: the first row's position"),
@@ -499,8 +525,8 @@ int bench_cmd_kernels(int argc, char **argv)
     if (prc != MUSE_FLAGS_RUN) return prc;
     long long rows[MAX_ROW_COUNTS];
     char why[160];
-    int n_rows = bench_parse_int_list("--rows", f.rows_s, 1, 4096, rows, MAX_ROW_COUNTS, why,
-                                      sizeof why);
+    int n_rows =
+        bench_parse_int_list("--rows", f.rows_s, 1, 4096, rows, MAX_ROW_COUNTS, why, sizeof why);
     if (n_rows <= 0) return bench_usage_error("kernels", why);
     if (!f.w.dir && f.w.synthetic < 0)
         return bench_usage_error("kernels",

@@ -5,6 +5,7 @@
 #define MUSE_BENCH_OPS_H
 
 #include "backend/backend.h"
+#include "base/flags.h"
 #include "bench_table.h"
 #include "check/op_cases.h"
 
@@ -13,6 +14,16 @@ typedef struct {
     const char *dir, *config, *codebook;
     long long synthetic, bits; /* synthetic -1: none */
 } bench_weights;
+
+/* The flags of the synthetic weights into a bench_weights w (--model is each command's own). */
+#define BENCH_SYNTHETIC_FLAGS(w)                                                                   \
+    MUSE_FLAG_L("synthetic-weights", &(w).synthetic, 0, INT64_MAX, "SEED",                         \
+                "weights from a seed in memory, of --config's shape", .def = "none"),              \
+        MUSE_FLAG_S("config", &(w).config, "FILE", "the shape --synthetic-weights fills"),         \
+        MUSE_FLAG_L("bits", &(w).bits, 0, 8, "B",                                                  \
+                    "--synthetic-weights: EXL3 at B bits (head at 6); 0: fp16"),                   \
+        MUSE_FLAG_S("codebook", &(w).codebook, "mul1|mcg|3inst",                                   \
+                    "--synthetic-weights: the EXL3 codebook", .def = "mul1")
 
 /* Loads the weights; 0, or -1 with the reason (a bad flag combination included). */
 int bench_weights_load(const bench_weights *w, muse_model *m, muse_err *e);

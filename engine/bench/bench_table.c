@@ -10,8 +10,8 @@
 
 #include "bench_table.h"
 
-void bench_table_open(bench_table *t, const char *bench, const char *title,
-                      const char *const *cols, int ncols, int as_json)
+void bench_table_open(bench_table *t, const char *bench, const char *title, const char *const *cols,
+                      int ncols, int as_json)
 {
     *t = (bench_table){.title = title, .cols = cols, .ncols = ncols, .as_json = as_json};
     t->json = cJSON_CreateObject();
@@ -96,7 +96,8 @@ static int load_baseline(bench_table *t, const char *path, char *why, size_t len
 {
     const char *bench = cJSON_GetObjectItem(t->json, "bench")->valuestring;
     char *text = read_all(path);
-    if (!text) return snprintf(why, len, "--baseline %s: cannot read it: %s", path, strerror(errno)), -1;
+    if (!text)
+        return snprintf(why, len, "--baseline %s: cannot read it: %s", path, strerror(errno)), -1;
     cJSON *j = cJSON_Parse(text);
     free(text);
     const cJSON *b = cJSON_GetObjectItem(j, "bench"), *rows = cJSON_GetObjectItem(j, "rows");

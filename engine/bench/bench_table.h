@@ -18,11 +18,11 @@ typedef struct {
     int as_json;
     char heads[BENCH_TABLE_HEADS][256]; /* lines printed under the title */
     int n_heads;
-    const char *json_path;    /* write the JSON object here at the end (NULL: nowhere) */
-    cJSON *baseline;          /* an earlier run's JSON object, or NULL */
-    const char *const *keys;  /* the columns that match a row with its baseline row */
+    const char *json_path;   /* write the JSON object here at the end (NULL: nowhere) */
+    cJSON *baseline;         /* an earlier run's JSON object, or NULL */
+    const char *const *keys; /* the columns that match a row with its baseline row */
     int nkeys;
-    const char *ratio_col;    /* the column divided by its baseline value */
+    const char *ratio_col; /* the column divided by its baseline value */
 } bench_table;
 
 /* What --json FILE and --baseline FILE ask of a table. ratio_col over keys' match. */
@@ -40,8 +40,8 @@ void bench_table_begin(bench_table *t, const char *bench, const char *title,
                        const char *const *cols, int ncols, int as_json);
 /* bench_table_begin in two steps, for tables with head lines or files: open (nothing printed),
  * then bench_table_head / bench_table_io, then bench_table_header prints. */
-void bench_table_open(bench_table *t, const char *bench, const char *title,
-                      const char *const *cols, int ncols, int as_json);
+void bench_table_open(bench_table *t, const char *bench, const char *title, const char *const *cols,
+                      int ncols, int as_json);
 void bench_table_header(bench_table *t);
 /* A key: text line under the title (a field of the JSON object); before bench_table_header. */
 void bench_table_head(bench_table *t, const char *key, const char *text);

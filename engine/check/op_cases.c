@@ -100,8 +100,7 @@ static int attention_cases(const muse_model *m, muse_op_case *cs, int n, int i)
     n = add_case(cs, n, name, MUSE_K_QK_NORM_ROPE, Q, Q, NULL, i);
     snprintf(name, sizeof name, "qk_norm_rope k layer %d", i);
     n = add_case(cs, n, name, MUSE_K_QK_NORM_ROPE, KV, KV, NULL, i);
-    snprintf(name, sizeof name, "kv write + attention layer %d (%s)", i,
-             full ? "full" : "sliding");
+    snprintf(name, sizeof name, "kv write + attention layer %d (%s)", i, full ? "full" : "sliding");
     return add_case(cs, n, name, full ? MUSE_K_ATTN_FULL : MUSE_K_ATTN_SLIDING, Q, Q, NULL, i);
 }
 

@@ -355,20 +355,33 @@ static void run_case(tally *t, side *test, side *ref, const op_case *k, long M)
 static case_fn case_fn_of(muse_kernel_id kid)
 {
     switch (kid) {
-    case MUSE_K_EMBED: return case_embed;
-    case MUSE_K_NORM: return case_norm;
-    case MUSE_K_ADD_NORM: return case_add_norm;
+    case MUSE_K_EMBED:
+        return case_embed;
+    case MUSE_K_NORM:
+        return case_norm;
+    case MUSE_K_ADD_NORM:
+        return case_add_norm;
     case MUSE_K_LINEAR_DENSE:
-    case MUSE_K_LINEAR_EXL3: return case_linear;
-    case MUSE_K_QK_NORM_ROPE: return case_qk;
+    case MUSE_K_LINEAR_EXL3:
+        return case_linear;
+    case MUSE_K_QK_NORM_ROPE:
+        return case_qk;
     case MUSE_K_ATTN_SLIDING:
-    case MUSE_K_ATTN_FULL: return case_attention;
-    case MUSE_K_SWIGLU: return case_swiglu;
-    case MUSE_K_MOE: return case_moe;
-    case MUSE_K_ALL_REDUCE: return case_all_reduce;
-    case MUSE_K_HEAD: return case_head;
-    case MUSE_K_SAMPLE: return case_sample;
-    default: MUSE_CHECK(!"a registry entry without a case"); return NULL;
+    case MUSE_K_ATTN_FULL:
+        return case_attention;
+    case MUSE_K_SWIGLU:
+        return case_swiglu;
+    case MUSE_K_MOE:
+        return case_moe;
+    case MUSE_K_ALL_REDUCE:
+        return case_all_reduce;
+    case MUSE_K_HEAD:
+        return case_head;
+    case MUSE_K_SAMPLE:
+        return case_sample;
+    default:
+        MUSE_CHECK(!"a registry entry without a case");
+        return NULL;
     }
 }
 
@@ -633,7 +646,8 @@ static void check_snapshot(tally *t, side *test, const muse_model *m)
             const muse_config *c = &m->cfg;
             long KV = (long)(c->n_kv_heads * c->head_dim);
             MUSE_CHECK(muse_kv_ensure(&test->be->kv, seq, M + 1) == 0);
-            muse_act q = muse_op_act(test, Q, 0), g = muse_op_act(test, Q, 1), o = muse_op_act(test, Q, 2);
+            muse_act q = muse_op_act(test, Q, 0), g = muse_op_act(test, Q, 1),
+                     o = muse_op_act(test, Q, 2);
             muse_act kk = muse_op_act(test, KV, 0), v = muse_op_act(test, KV, 1);
             int64_t id = M, pos = M;
             muse_op_write_inputs(test, q, 21, &id, 1, Q, 1);

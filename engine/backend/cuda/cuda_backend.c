@@ -788,8 +788,7 @@ static int cuda_copy_bandwidth(muse_backend *be, size_t bytes, double *bytes_per
     if (e1) CHECK(c, cudaEventDestroy(e1));
     if (a) CHECK(c, cudaFree(a));
     if (b) CHECK(c, cudaFree(b));
-    if (c->failed)
-        return muse_fail(e, "copy bandwidth on device %d (cuda): %s", c->device, c->err);
+    if (c->failed) return muse_fail(e, "copy bandwidth on device %d (cuda): %s", c->device, c->err);
     *bytes_per_s = best > 0 ? 2.0 * (double)bytes / ((double)best * 1e-3) : 0;
     return 0;
 }
