@@ -110,6 +110,15 @@ typedef struct {
      * allocated at start. Outside a round. */
     void (*snapshot_save)(muse_backend *be, int seq, int64_t end_pos, int slot);
     void (*snapshot_load)(muse_backend *be, int seq, int64_t end_pos, int slot);
+
+    /* Optional (NULL: not offered), outside a round, for benchmarks: the device memory's copy
+     * bandwidth measured now, the yardstick of a kernel's bytes floor. Copies `bytes` from one
+     * buffer of the device's memory to another (cpu: memcpy on the backend's threads; cuda: a
+     * device-to-device cudaMemcpyAsync timed with events), best of several after a warm-up;
+     * *bytes_per_s counts read + write (2 x bytes a copy). Names the device measured into
+     * device. -1 with the reason on failure (a device error stays sticky, as in a round). */
+    int (*copy_bandwidth)(muse_backend *be, size_t bytes, double *bytes_per_s, char *device,
+                          size_t device_len, muse_err *e);
 } muse_backend_ops;
 
 struct muse_backend {

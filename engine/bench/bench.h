@@ -15,6 +15,7 @@ int bench_cmd_quant(int argc, char **argv);
 int bench_cmd_tokenizer(int argc, char **argv);
 int bench_cmd_chat(int argc, char **argv);
 int bench_cmd_decode(int argc, char **argv);
+int bench_cmd_kernels(int argc, char **argv);
 int bench_cmd_server(int argc, char **argv);
 int bench_cmd_stamp_engine(int argc, char **argv);
 int bench_cmd_concurrent(int argc, char **argv);

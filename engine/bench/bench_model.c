@@ -1,5 +1,5 @@
-/* muse-bench decode and chat: CPU forward tokens/s, and the per-request chat work (rendering,
- * reply parsing, sampling) next to one decode step. */
+/* muse-bench decode and chat: forward tokens/s on a backend, and the per-request chat work
+ * (rendering, reply parsing, sampling) next to one decode step. */
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "base/clock.h"
 #include "bench.h"
+#include "bench_ops.h"
 #include "bench_table.h"
 #include "text/chat.h"
 #include "base/flags.h"
@@ -27,20 +28,26 @@ typedef struct {
     int64_t vocab;
 } engine_ctx;
 
-static int engine_open(engine_ctx *c, const char *dir, long max_rows, int64_t context, int threads,
-                       muse_err *e)
+static int engine_start(engine_ctx *c, const char *backend, long max_rows, int64_t context,
+                        int threads, muse_err *e)
 {
-    memset(c, 0, sizeof *c);
-    if (muse_model_load(dir, &c->model, e)) return -1;
     muse_backend_opts o = {
         .max_rows = max_rows, .max_seqs = 1, .context = context, .threads = threads};
-    if (!(c->be = muse_backend_create("cpu", &c->model, &o, e))) {
+    if (!(c->be = muse_backend_create(backend, &c->model, &o, e))) {
         muse_model_free(&c->model);
         return -1;
     }
     c->fwd = muse_forward_create(c->be);
     c->vocab = c->model.cfg.vocab_size;
     return 0;
+}
+
+static int engine_open(engine_ctx *c, const char *dir, long max_rows, int64_t context, int threads,
+                       muse_err *e)
+{
+    memset(c, 0, sizeof *c);
+    if (muse_model_load(dir, &c->model, e)) return -1;
+    return engine_start(c, "cpu", max_rows, context, threads, e);
 }
 
 static void engine_close(engine_ctx *c)
@@ -50,7 +57,8 @@ static void engine_close(engine_ctx *c)
     muse_model_free(&c->model);
 }
 
-/* Runs `rows` consecutive positions from `pos` (logits of the last row only); seconds taken. */
+/* Runs `rows` consecutive positions from `pos` (logits of the last row only); seconds taken, or
+ * -1 after saying why on stderr (a device error is an error, never an abort). */
 static double engine_step(engine_ctx *c, int64_t pos, long rows)
 {
     int32_t tok[256];
@@ -80,8 +88,8 @@ static double engine_step(engine_ctx *c, int64_t pos, long rows)
     double t0 = muse_now_s();
     int rc = muse_forward_run(c->fwd, &b, &out, &e);
     double t = muse_now_s() - t0;
-    MUSE_CHECK(rc == 0);
-    return t;
+    if (rc) fprintf(stderr, "muse-bench: forward at position %lld: %s\n", (long long)pos, e.msg);
+    return rc ? -1 : t;
 }
 
 /* Median seconds of one 1-row decode step after a short prompt, over `steps` steps. */
@@ -95,61 +103,127 @@ static double decode_step_median(engine_ctx *c, int steps)
     return m;
 }
 
+typedef struct {
+    const char *backend, *json, *baseline;
+    bench_weights w;
+    long long tokens, prompt, threads, copy_mib;
+} decode_flags;
+
+static const char *const decode_cols[] = {
+    "model",           "backend",       "vocab",         "threads",         "prompt tok/s (64-row)",
+    "decode tok/s",    "decode p50 ms", "decode p99 ms", "step MB (1 row)", "floor ms",
+    "% of floor (p50)"};
+static const char *const decode_keys[] = {"model", "backend"};
+
+/* The model of one row: the pack dirs[d], or the synthetic weights (dirs[0] NULL). */
+static int decode_open(engine_ctx *c, const decode_flags *f, const char *dir, muse_err *e)
+{
+    memset(c, 0, sizeof *c);
+    bench_weights w = f->w;
+    w.dir = dir;
+    if (bench_weights_load(&w, &c->model, e)) return -1;
+    return engine_start(c, f->backend, 64, f->prompt + f->tokens + 1, (int)f->threads, e);
+}
+
+/* One row: the prompt in rounds of 64 rows, then the decode steps of one row; -1 on error. */
+static int decode_row(bench_table *t, engine_ctx *c, const decode_flags *f, const char *name,
+                      double bw)
+{
+    double tp = 0, s = 0;
+    for (int64_t pos = 0; pos < f->prompt && s >= 0; pos += 64) tp += s = engine_step(c, pos, 64);
+    double *v = MUSE_MALLOC((size_t)f->tokens * sizeof *v), td = 0;
+    for (long i = 0; i < f->tokens && s >= 0; i++)
+        td += v[i] = s = engine_step(c, f->prompt + i, 1);
+    if (s < 0) {
+        free(v);
+        return -1;
+    }
+    double p50 = bench_quantile(v, (size_t)f->tokens, 0.5),
+           p99 = bench_quantile(v, (size_t)f->tokens, 0.99);
+    free(v);
+    int thr = (int)f->threads > 0 ? (int)f->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    double bytes = bench_step_bytes(&c->model, 1, f->prompt + f->tokens / 2), floor_s = bytes / bw;
+    const char *cells[] = {name,
+                           f->backend,
+                           bench_fmt("%.0f", (double)c->vocab),
+                           bench_fmt("%.0f", thr),
+                           bench_fmt("%.1f", (double)f->prompt / tp),
+                           bench_fmt("%.1f", (double)f->tokens / td),
+                           bench_fmt("%.3f", p50 * 1e3),
+                           bench_fmt("%.3f", p99 * 1e3),
+                           bench_fmt("%.3f", bytes / 1e6),
+                           bench_fmt("%.3f", floor_s * 1e3),
+                           bench_fmt("%.1f", 100.0 * floor_s / p50)};
+    bench_table_row(t, cells);
+    return 0;
+}
+
 int bench_cmd_decode(int argc, char **argv)
 {
-    const char *dirs[4];
+    const char *dirs[4] = {NULL};
     int ndirs = 0;
-    bool as_json = false;
-    long long tokens = 64, prompt = 256, threads = 0;
+    decode_flags f = {.backend = "cpu", .tokens = 64, .prompt = 256, .w = {.synthetic = -1}};
     muse_err e = {{0}};
     const muse_flag table[] = {
-        MUSE_FLAG_R("model", dirs, &ndirs, 4, "DIR", "a pack to measure", .required = true),
-        MUSE_FLAG_L("tokens", &tokens, 1, 100000, "N", "decode steps"),
-        MUSE_FLAG_L("prompt", &prompt, 64, 100000, "N", "prompt tokens (rounded down to 64)"),
-        MUSE_FLAG_L("threads", &threads, 0, 1024, "N", "threads", .def = "0: one per core"),
-        MUSE_FLAG_B("json", &as_json, "print JSON instead of a table"),
+        MUSE_FLAG_S("backend", &f.backend, "cpu|cuda", "the backend to measure", .def = "cpu"),
+        MUSE_FLAG_R("model", dirs, &ndirs, 4, "DIR", "a pack to measure (or --synthetic-weights)"),
+        BENCH_SYNTHETIC_FLAGS(f.w),
+        MUSE_FLAG_L("tokens", &f.tokens, 1, 100000, "N", "decode steps"),
+        MUSE_FLAG_L("prompt", &f.prompt, 64, 100000, "N", "prompt tokens (rounded down to 64)"),
+        MUSE_FLAG_L("threads", &f.threads, 0, 1024, "N", "cpu threads", .def = "0: one per core"),
+        MUSE_FLAG_L("copy-mib", &f.copy_mib, 0, 65536, "MIB", "the copy bandwidth's buffer",
+                    .def = "0: 1024 on cuda, 256 on cpu"),
+        MUSE_FLAG_S("json", &f.json, "FILE", "also write the table as JSON to FILE (-: stdout)"),
+        MUSE_FLAG_S("baseline", &f.baseline, "FILE",
+                    "a previous --json FILE: a column of this run's decode p50 over its"),
     };
-    int prc =
-        bench_parse_flags("decode", "CPU forward tokens/s: prompt in rows of 64, decode 1 row.\n",
-                          table, sizeof table / sizeof *table, argc, argv);
+    int prc = bench_parse_flags(
+        "decode", "Forward tokens/s on a backend: prompt in rows of 64, decode 1 row.\n", table,
+        sizeof table / sizeof *table, argc, argv);
     if (prc != MUSE_FLAGS_RUN) return prc;
-    prompt = prompt / 64 * 64;
-    static const char *const cols[] = {
-        "model",        "vocab",         "threads",      "prompt tok/s (64-row)",
-        "decode tok/s", "decode p50 ms", "decode p99 ms"};
-    bench_table t;
-    char title[128];
+    if (!ndirs && f.w.synthetic < 0)
+        return bench_usage_error("decode", "--model DIR (or --synthetic-weights SEED --config "
+                                           "FILE) is required");
+    if (!ndirs) ndirs = 1; /* the synthetic weights: one row */
+    f.prompt = f.prompt / 64 * 64;
+    char title[200], why[512];
     snprintf(title, sizeof title,
-             "CPU forward: %lld prompt tokens in rows of 64, then %lld decode steps of 1 row",
-             prompt, tokens);
-    bench_table_begin(&t, "decode", title, cols, 7, as_json);
+             "Forward on %s: %lld prompt tokens in rows of 64, then %lld decode steps of 1 row",
+             f.backend, f.prompt, f.tokens);
+    int as_json = f.json && !strcmp(f.json, "-");
+    bench_table t;
+    bench_table_open(&t, "decode", title, decode_cols, 11, as_json);
+    bench_table_io io = {f.json, f.baseline, decode_keys, 2, "decode p50 ms", argc, argv};
+    if (bench_table_io_setup(&t, &io, why, sizeof why)) {
+        fprintf(stderr, "muse-bench decode: %s\n", why);
+        bench_table_discard(&t);
+        return 1;
+    }
+    engine_ctx c;
+    double bw = 0;
     int rc = 0;
     for (int d = 0; d < ndirs; d++) {
-        engine_ctx c;
-        if (engine_open(&c, dirs[d], 64, prompt + tokens + 1, (int)threads, &e)) {
+        if (decode_open(&c, &f, dirs[d], &e) ||
+            (d == 0 && bench_copy_head(c.be, (long)f.copy_mib, &t, &bw, &e))) {
             fprintf(stderr, "muse-bench decode: %s\n", e.msg);
+            if (c.be) engine_close(&c);
             rc = 1;
-            continue;
+            break;
         }
-        double tp = 0;
-        for (int64_t pos = 0; pos < prompt; pos += 64) tp += engine_step(&c, pos, 64);
-        double *v = MUSE_MALLOC((size_t)tokens * sizeof *v), td = 0;
-        for (long i = 0; i < tokens; i++) td += v[i] = engine_step(&c, prompt + i, 1);
-        double p50 = bench_quantile(v, (size_t)tokens, 0.5),
-               p99 = bench_quantile(v, (size_t)tokens, 0.99);
-        free(v);
-        int thr = (int)threads > 0 ? (int)threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-        const char *cells[] = {dirs[d],
-                               bench_fmt("%.0f", (double)c.vocab),
-                               bench_fmt("%.0f", thr),
-                               bench_fmt("%.1f", (double)prompt / tp),
-                               bench_fmt("%.1f", (double)tokens / td),
-                               bench_fmt("%.3f", p50 * 1e3),
-                               bench_fmt("%.3f", p99 * 1e3)};
-        bench_table_row(&t, cells);
+        if (d == 0) {
+            bench_table_head(&t, "floor",
+                             "the bytes of one 1-row step (weights read, KV at the "
+                             "middle decode position) / copy bandwidth");
+            bench_table_header(&t);
+        }
+        int bad = decode_row(&t, &c, &f, dirs[d] ? dirs[d] : c.model.dir, bw);
         engine_close(&c);
+        if (bad) {
+            rc = 1;
+            break;
+        }
     }
-    bench_table_end(&t);
+    if (bench_table_end(&t)) rc = 1;
     return rc;
 }
 

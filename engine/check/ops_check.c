@@ -8,6 +8,7 @@
  * variants that exist only in this file, never on a shipped path) must show red. Prints TAP
  * and one SUMMARY line. */
 #include "check/ops_check.h"
+#include "check/op_cases.h"
 
 #include <math.h>
 
@@ -17,48 +18,12 @@
 #include "text/sampler.h"
 #include "kernels/registry.h"
 
-#define MAX_W    8 /* distinct widths */
-#define N_SLOTS  5 /* activations a width */
 #define MAX_SEQS 4
 
 static FILE *out_f; /* the TAP lines */
 
-/* ---- one side of a comparison: a backend and its activations by width ---- */
-typedef struct {
-    muse_backend *be;
-    long widths[MAX_W];
-    muse_act acts[MAX_W][N_SLOTS];
-    int n_widths;
-} side;
-
-static muse_act act_of(side *s, long width, int slot)
-{
-    for (int i = 0; i < s->n_widths; i++)
-        if (s->widths[i] == width) return s->acts[i][slot];
-    MUSE_CHECK(s->n_widths < MAX_W);
-    s->widths[s->n_widths] = width;
-    for (int k = 0; k < N_SLOTS; k++) s->acts[s->n_widths][k] = s->be->ops->alloc(s->be, width);
-    return s->acts[s->n_widths++][slot];
-}
-
-/* ---- deterministic non-zero inputs: row id -> values ---- */
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static void fill_row(uint64_t seed, int64_t id, long width, int round16, float *dst)
-{
-    for (long j = 0; j < width; j++) {
-        uint64_t h = mix(seed * 1000003u + (uint64_t)id * 65537u + (uint64_t)j);
-        float v = (float)((double)(h >> 11) / 9007199254740992.0 * 4.0 - 2.0);
-        if (fabsf(v) < 0.05f) v = v < 0 ? -0.5f : 0.5f; /* never zero */
-        dst[j] = round16 ? muse_round_f16(v) : v;
-    }
-}
+/* one side of a comparison: a backend and its activations by width (op_cases.h) */
+typedef muse_op_acts side;
 
 static void poison(side *s, muse_act a, long width, long rows)
 {
@@ -88,7 +53,7 @@ static void round_begin(side *s, const int64_t *ids, long M, int seq, const int6
     int64_t p[4096];
     MUSE_CHECK(M <= 4096);
     for (long r = 0; r < M; r++) {
-        tok[r] = (int32_t)(mix((uint64_t)ids[r]) % (uint64_t)s->be->model->cfg.vocab_size);
+        tok[r] = (int32_t)(muse_op_mix((uint64_t)ids[r]) % (uint64_t)s->be->model->cfg.vocab_size);
         seqs[r] = seq;
         p[r] = pos ? pos[r] : ids[r] % 100;
     }
@@ -104,15 +69,6 @@ static void round_end(side *s)
     MUSE_CHECK(s->be->ops->end_round(s->be, &out, &e) == 0);
 }
 
-static void write_inputs(side *s, muse_act a, uint64_t seed, const int64_t *ids, long M, long W,
-                         int round16)
-{
-    float *x = MUSE_MALLOC((size_t)(M * W) * sizeof *x);
-    for (long r = 0; r < M; r++) fill_row(seed, ids[r], W, round16, x + r * W);
-    s->be->ops->write(s->be, a, x, M);
-    free(x);
-}
-
 static void read_out(side *s, muse_act a, long M, long W, float *out)
 {
     long aw = W; /* the head's output is [M, V] inside an [M, N] buffer */
@@ -124,7 +80,7 @@ static void read_out(side *s, muse_act a, long M, long W, float *out)
 
 static void case_embed(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
-    muse_act o = act_of(s, k->out_width, 0);
+    muse_act o = muse_op_act(s, k->out_width, 0);
     poison(s, o, k->out_width, M);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->embed(s->be, o);
@@ -135,8 +91,8 @@ static void case_embed(side *s, const op_case *k, const int64_t *ids, long M, fl
 static void case_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
     long W = k->in_width;
-    muse_act x = act_of(s, W, 0), o = act_of(s, W, 1);
-    write_inputs(s, x, 11, ids, M, W, 0);
+    muse_act x = muse_op_act(s, W, 0), o = muse_op_act(s, W, 1);
+    muse_op_write_inputs(s, x, 11, ids, M, W, 0);
     poison(s, o, W, M);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->norm(s->be, x, W, k->arg, (muse_norm_weight)(k->param % 3), 1e-5f,
@@ -148,9 +104,9 @@ static void case_norm(side *s, const op_case *k, const int64_t *ids, long M, flo
 static void case_add_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
     long W = k->in_width;
-    muse_act h = act_of(s, W, 0), y = act_of(s, W, 1);
-    write_inputs(s, h, 12, ids, M, W, 0);
-    write_inputs(s, y, 13, ids, M, W, 0);
+    muse_act h = muse_op_act(s, W, 0), y = muse_op_act(s, W, 1);
+    muse_op_write_inputs(s, h, 12, ids, M, W, 0);
+    muse_op_write_inputs(s, y, 13, ids, M, W, 0);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->add_norm(s->be, h, y, W, k->arg, 1e-6f);
     round_end(s);
@@ -160,8 +116,8 @@ static void case_add_norm(side *s, const op_case *k, const int64_t *ids, long M,
 static void case_linear(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
     const muse_linear *l = k->arg;
-    muse_act x = act_of(s, (long)l->k, 0), y = act_of(s, (long)l->n, 1);
-    write_inputs(s, x, 14, ids, M, (long)l->k, 1); /* fp16 activations in */
+    muse_act x = muse_op_act(s, (long)l->k, 0), y = muse_op_act(s, (long)l->n, 1);
+    muse_op_write_inputs(s, x, 14, ids, M, (long)l->k, 1); /* fp16 activations in */
     poison(s, y, (long)l->n, M);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->linear(s->be, l, x, (int)k->param, y);
@@ -173,8 +129,8 @@ static void case_qk(side *s, const op_case *k, const int64_t *ids, long M, float
 {
     const muse_config *c = &s->be->model->cfg;
     long W = k->in_width, heads = W / (long)c->head_dim;
-    muse_act x = act_of(s, W, 0);
-    write_inputs(s, x, 15, ids, M, W, 1);
+    muse_act x = muse_op_act(s, W, 0);
+    muse_op_write_inputs(s, x, 15, ids, M, W, 1);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->qk_norm_rope(s->be, x, heads, (long)c->head_dim, c->rope_theta_layer[k->param],
                              1e-5f);
@@ -185,9 +141,9 @@ static void case_qk(side *s, const op_case *k, const int64_t *ids, long M, float
 static void case_swiglu(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
     long W = k->in_width;
-    muse_act g = act_of(s, W, 0), u = act_of(s, W, 1), o = act_of(s, W, 2);
-    write_inputs(s, g, 16, ids, M, W, 1);
-    write_inputs(s, u, 17, ids, M, W, 1);
+    muse_act g = muse_op_act(s, W, 0), u = muse_op_act(s, W, 1), o = muse_op_act(s, W, 2);
+    muse_op_write_inputs(s, g, 16, ids, M, W, 1);
+    muse_op_write_inputs(s, u, 17, ids, M, W, 1);
     poison(s, o, W, M);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->swiglu(s->be, g, u, W, o);
@@ -198,8 +154,8 @@ static void case_swiglu(side *s, const op_case *k, const int64_t *ids, long M, f
 static void case_moe(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
     long H = k->in_width;
-    muse_act b = act_of(s, H, 0), y = act_of(s, H, 1);
-    write_inputs(s, b, 18, ids, M, H, 1);
+    muse_act b = muse_op_act(s, H, 0), y = muse_op_act(s, H, 1);
+    muse_op_write_inputs(s, b, 18, ids, M, H, 1);
     poison(s, y, H, M);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->moe(s->be, k->arg, b, y);
@@ -210,8 +166,8 @@ static void case_moe(side *s, const op_case *k, const int64_t *ids, long M, floa
 static void case_all_reduce(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
     long H = k->in_width;
-    muse_act x = act_of(s, H, 0);
-    write_inputs(s, x, 19, ids, M, H, 0);
+    muse_act x = muse_op_act(s, H, 0);
+    muse_op_write_inputs(s, x, 19, ids, M, H, 0);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->all_reduce(s->be, x, H);
     round_end(s);
@@ -222,8 +178,8 @@ static void case_head(side *s, const op_case *k, const int64_t *ids, long M, flo
 {
     const muse_model *m = s->be->model;
     long H = (long)m->cfg.hidden_size, N = (long)m->head.n;
-    muse_act x = act_of(s, H, 0), lg = act_of(s, N, 0);
-    write_inputs(s, x, 20, ids, M, H, 1);
+    muse_act x = muse_op_act(s, H, 0), lg = muse_op_act(s, N, 0);
+    muse_op_write_inputs(s, x, 20, ids, M, H, 1);
     poison(s, lg, N, M);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->head(s->be, x, lg);
@@ -240,16 +196,16 @@ static void attention_rows(side *s, const op_case *k, long M, int seq, int one_b
     int layer = (int)k->param;
     muse_kv_release(&s->be->kv, seq);
     MUSE_CHECK(muse_kv_ensure(&s->be->kv, seq, M) == 0);
-    muse_act q = act_of(s, Q, 0), g = act_of(s, Q, 1), o = act_of(s, Q, 2);
-    muse_act kk = act_of(s, KV, 0), v = act_of(s, KV, 1);
+    muse_act q = muse_op_act(s, Q, 0), g = muse_op_act(s, Q, 1), o = muse_op_act(s, Q, 2);
+    muse_act kk = muse_op_act(s, KV, 0), v = muse_op_act(s, KV, 1);
     long step = one_by_one ? 1 : M;
     for (long at = 0; at < M; at += step) {
         int64_t ids[4096], pos[4096];
         for (long r = 0; r < step; r++) ids[r] = pos[r] = at + r;
-        write_inputs(s, q, 21, ids, step, Q, 1);
-        write_inputs(s, g, 22, ids, step, Q, 1);
-        write_inputs(s, kk, 23, ids, step, KV, 1);
-        write_inputs(s, v, 24, ids, step, KV, 1);
+        muse_op_write_inputs(s, q, 21, ids, step, Q, 1);
+        muse_op_write_inputs(s, g, 22, ids, step, Q, 1);
+        muse_op_write_inputs(s, kk, 23, ids, step, KV, 1);
+        muse_op_write_inputs(s, v, 24, ids, step, KV, 1);
         poison(s, o, Q, step);
         round_begin(s, ids, step, seq, pos);
         s->be->ops->attention(s->be, layer, q, kk, v, g, o);
@@ -269,7 +225,7 @@ static void case_attention(side *s, const op_case *k, const int64_t *ids, long M
 static void sample_logits(const op_case *k, int64_t id, float *row)
 {
     long V = k->in_width;
-    fill_row(25, id, V, 0, row);
+    muse_op_fill_row(25, id, V, 0, row);
     for (long j = 0; j < V; j++) row[j] *= 4.0f;
     if (id % 5 == 1) row[7] = row[3] = 50.0f; /* a tie at the top: the lower id wins */
     if (id % 5 == 2) row[11] = NAN;           /* NaN is never drawn */
@@ -290,7 +246,7 @@ static void case_sample(side *s, const op_case *k, const int64_t *ids, long M, f
 {
     const muse_model *m = s->be->model;
     long V = k->out_width, N = (long)m->head.n;
-    muse_act lg = act_of(s, N, 1);
+    muse_act lg = muse_op_act(s, N, 1);
     V = k->in_width;
     float *x = MUSE_MALLOC((size_t)(M * N) * sizeof *x);
     for (long r = 0; r < M; r++) sample_logits(k, ids[r], x + r * V); /* [M, V] contiguous */
@@ -395,93 +351,57 @@ static void run_case(tally *t, side *test, side *ref, const op_case *k, long M)
     free(one);
 }
 
-/* ---- the cases of a model: each registry entry at the pack's widths ---- */
-static int add_case(op_case *cs, int n, const char *name, muse_kernel_id kid, long in_w, long out_w,
-                    case_fn fn, const void *arg, long param)
+/* ---- the cases of a model (op_cases.c), each with the function that runs it here ---- */
+static case_fn case_fn_of(muse_kernel_id kid)
 {
-    MUSE_CHECK(n < 64);
-    op_case *k = &cs[n];
-    memset(k, 0, sizeof *k);
-    snprintf(k->name, sizeof k->name, "%s", name);
-    k->kid = kid;
-    k->in_width = in_w;
-    k->out_width = out_w;
-    k->fn = fn;
-    k->arg = arg;
-    k->param = param;
-    k->tol = muse_kernel_entry_of(kid)->tol;
-    k->rows_related = fn == case_attention;
-    return n + 1;
-}
-
-static int linear_case(op_case *cs, int n, const muse_linear *l, int round16)
-{
-    char name[96];
-    const char *tail = strrchr(l->key, '.');
-    const char *shortkey = tail ? tail + 1 : l->key;
-    int exl3 = l->kind == MUSE_LIN_EXL3;
-    snprintf(name, sizeof name, "linear %s %.24s %lldx%lld%s", exl3 ? "exl3" : "dense", shortkey,
-             (long long)l->k, (long long)l->n, round16 ? " fp16 out" : "");
-    return add_case(cs, n, name, exl3 ? MUSE_K_LINEAR_EXL3 : MUSE_K_LINEAR_DENSE, (long)l->k,
-                    (long)l->n, case_linear, l, round16);
+    switch (kid) {
+    case MUSE_K_EMBED:
+        return case_embed;
+    case MUSE_K_NORM:
+        return case_norm;
+    case MUSE_K_ADD_NORM:
+        return case_add_norm;
+    case MUSE_K_LINEAR_DENSE:
+    case MUSE_K_LINEAR_EXL3:
+        return case_linear;
+    case MUSE_K_QK_NORM_ROPE:
+        return case_qk;
+    case MUSE_K_ATTN_SLIDING:
+    case MUSE_K_ATTN_FULL:
+        return case_attention;
+    case MUSE_K_SWIGLU:
+        return case_swiglu;
+    case MUSE_K_MOE:
+        return case_moe;
+    case MUSE_K_ALL_REDUCE:
+        return case_all_reduce;
+    case MUSE_K_HEAD:
+        return case_head;
+    case MUSE_K_SAMPLE:
+        return case_sample;
+    default:
+        MUSE_CHECK(!"a registry entry without a case");
+        return NULL;
+    }
 }
 
 static int make_cases(const muse_model *m, op_case *cs)
 {
-    const muse_config *c = &m->cfg;
-    long H = (long)c->hidden_size, Q = (long)(c->n_heads * c->head_dim);
-    long KV = (long)(c->n_kv_heads * c->head_dim);
-    int n = 0, moe_done = 0, dense_done = 0, full_done = 0, slide_done = 0;
-    n = add_case(cs, n, "embed", MUSE_K_EMBED, H, H, case_embed, NULL, 0);
-    static const char *modes[] = {"none", "1+w", "w"};
-    for (long mode = 0; mode < 6; mode++) {
-        char name[96];
-        snprintf(name, sizeof name, "norm %s%s width %ld", modes[mode % 3],
-                 mode >= 3 ? " fp16" : "", H);
-        n = add_case(cs, n, name, MUSE_K_NORM, H, H, case_norm, &m->layers[0].input_norm, mode);
+    static muse_op_case oc[MUSE_OP_MAX_CASES];
+    int n = muse_op_cases(m, oc);
+    for (int i = 0; i < n; i++) {
+        op_case *k = &cs[i];
+        memset(k, 0, sizeof *k);
+        memcpy(k->name, oc[i].name, sizeof k->name); /* both 96 bytes */
+        k->kid = oc[i].kid;
+        k->in_width = oc[i].in_width;
+        k->out_width = oc[i].out_width;
+        k->fn = case_fn_of(oc[i].kid);
+        k->arg = oc[i].arg;
+        k->param = oc[i].param;
+        k->tol = muse_kernel_entry_of(oc[i].kid)->tol;
+        k->rows_related = k->fn == case_attention;
     }
-    n = add_case(cs, n, "add_norm", MUSE_K_ADD_NORM, H, H, case_add_norm,
-                 &m->layers[0].post_attn_norm, 0);
-    const muse_layer *l0 = &m->layers[0];
-    n = linear_case(cs, n, &l0->q, 1);
-    n = linear_case(cs, n, &l0->k, 1);
-    n = linear_case(cs, n, &l0->o, 0);
-    for (int i = 0; i < (int)c->num_layers; i++) {
-        const muse_layer *ly = &m->layers[i];
-        char name[96];
-        int full = c->attn_kind[i] == MUSE_ATTN_FULL;
-        if (full ? !full_done++ : !slide_done++) {
-            snprintf(name, sizeof name, "qk_norm_rope q layer %d (%s)", i,
-                     c->rope_theta_layer[i] ? "RoPE" : "NoPE");
-            n = add_case(cs, n, name, MUSE_K_QK_NORM_ROPE, Q, Q, case_qk, NULL, i);
-            snprintf(name, sizeof name, "qk_norm_rope k layer %d", i);
-            n = add_case(cs, n, name, MUSE_K_QK_NORM_ROPE, KV, KV, case_qk, NULL, i);
-            snprintf(name, sizeof name, "kv write + attention layer %d (%s)", i,
-                     full ? "full" : "sliding");
-            n = add_case(cs, n, name, full ? MUSE_K_ATTN_FULL : MUSE_K_ATTN_SLIDING, Q, Q,
-                         case_attention, NULL, i);
-        }
-        if (c->mlp_kind[i] == MUSE_MLP_DENSE && !dense_done++) {
-            n = linear_case(cs, n, &ly->dense.gate, 1);
-            n = linear_case(cs, n, &ly->dense.down, 0);
-            snprintf(name, sizeof name, "swiglu width %lld", (long long)c->intermediate_size);
-            n = add_case(cs, n, name, MUSE_K_SWIGLU, (long)c->intermediate_size,
-                         (long)c->intermediate_size, case_swiglu, NULL, 0);
-        }
-        if (c->mlp_kind[i] == MUSE_MLP_MOE && !moe_done++) {
-            n = linear_case(cs, n, &ly->experts[0].up, 1);
-            n = linear_case(cs, n, &ly->experts[0].down, 0);
-            snprintf(name, sizeof name, "swiglu width %lld", (long long)c->moe_intermediate_size);
-            n = add_case(cs, n, name, MUSE_K_SWIGLU, (long)c->moe_intermediate_size,
-                         (long)c->moe_intermediate_size, case_swiglu, NULL, 0);
-            snprintf(name, sizeof name, "moe + router layer %d (%lld experts, top %lld)", i,
-                     (long long)c->num_experts, (long long)c->num_experts_per_tok);
-            n = add_case(cs, n, name, MUSE_K_MOE, H, H, case_moe, ly, 0);
-        }
-    }
-    n = add_case(cs, n, "all_reduce", MUSE_K_ALL_REDUCE, H, H, case_all_reduce, NULL, 0);
-    n = add_case(cs, n, "head", MUSE_K_HEAD, H, (long)c->vocab_size, case_head, NULL, 0);
-    n = add_case(cs, n, "sample", MUSE_K_SAMPLE, (long)c->vocab_size, 1, case_sample, NULL, 0);
     return n;
 }
 
@@ -726,13 +646,14 @@ static void check_snapshot(tally *t, side *test, const muse_model *m)
             const muse_config *c = &m->cfg;
             long KV = (long)(c->n_kv_heads * c->head_dim);
             MUSE_CHECK(muse_kv_ensure(&test->be->kv, seq, M + 1) == 0);
-            muse_act q = act_of(test, Q, 0), g = act_of(test, Q, 1), o = act_of(test, Q, 2);
-            muse_act kk = act_of(test, KV, 0), v = act_of(test, KV, 1);
+            muse_act q = muse_op_act(test, Q, 0), g = muse_op_act(test, Q, 1),
+                     o = muse_op_act(test, Q, 2);
+            muse_act kk = muse_op_act(test, KV, 0), v = muse_op_act(test, KV, 1);
             int64_t id = M, pos = M;
-            write_inputs(test, q, 21, &id, 1, Q, 1);
-            write_inputs(test, g, 22, &id, 1, Q, 1);
-            write_inputs(test, kk, 23, &id, 1, KV, 1);
-            write_inputs(test, v, 24, &id, 1, KV, 1);
+            muse_op_write_inputs(test, q, 21, &id, 1, Q, 1);
+            muse_op_write_inputs(test, g, 22, &id, 1, Q, 1);
+            muse_op_write_inputs(test, kk, 23, &id, 1, KV, 1);
+            muse_op_write_inputs(test, v, 24, &id, 1, KV, 1);
             round_begin(test, &id, 1, seq, &pos);
             test->be->ops->attention(test->be, i, q, kk, v, g, o);
             round_end(test);
@@ -788,7 +709,7 @@ int muse_ops_check(const char *prog, const muse_ops_check_opts *o)
         fprintf(stderr, "%s: %s\n", prog, e.msg);
         return 2;
     }
-    static op_case cs[64];
+    static op_case cs[MUSE_OP_MAX_CASES];
     int n = make_cases(&m, cs);
     side test = {0}, ref = {0};
     if (!(test.be = make(o->backend, &m, o->max_rows, &e)) ||
