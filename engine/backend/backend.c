@@ -73,8 +73,9 @@ static int gpu_entry(const muse_rank_flags *nm, const char *list, const char *te
         return muse_fail(e, "%s %s: entry %d (%s) is not an integer; %s", nm->gpus, list, i + 1,
                          buf, accepted);
     if (v < 0)
-        return muse_fail(e, "%s %s: entry %d (%ld) is a negative device ordinal; GPUs are numbered "
-                            "from 0 (as nvidia-smi lists them)",
+        return muse_fail(e,
+                         "%s %s: entry %d (%ld) is a negative device ordinal; GPUs are numbered "
+                         "from 0 (as nvidia-smi lists them)",
                          nm->gpus, list, i + 1, v);
     if (v > 1023)
         return muse_fail(e, "%s %s: entry %d (%ld) is past the largest device ordinal 1023",

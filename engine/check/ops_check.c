@@ -122,7 +122,8 @@ static void write_inputs(side *s, muse_act a, uint64_t seed, const int64_t *ids,
 static void write_sliced(side *s, muse_act a, uint64_t seed, const int64_t *ids, long M, long W,
                          long lo, long w)
 {
-    float *x = MUSE_MALLOC((size_t)(M * W) * sizeof *x), *row = MUSE_MALLOC((size_t)W * sizeof *row);
+    float *x = MUSE_MALLOC((size_t)(M * W) * sizeof *x),
+          *row = MUSE_MALLOC((size_t)W * sizeof *row);
     for (long r = 0; r < M * W; r++) x[r] = 0.5f;
     for (long r = 0; r < M; r++) {
         fill_row(seed, ids[r], W, 1, row);

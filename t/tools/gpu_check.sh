@@ -17,3 +17,24 @@ for p in conf/packs/demo-en "$tmp/p4"; do
     echo "compare $p rc=$?"
     grep -E "rel L2|agreement|router|PASS|FAIL" "$f" | head -5
 done
+# two ranks on one GPU (--gpus 0,0) against the CPU backend at --ranks 2, on the tiny-tp packs
+build/muse-pack --config conf/packs/tiny-tp.json --out "$tmp/tp16" --seed 7 >/dev/null
+build/muse-pack --config conf/packs/tiny-tp.json --out "$tmp/tp4" --seed 7 --exl3-random 4 --codebook mul1 >/dev/null
+tp_tokens=$(seq -s, 7 41 900 | cut -d, -f1-20)
+for p in "$tmp/tp16" "$tmp/tp4"; do
+    n=$(basename "$p")
+    timeout 120 build/muse-engine kernel-check --model "$p" --backend cuda --gpus 0,0 >"$out/kc2-$n.txt" 2>&1
+    echo "kernel-check --gpus 0,0 $n rc=$?"; grep SUMMARY "$out/kc2-$n.txt"
+    for g in 1 0; do
+        MUSE_CUDA_GRAPHS=$g timeout 60 build/muse-engine compare --model "$p" --tokens "$tp_tokens" --a cpu \
+            --ranks-a 2 --b cuda --gpus-b 0,0 --min-agree 100 --max-rel-l2 0 >"$out/cmp2-$n-g$g.txt" 2>&1
+        echo "compare cpu x2 vs cuda --gpus 0,0 (graphs $g) $n rc=$?"; grep -E "rel L2 max|PASS|FAIL" "$out/cmp2-$n-g$g.txt"
+    done
+    for run in a b; do
+        timeout 60 build/muse-engine generate --model "$p" --tokens 5,6,7 --max-tokens 24 --temperature 0.8 --seed 3 \
+            --backend cuda --gpus 0,0 >"$out/gen2-$n-$run.txt" 2>&1
+    done
+    build/muse-engine generate --model "$p" --tokens 5,6,7 --max-tokens 24 --temperature 0.8 --seed 3 --ranks 2 >"$out/gen2-$n-cpu.txt" 2>&1
+    cmp -s "$out/gen2-$n-a.txt" "$out/gen2-$n-b.txt" && cmp -s "$out/gen2-$n-a.txt" "$out/gen2-$n-cpu.txt" \
+        && echo "generate --gpus 0,0 $n: twice the same, equal to cpu --ranks 2" || echo "generate --gpus 0,0 $n: DIFFERS"
+done

@@ -115,8 +115,8 @@ typedef struct {
     muse_backend base;
     int n_ranks;
     cuda_rank rank[MUSE_MAX_RANKS];
-    int multi_dev;    /* ranks on more than one GPU: cudaSetDevice before each rank's work */
-    int peers;        /* every pair of distinct GPUs reads the other's memory (peer access) */
+    int multi_dev;         /* ranks on more than one GPU: cudaSetDevice before each rank's work */
+    int peers;             /* every pair of distinct GPUs reads the other's memory (peer access) */
     const muse_nccl *nccl; /* loaded where ranks sit on distinct GPUs (NULL: peer reads only) */
     size_t red_floats;
     int failed, failed_rank, at; /* at: the rank being driven, for the error's text */
@@ -175,8 +175,9 @@ static int cuda_ok(cuda_backend *c, int rc, const char *what, const char *file, 
 /* The sticky failure as end_round and begin_round report it. */
 static int device_error(cuda_backend *c, muse_err *e)
 {
-    return muse_fail(e, "device error on rank %d (cuda, GPU %d): %s; the context cannot be used "
-                        "again",
+    return muse_fail(e,
+                     "device error on rank %d (cuda, GPU %d): %s; the context cannot be used "
+                     "again",
                      c->failed_rank, c->rank[c->failed_rank].device, c->err);
 }
 
@@ -351,8 +352,7 @@ static int upload_vectors(cuda_backend *c, int r)
             for (long x = 0; x < E && !c->failed; x++) {
                 CHECK(c, cudaMemcpy(rk->vec_block + at, ly->expert_norm[x].v,
                                     (size_t)H * sizeof(float), cudaMemcpyHostToDevice));
-                if (ly->expert_norm[x].id >= 0)
-                    rk->vec[ly->expert_norm[x].id] = rk->vec_block + at;
+                if (ly->expert_norm[x].id >= 0) rk->vec[ly->expert_norm[x].id] = rk->vec_block + at;
                 at += (size_t)H;
             }
         }
@@ -378,8 +378,8 @@ static int upload_codebooks(cuda_backend *c, int r)
         if (!need[cb]) continue;
         rk->cb_tables[cb] = dalloc(c, 65536 * sizeof(float), &c->base.ranks[r].weights);
         if (rk->cb_tables[cb])
-            CHECK(c, cudaMemcpy(rk->cb_tables[cb], muse_exl3_value_table(cb),
-                                65536 * sizeof(float), cudaMemcpyHostToDevice));
+            CHECK(c, cudaMemcpy(rk->cb_tables[cb], muse_exl3_value_table(cb), 65536 * sizeof(float),
+                                cudaMemcpyHostToDevice));
     }
     return c->failed ? -1 : 0;
 }
@@ -715,9 +715,8 @@ static void cuda_embed(muse_backend *be, muse_act out)
     long H = (long)m->cfg.hidden_size;
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
-        CHECK(c, muse_k_embed(dev_ptr(c, rk, m->embed->data), kdtype(m->embed->dtype),
-                              rk->d_tokens, c->rows, H, m->cfg.rms_norm_eps, act_r(c, out, r),
-                              rk->st));
+        CHECK(c, muse_k_embed(dev_ptr(c, rk, m->embed->data), kdtype(m->embed->dtype), rk->d_tokens,
+                              c->rows, H, m->cfg.rms_norm_eps, act_r(c, out, r), rk->st));
         c->act_cols[out][r] = H;
     }
     prof_end(c, PROF_EMBED);
@@ -805,7 +804,7 @@ static void cuda_qk_norm_rope(muse_backend *be, muse_act x, long heads, long hea
 
 static muse_k_kv layer_kv(cuda_backend *c, const cuda_rank *rk, int layer)
 {
-    muse_k_kv kv = {rk->k_cache[layer], rk->v_cache[layer],       c->kv_cap[layer],
+    muse_k_kv kv = {rk->k_cache[layer], rk->v_cache[layer],        c->kv_cap[layer],
                     rk->d_tables,       c->base.kv.blocks_per_seq, rk->kv_width};
     return kv;
 }
@@ -831,9 +830,9 @@ static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, 
         muse_k_kv kv = layer_kv(c, rk, layer);
         CHECK(c, muse_k_kv_write(kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw, c->rows,
                                  rk->d_seqs, rk->d_positions, rk->st));
-        CHECK(c, muse_k_attention(kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), c->rows, hq,
-                                  hd, Hq / Hkv, window, scale, rk->d_seqs, rk->d_positions,
-                                  rk->st));
+        CHECK(c,
+              muse_k_attention(kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), c->rows, hq, hd,
+                               Hq / Hkv, window, scale, rk->d_seqs, rk->d_positions, rk->st));
         c->act_cols[o][r] = hq * hd;
     }
     prof_end(c, PROF_ATTENTION);
@@ -868,8 +867,8 @@ static void barrier(cuda_backend *c, int done)
         cuda_rank *rk = on(c, r);
         for (int k = 0; k < c->n_ranks; k++)
             if (k != r)
-                CHECK(c, cudaStreamWaitEvent(
-                             rk->st, done ? c->rank[k].ev_done : c->rank[k].ev_ready, 0));
+                CHECK(c, cudaStreamWaitEvent(rk->st,
+                                             done ? c->rank[k].ev_done : c->rank[k].ev_ready, 0));
     }
 }
 
@@ -948,8 +947,8 @@ static void run_mlp(cuda_backend *c, cuda_rank *rk, const muse_k_lin *descs[3],
     CHECK(c, muse_k_linear(descs[1], shape[1], row_desc, row_src, x, x_stride, rows, 1, rk->eu, I,
                            rk->ws_a, rk->ws_t, rk->st));
     CHECK(c, muse_k_swiglu(rk->eg, rk->eu, rows * I, rk->ea, rk->st));
-    CHECK(c, muse_k_linear(descs[2], shape[2], row_desc, NULL, rk->ea, I, rows, 0, out, H,
-                           rk->ws_a, rk->ws_t, rk->st));
+    CHECK(c, muse_k_linear(descs[2], shape[2], row_desc, NULL, rk->ea, I, rows, 0, out, H, rk->ws_a,
+                           rk->ws_t, rk->st));
 }
 
 /* Router and selection per row (every rank the same), then every (row, slot) pair through the
@@ -970,8 +969,8 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         const float *b = act_r(c, b_a, r);
-        CHECK(c, muse_k_router(b, R, H, dev_ptr(c, rk, ly->router->data),
-                               kdtype(ly->router->dtype), E, rk->router_logits, rk->st));
+        CHECK(c, muse_k_router(b, R, H, dev_ptr(c, rk, ly->router->data), kdtype(ly->router->dtype),
+                               E, rk->router_logits, rk->st));
         CHECK(c, muse_k_select(rk->router_logits, R, E, K, rk->router_bias[i], cfg->norm_topk_prob,
                                (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w, rk->st));
         const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
@@ -996,9 +995,9 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         if (cfg->expert_output_norm)
-            CHECK(c, muse_k_norm(rk->zg, R * K, H, rk->expert_norm[i], H, rk->sel,
-                                 MUSE_K_NORM_PLUS1, (double)(float)cfg->rms_norm_eps, 0, rk->zg,
-                                 rk->st));
+            CHECK(c,
+                  muse_k_norm(rk->zg, R * K, H, rk->expert_norm[i], H, rk->sel, MUSE_K_NORM_PLUS1,
+                              (double)(float)cfg->rms_norm_eps, 0, rk->zg, rk->st));
         CHECK(c, muse_k_moe_combine(rk->sel, rk->sel_w, rk->zg, shared ? rk->zs : NULL, R, K, H,
                                     act_r(c, y_a, r), rk->st));
         c->act_cols[y_a][r] = H;
@@ -1050,8 +1049,8 @@ static void cuda_sample(muse_backend *be, muse_act logits)
     prof_begin(c);
     cuda_rank *r0 = on(c, 0);
     CHECK(c, muse_k_sample(act_r(c, logits, 0), c->wanted, (long)be->model->cfg.vocab_size,
-                           r0->d_sampling, r0->d_draw_pos, c->weight_bits, r0->weights,
-                           r0->d_drawn, r0->st));
+                           r0->d_sampling, r0->d_draw_pos, c->weight_bits, r0->weights, r0->d_drawn,
+                           r0->st));
     prof_end(c, PROF_SAMPLE);
 }
 
@@ -1165,8 +1164,7 @@ static int allocate_rank(cuda_backend *c, int r)
     if (r == 0) rk->weights = dalloc(c, R * V * sizeof(float), &mem->workspace);
     if (c->n_ranks > 1) rk->red = dalloc(c, c->red_floats * sizeof(float), &mem->workspace);
     if (c->nccl)
-        rk->gather = dalloc(c, (size_t)c->n_ranks * c->red_floats * sizeof(float),
-                            &mem->workspace);
+        rk->gather = dalloc(c, (size_t)c->n_ranks * c->red_floats * sizeof(float), &mem->workspace);
     if (rk->pair_src && K > 0) {
         int32_t *src = MUSE_MALLOC(P * sizeof *src);
         for (size_t p = 0; p < P; p++) src[p] = (int32_t)(p / K);
@@ -1294,7 +1292,8 @@ static void enable_peers(cuda_backend *c)
             }
             on(c, a);
             cudaError_t rc = cudaDeviceEnablePeerAccess(db, 0);
-            if (rc == cudaErrorPeerAccessAlreadyEnabled) /* a pair seen before, or another backend */
+            if (rc ==
+                cudaErrorPeerAccessAlreadyEnabled) /* a pair seen before, or another backend */
                 (void)cudaGetLastError();
             else
                 CHECK(c, rc);
@@ -1328,8 +1327,8 @@ static int setup_nccl(cuda_backend *c, muse_err *e)
     for (int r = 0; r < c->n_ranks; r++) devs[r] = c->rank[r].device;
     ncclResult_t nr = lib->CommInitAll(comms, c->n_ranks, devs);
     if (nr != ncclSuccess)
-        return needed ? muse_fail(e, "--gpus: ncclCommInitAll over %d GPUs failed: %s",
-                                  c->n_ranks, lib->GetErrorString(nr))
+        return needed ? muse_fail(e, "--gpus: ncclCommInitAll over %d GPUs failed: %s", c->n_ranks,
+                                  lib->GetErrorString(nr))
                       : 0;
     c->nccl = lib;
     for (int r = 0; r < c->n_ranks; r++) c->rank[r].comm = comms[r];
@@ -1413,12 +1412,14 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
         bad = !c->failed && setup_nccl(c, &why);
     }
     on(c, 0);
-    if (c->prof && !c->failed && !CHECK(c, cudaEventCreate(&c->ev0))) CHECK(c, cudaEventCreate(&c->ev1));
+    if (c->prof && !c->failed && !CHECK(c, cudaEventCreate(&c->ev0)))
+        CHECK(c, cudaEventCreate(&c->ev1));
     if (bad || c->failed || allocate(c)) {
         if (why.msg[0])
             muse_fail(e, "--backend cuda: %s", why.msg);
         else
-            muse_fail(e, "--backend cuda: start-up on GPU %d (rank %d) failed: %s; use --backend cpu",
+            muse_fail(e,
+                      "--backend cuda: start-up on GPU %d (rank %d) failed: %s; use --backend cpu",
                       c->rank[c->failed_rank].device, c->failed_rank, c->err);
         cuda_destroy(&c->base);
         return NULL;
@@ -1430,12 +1431,12 @@ static void free_rank(cuda_backend *c, int r)
 {
     cuda_rank *rk = &c->rank[r];
     cudaSetDevice(rk->device);
-    void *dev[] = {rk->lin_dev,       rk->experts,  rk->ws_a,       rk->ws_t,     rk->router_logits,
-                   rk->sel_w,         rk->eg,       rk->eu,         rk->ea,       rk->zg,
-                   rk->zs,            rk->xsel,     rk->raw,        rk->weights,  rk->sel,
-                   rk->pair_src,      rk->red,      rk->gather,     rk->d_tokens, rk->d_seqs,
-                   rk->d_want,        rk->d_tables, rk->d_drawn,    rk->d_positions,
-                   rk->d_draw_pos,    rk->d_sampling, rk->snapshots};
+    void *dev[] = {rk->lin_dev,    rk->experts,  rk->ws_a,    rk->ws_t,        rk->router_logits,
+                   rk->sel_w,      rk->eg,       rk->eu,      rk->ea,          rk->zg,
+                   rk->zs,         rk->xsel,     rk->raw,     rk->weights,     rk->sel,
+                   rk->pair_src,   rk->red,      rk->gather,  rk->d_tokens,    rk->d_seqs,
+                   rk->d_want,     rk->d_tables, rk->d_drawn, rk->d_positions, rk->d_draw_pos,
+                   rk->d_sampling, rk->snapshots};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < c->n_acts; i++) cudaFree(c->acts[i][r]);
     if (rk->k_cache)
