@@ -17,8 +17,8 @@ __device__ __forceinline__ int64_t k_kv_offset(const muse_k_kv *kv, int seq, int
     return ((int64_t)blk * 16 + s % 16) * kv->kv_width;
 }
 
-__global__ void k_kv_write(muse_k_kv kv, const float *k, const float *v, const int32_t *seqs,
-                           const int64_t *positions)
+__global__ void k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld,
+                           const int32_t *seqs, const int64_t *positions)
 {
     long r = blockIdx.x;
     int seq = seqs[r];
@@ -26,8 +26,8 @@ __global__ void k_kv_write(muse_k_kv kv, const float *k, const float *v, const i
     int64_t at = k_kv_offset(&kv, seq, positions[r]);
     if (at < 0) return;
     for (long d = threadIdx.x; d < kv.kv_width; d += blockDim.x) {
-        kv.k[at + d] = k_f32_f16(k[r * kv.kv_width + d]);
-        kv.v[at + d] = k_f32_f16(v[r * kv.kv_width + d]);
+        kv.k[at + d] = k_f32_f16(k[r * ld + d]);
+        kv.v[at + d] = k_f32_f16(v[r * ld + d]);
     }
 }
 
@@ -114,11 +114,12 @@ __global__ void k_attention(muse_k_kv kv, const float *qa, const float *ga, floa
     }
 }
 
-MUSE_K_API int muse_k_kv_write(muse_k_kv kv, const float *k, const float *v, long rows,
+MUSE_K_API int muse_k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld, long rows,
                                const int32_t *seqs, const int64_t *positions, cudaStream_t st)
 {
     if (rows <= 0) return 0;
-    k_kv_write<<<(unsigned)rows, 128, 0, st>>>(kv, k, v, seqs, positions);
+    if (ld < kv.kv_width) return (int)cudaErrorInvalidValue;
+    k_kv_write<<<(unsigned)rows, 128, 0, st>>>(kv, k, v, ld, seqs, positions);
     return (int)cudaGetLastError();
 }
 

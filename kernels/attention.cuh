@@ -12,8 +12,9 @@ typedef struct {
     int64_t blocks_per_seq;
     long kv_width;
 } muse_k_kv;
-/* k, v [R, kv_width] to the cache at each row's (seq, position); rows with seq < 0 skip */
-MUSE_K_API int muse_k_kv_write(muse_k_kv kv, const float *k, const float *v, long rows,
+/* k, v rows of kv_width floats at stride ld (>= kv_width: a rank's heads out of a whole k) to
+ * the cache at each row's (seq, position); rows with seq < 0 skip */
+MUSE_K_API int muse_k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld, long rows,
                                const int32_t *seqs, const int64_t *positions, cudaStream_t st);
 /* o[R, Hq * hd] = fp16(softmax(q k^T * scale) v * sigmoid(g)) over positions
  * [max(0, p - window + 1) or 0, p] of the row's sequence; query head h reads KV head

@@ -33,7 +33,7 @@ static const muse_kernel_entry table[] = {
      "cpu head: lm_head, output multiplier, softcap", "hidden x vocab", 1e-6},
     {MUSE_K_SAMPLE, "sample", "sample", "kernels/sample.cu",
      "cpu sample = the host muse_sample (ties to the lower id, NaN never, +inf wins)", "vocab", 0},
-    {MUSE_K_ALL_REDUCE, "all_reduce", "all_reduce", "(in the backend)",
+    {MUSE_K_ALL_REDUCE, "all_reduce", "all_reduce", "kernels/all_reduce.cu",
      "cpu all_reduce: ranks summed in rank order", "hidden", 0},
     {MUSE_K_FORWARD, "forward plan", "begin_round..end_round", "(every kernel)",
      "the same backend unpadded (exact_rows) and, with graphs, eager launches", "vocab logits", 0},

@@ -1,6 +1,10 @@
 /* Makes a backend by name and holds what every backend shares: row buckets, the KV pool's
- * bookkeeping, and the byte counts of one rank's KV, snapshots and staging. */
+ * bookkeeping, the byte counts of one rank's KV, snapshots and staging, and the reading of the
+ * rank flags (--gpus, --ranks) every command takes. */
 #include "backend/backend.h"
+
+#include <ctype.h>
+#include <errno.h>
 
 typedef muse_backend *(*create_fn)(const muse_model *m, const muse_backend_opts *o, muse_err *e);
 
@@ -49,6 +53,69 @@ muse_backend *muse_backend_create(const char *name, const muse_model *m, const m
 void muse_backend_destroy(muse_backend *be)
 {
     if (be) be->ops->destroy(be);
+}
+
+/* Entry i (0-based) of a --gpus list: a non-negative ordinal, the whole text. */
+static int gpu_entry(const muse_rank_flags *nm, const char *list, const char *text, size_t len,
+                     int i, int *dev, muse_err *e)
+{
+    char buf[32];
+    const char *accepted = "give GPU ordinals separated by commas, e.g. 0, 0,0 or 0,1";
+    if (!len) return muse_fail(e, "%s %s: entry %d is empty; %s", nm->gpus, list, i + 1, accepted);
+    if (len >= sizeof buf)
+        return muse_fail(e, "%s %s: entry %d is too long; %s", nm->gpus, list, i + 1, accepted);
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    char *end = NULL;
+    errno = 0;
+    long v = isdigit((unsigned char)buf[0]) || buf[0] == '-' ? strtol(buf, &end, 10) : 0;
+    if (!end || *end || errno || end == buf || (buf[0] == '-' && !isdigit((unsigned char)buf[1])))
+        return muse_fail(e, "%s %s: entry %d (%s) is not an integer; %s", nm->gpus, list, i + 1,
+                         buf, accepted);
+    if (v < 0)
+        return muse_fail(e,
+                         "%s %s: entry %d (%ld) is a negative device ordinal; GPUs are numbered "
+                         "from 0 (as nvidia-smi lists them)",
+                         nm->gpus, list, i + 1, v);
+    if (v > 1023)
+        return muse_fail(e, "%s %s: entry %d (%ld) is past the largest device ordinal 1023",
+                         nm->gpus, list, i + 1, v);
+    *dev = (int)v;
+    return 0;
+}
+
+int muse_backend_ranks(const muse_rank_flags *nm, const char *backend, const char *gpus,
+                       long long ranks, muse_backend_opts *o, muse_err *e)
+{
+    memset(o->devices, 0, sizeof o->devices);
+    if (!gpus) {
+        o->ranks = ranks > 0 ? (int)ranks : 1;
+        return 0;
+    }
+    if (strcmp(backend, "cuda"))
+        return muse_fail(e,
+                         "%s %s goes with %s cuda, not %s %s (it names GPUs); for ranks on the "
+                         "CPU use %s N",
+                         nm->gpus, gpus, nm->backend, nm->backend, backend, nm->ranks);
+    int n = 0;
+    for (const char *at = gpus;; n++) {
+        const char *comma = strchr(at, ',');
+        size_t len = comma ? (size_t)(comma - at) : strlen(at);
+        if (n >= MUSE_MAX_RANKS)
+            return muse_fail(e, "%s %s: more than %d GPUs; at most %d ranks in one process",
+                             nm->gpus, gpus, MUSE_MAX_RANKS, MUSE_MAX_RANKS);
+        if (gpu_entry(nm, gpus, at, len, n, &o->devices[n], e)) return -1;
+        if (!comma) break;
+        at = comma + 1;
+    }
+    n++;
+    if (ranks > 0 && ranks != n)
+        return muse_fail(e,
+                         "%s %s names %d rank%s but %s %lld asks for %lld; give one of them, or "
+                         "make them agree",
+                         nm->gpus, gpus, n, n == 1 ? "" : "s", nm->ranks, ranks, ranks);
+    o->ranks = n;
+    return 0;
 }
 
 /* Powers of two up to max_rows, then max_rows: few enough that a graph a bucket is cheap. */

@@ -144,6 +144,21 @@ const char *muse_backend_names(void);
 /* The CUDA archs the kernels were built for ("sm_90a sm_90"); NULL without CUDA. */
 const char *muse_backend_cuda_archs(void);
 
+/* The names a command's rank flags go by, for its errors ("--gpus", "--ranks", "--backend";
+ * compare: "--gpus-b", "--ranks-b", "--b"). */
+typedef struct {
+    const char *gpus, *ranks, *backend;
+} muse_rank_flags;
+
+/* --gpus LIST (comma-separated GPU ordinals, e.g. 0, 0,0, 0,1; NULL: not given) with the
+ * backend's name and --ranks N (0: not given) into o->ranks and o->devices: LIST names one
+ * rank a GPU, in rank order. Without LIST, --ranks N ranks (1 when 0) all on GPU 0. Refuses a
+ * malformed list, a negative ordinal, more than MUSE_MAX_RANKS entries, LIST with a backend
+ * other than cuda and a LIST disagreeing with --ranks; errors name the flag, the value and
+ * what is accepted. The config's rank rules (shard.h) are checked later by the backend. */
+int muse_backend_ranks(const muse_rank_flags *names, const char *backend, const char *gpus,
+                       long long ranks, muse_backend_opts *o, muse_err *e);
+
 /* For backends: fills be's common fields (buckets, KV pool, byte counts of one rank). */
 int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_backend_opts *o,
                              muse_err *e);

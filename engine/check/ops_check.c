@@ -14,13 +14,15 @@
 
 #include "backend/backend.h"
 #include "model/forward.h"
+#include "model/shard.h"
 #include "base/muse_common.h"
 #include "text/sampler.h"
 #include "kernels/registry.h"
 
 #define MAX_SEQS 4
 
-static FILE *out_f; /* the TAP lines */
+static FILE *out_f;                       /* the TAP lines */
+static const muse_ops_check_opts *opts_g; /* the ranks and devices of every backend made */
 
 /* one side of a comparison: a backend and its activations by width (op_cases.h) */
 typedef muse_op_acts side;
@@ -67,6 +69,25 @@ static void round_end(side *s)
     muse_round_out out;
     muse_err e;
     MUSE_CHECK(s->be->ops->end_round(s->be, &out, &e) == 0);
+}
+
+/* Inputs of an op that reads a rank's slice of its input (an input-split linear, attention's
+ * q and g) with several ranks: each row's columns [lo, lo + w) packed at stride w, which is how
+ * the op reads rank 0's share of a replicated buffer (write gives every rank the whole rows), so
+ * rank 0 computes its true partial and every row depends on that row alone. */
+static void write_sliced(side *s, muse_act a, uint64_t seed, const int64_t *ids, long M, long W,
+                         long lo, long w)
+{
+    float *x = MUSE_MALLOC((size_t)(M * W) * sizeof *x),
+          *row = MUSE_MALLOC((size_t)W * sizeof *row);
+    for (long r = 0; r < M * W; r++) x[r] = 0.5f;
+    for (long r = 0; r < M; r++) {
+        muse_op_fill_row(seed, ids[r], W, 1, row);
+        memcpy(x + r * w, row + lo, (size_t)w * sizeof *x);
+    }
+    s->be->ops->write(s->be, a, x, M);
+    free(row);
+    free(x);
 }
 
 static void read_out(side *s, muse_act a, long M, long W, float *out)
@@ -117,7 +138,14 @@ static void case_linear(side *s, const op_case *k, const int64_t *ids, long M, f
 {
     const muse_linear *l = k->arg;
     muse_act x = muse_op_act(s, (long)l->k, 0), y = muse_op_act(s, (long)l->n, 1);
-    muse_op_write_inputs(s, x, 14, ids, M, (long)l->k, 1); /* fp16 activations in */
+    int ranks = s->be->n_ranks;
+    if (ranks > 1 && l->shard == MUSE_SHARD_INPUT) {
+        int64_t lo, hi;
+        muse_shard_range(s->be->model, l, 0, ranks, &lo, &hi);
+        write_sliced(s, x, 14, ids, M, (long)l->k, (long)lo, (long)(hi - lo));
+    } else {
+        muse_op_write_inputs(s, x, 14, ids, M, (long)l->k, 1); /* fp16 activations in */
+    }
     poison(s, y, (long)l->n, M);
     round_begin(s, ids, M, 0, NULL);
     s->be->ops->linear(s->be, l, x, (int)k->param, y);
@@ -202,8 +230,9 @@ static void attention_rows(side *s, const op_case *k, long M, int seq, int one_b
     for (long at = 0; at < M; at += step) {
         int64_t ids[4096], pos[4096];
         for (long r = 0; r < step; r++) ids[r] = pos[r] = at + r;
-        muse_op_write_inputs(s, q, 21, ids, step, Q, 1);
-        muse_op_write_inputs(s, g, 22, ids, step, Q, 1);
+        long hq = Q / s->be->n_ranks; /* rank 0's query heads [0, hq / head_dim) */
+        write_sliced(s, q, 21, ids, step, Q, 0, hq);
+        write_sliced(s, g, 22, ids, step, Q, 0, hq);
         muse_op_write_inputs(s, kk, 23, ids, step, KV, 1);
         muse_op_write_inputs(s, v, 24, ids, step, KV, 1);
         poison(s, o, Q, step);
@@ -531,7 +560,9 @@ static muse_backend *make(const char *name, const muse_model *m, long max_rows, 
                            .max_seqs = MAX_SEQS,
                            .context = max_rows + 8,
                            .threads = 2,
-                           .snapshot_slots = 1};
+                           .snapshot_slots = 1,
+                           .ranks = opts_g->ranks};
+    memcpy(o.devices, opts_g->devices, sizeof o.devices);
     return muse_backend_create(name, m, &o, e);
 }
 
@@ -568,8 +599,12 @@ static void check_forward(tally *t, const muse_model *m, const char *name, long 
 {
     muse_err e = {{0}};
     if (max_rows < 32) max_rows = 32; /* a bucket above 17 rows to pad to */
-    muse_backend_opts o = {
-        .max_rows = max_rows, .max_seqs = 1, .context = max_rows + 8, .threads = 2};
+    muse_backend_opts o = {.max_rows = max_rows,
+                           .max_seqs = 1,
+                           .context = max_rows + 8,
+                           .threads = 2,
+                           .ranks = opts_g->ranks};
+    memcpy(o.devices, opts_g->devices, sizeof o.devices);
     long V = (long)m->cfg.vocab_size, n = 20 * V;
     float *lg[3];
     for (int i = 0; i < 3; i++) lg[i] = MUSE_CALLOC((size_t)n, sizeof(float));
@@ -703,6 +738,7 @@ static int check_controls(tally *t, const muse_model *m, side *ref, const op_cas
 int muse_ops_check(const char *prog, const muse_ops_check_opts *o)
 {
     out_f = o->out ? o->out : stdout;
+    opts_g = o;
     muse_model m;
     muse_err e = {{0}};
     if (muse_model_load(o->model, &m, &e)) {
@@ -721,6 +757,9 @@ int muse_ops_check(const char *prog, const muse_ops_check_opts *o)
     }
     long shapes[4];
     int n_shapes = muse_kernel_rows(o->max_rows, shapes);
+    if (test.be->n_ranks > 1) /* both sides hold the same ranks; cases read rank 0's share */
+        fprintf(out_f, "# ranks %d on both sides (the reference: cpu at %d ranks)\n",
+                test.be->n_ranks, test.be->n_ranks);
     tally t = {0};
     size_t n_reg;
     const muse_kernel_entry *reg = muse_kernel_registry(&n_reg);

@@ -5,11 +5,15 @@
 
 #include <stdio.h>
 
+#include "backend/backend.h"
+
 typedef struct {
-    const char *model;   /* the pack */
-    const char *backend; /* "cpu", "cuda" */
-    long max_rows;       /* 17 .. 4096 */
-    FILE *out;           /* the TAP lines and the SUMMARY line */
+    const char *model;           /* the pack */
+    const char *backend;         /* "cpu", "cuda" */
+    long max_rows;               /* 17 .. 4096 */
+    int ranks;                   /* tensor-parallel ranks of both sides (0 or 1: one) */
+    int devices[MUSE_MAX_RANKS]; /* each rank's GPU (cuda) */
+    FILE *out;                   /* the TAP lines and the SUMMARY line */
 } muse_ops_check_opts;
 
 /* Runs every check; 0 all passed and every control red, 1 a failure or a missed control, 2

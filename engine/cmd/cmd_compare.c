@@ -11,9 +11,11 @@
 #define PROG "muse-engine compare"
 
 typedef struct {
-    const char *model, *backend;
-    long long ranks;
+    const char *model, *backend, *gpus;
+    long long ranks;                            /* 0 until resolved: not given */
     const char *flag, *ranks_flag, *model_flag; /* "--b", "--ranks-b", "--model-b": errors */
+    const char *gpus_flag;                      /* "--gpus-b" */
+    int devices[MUSE_MAX_RANKS];                /* each rank's GPU */
     int router_margin;                          /* measure it on this side (cpu) */
 } side_spec;
 
@@ -112,6 +114,7 @@ static int side_logits(const side_spec *s, const int32_t *ids, size_t n, long ch
                            .context = (int64_t)n,
                            .ranks = (int)s->ranks,
                            .threads = threads};
+    memcpy(o.devices, s->devices, sizeof o.devices);
     muse_backend *be = muse_backend_create(s->backend, &m, &o, &e);
     if (!be) {
         fprintf(stderr, PROG ": %s %s %s %lld: %s\n", s->flag, s->backend, s->ranks_flag, s->ranks,
@@ -192,14 +195,14 @@ static const char about[] =
 int muse_cmd_compare(int argc, char **argv)
 {
     side_spec a = {.backend = "cpu",
-                   .ranks = 1,
                    .flag = "--a",
                    .ranks_flag = "--ranks-a",
+                   .gpus_flag = "--gpus-a",
                    .model_flag = "--model"};
     side_spec b = {.backend = "cuda",
-                   .ranks = 1,
                    .flag = "--b",
                    .ranks_flag = "--ranks-b",
+                   .gpus_flag = "--gpus-b",
                    .model_flag = "--model-b"};
     const char *tokens = NULL;
     long long chunk = 0, threads = 0;
@@ -210,8 +213,14 @@ int muse_cmd_compare(int argc, char **argv)
         MUSE_FLAG_S("tokens", &tokens, "1,2,3", "the prompt's token ids", .required = true),
         MUSE_FLAG_S("a", &a.backend, "cpu|cuda", "side a's backend"),
         MUSE_FLAG_S("b", &b.backend, "cpu|cuda", "side b's backend"),
-        MUSE_FLAG_L("ranks-a", &a.ranks, 1, MUSE_MAX_RANKS, "N", "side a's tensor-parallel ranks"),
-        MUSE_FLAG_L("ranks-b", &b.ranks, 1, MUSE_MAX_RANKS, "N", "side b's tensor-parallel ranks"),
+        MUSE_FLAG_L("ranks-a", &a.ranks, 1, MUSE_MAX_RANKS, "N", "side a's tensor-parallel ranks",
+                    .def = "1, or the count of --gpus-a"),
+        MUSE_FLAG_L("ranks-b", &b.ranks, 1, MUSE_MAX_RANKS, "N", "side b's tensor-parallel ranks",
+                    .def = "1, or the count of --gpus-b"),
+        MUSE_FLAG_S("gpus-a", &a.gpus, "LIST", "side a's GPU of each rank (cuda), e.g. 0,0",
+                    .def = "every rank on GPU 0"),
+        MUSE_FLAG_S("gpus-b", &b.gpus, "LIST", "side b's GPU of each rank (cuda), e.g. 0,0",
+                    .def = "every rank on GPU 0"),
         MUSE_FLAG_L("chunk", &chunk, 1, 4096, "N", "rows a forward, both sides",
                     .def = "the whole prompt"),
         MUSE_FLAG_L("threads", &threads, 0, 1024, "N", "CPU threads", .def = "0: one per core"),
@@ -223,9 +232,19 @@ int muse_cmd_compare(int argc, char **argv)
     int rc = muse_flags_parse(&set, argc, argv);
     if (rc != MUSE_FLAGS_RUN) return rc;
     if (!b.model) b.model = a.model;
+    muse_err e = {{0}};
+    side_spec *sides[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        side_spec *sd = sides[i];
+        muse_backend_opts o = {0};
+        const muse_rank_flags names = {sd->gpus_flag, sd->ranks_flag, sd->flag};
+        if (muse_backend_ranks(&names, sd->backend, sd->gpus, sd->ranks, &o, &e))
+            return muse_flags_error(&set, "%s", e.msg);
+        sd->ranks = o.ranks;
+        memcpy(sd->devices, o.devices, sizeof sd->devices);
+    }
     a.router_margin = !strcmp(a.backend, "cpu");
     rm.layer = -1;
-    muse_err e = {{0}};
     int32_t *ids = NULL;
     size_t n = 0;
     if (muse_parse_ids("--tokens", tokens, &ids, &n, &e))
@@ -245,8 +264,9 @@ int muse_cmd_compare(int argc, char **argv)
         free(ids);
         return rc;
     }
-    printf("# a: %s ranks %lld %s; b: %s ranks %lld %s; %zu positions, vocab %lld\n", a.backend,
-           a.ranks, a.model, b.backend, b.ranks, b.model, n, (long long)Va);
+    printf("# a: %s ranks %lld%s%s %s; b: %s ranks %lld%s%s %s; %zu positions, vocab %lld\n",
+           a.backend, a.ranks, a.gpus ? " gpus " : "", a.gpus ? a.gpus : "", a.model, b.backend,
+           b.ranks, b.gpus ? " gpus " : "", b.gpus ? b.gpus : "", b.model, n, (long long)Va);
     double rel_max = 0, rel_sum = 0;
     size_t agree = 0;
     for (size_t p = 0; p < n; p++) {

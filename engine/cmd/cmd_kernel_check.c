@@ -1,6 +1,7 @@
 /* muse-engine kernel-check: the flags of the kernel checker (engine/check/ops_check.c). */
 #include "cmd/cmd_check.h"
 
+#include "backend/backend.h"
 #include "base/flags.h"
 #include "check/ops_check.h"
 
@@ -14,11 +15,17 @@ static const char about[] =
 int muse_cmd_kernel_check(int argc, char **argv)
 {
     const char *model = NULL, *backend = "cpu";
-    long long max_rows = 64;
+    const char *gpus = NULL;
+    long long max_rows = 64, ranks = 0;
     const muse_flag table[] = {
         MUSE_FLAG_S("model", &model, "DIR", "the pack", .required = true),
         MUSE_FLAG_S("backend", &backend, "cpu|cuda", "the backend checked", .def = "cpu"),
         MUSE_FLAG_L("max-rows", &max_rows, 17, 4096, "N", "the largest row count checked"),
+        MUSE_FLAG_L("ranks", &ranks, 1, MUSE_MAX_RANKS, "N",
+                    "tensor-parallel ranks of the backend and of the CPU reference",
+                    .def = "1, or the count of --gpus"),
+        MUSE_FLAG_S("gpus", &gpus, "LIST", "--backend cuda: the GPU of each rank, e.g. 0,0",
+                    .def = "every rank on GPU 0"),
     };
     const muse_flags set = {.prog = "muse-engine kernel-check",
                             .about = about,
@@ -26,7 +33,16 @@ int muse_cmd_kernel_check(int argc, char **argv)
                             .n = sizeof table / sizeof *table};
     int rc = muse_flags_parse(&set, argc, argv);
     if (rc != MUSE_FLAGS_RUN) return rc;
-    muse_ops_check_opts o = {
-        .model = model, .backend = backend, .max_rows = (long)max_rows, .out = stdout};
+    muse_err e = {{0}};
+    muse_backend_opts bo = {0};
+    const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
+    if (muse_backend_ranks(&names, backend, gpus, ranks, &bo, &e))
+        return muse_flags_error(&set, "%s", e.msg);
+    muse_ops_check_opts o = {.model = model,
+                             .backend = backend,
+                             .max_rows = (long)max_rows,
+                             .ranks = bo.ranks,
+                             .out = stdout};
+    memcpy(o.devices, bo.devices, sizeof o.devices);
     return muse_ops_check("muse-engine kernel-check", &o);
 }

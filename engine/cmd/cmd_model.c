@@ -14,9 +14,10 @@
 #include "text/sampler.h"
 
 typedef struct {
-    const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook, *backend;
+    const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook, *backend, *gpus;
     long long max_tokens, chunk, threads, seed, top_k, ranks, synthetic, bits;
     double temperature, top_p, min_p;
+    int devices[MUSE_MAX_RANKS]; /* --gpus: each rank's GPU */
 } run_flags;
 
 static int bad(const char *cmd, const char *msg)
@@ -37,7 +38,7 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
                      .temperature = 0,
                      .top_p = 1,
                      .seed = 0,
-                     .ranks = 1,
+                     .ranks = 0, /* not given: 1, or the count of --gpus */
                      .synthetic = -1,
                      .backend = "cpu"};
     const struct {
@@ -60,7 +61,12 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
                      "where the model runs (cuda: in binaries built with nvcc)", .def = "cpu")},
         {RUN, MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
                           "tensor-parallel ranks in this process (sums in rank order);\n"
-                          "the config must allow it (heads divisible, splits of 128)")},
+                          "the config must allow it (heads divisible, splits of 128)",
+                          .def = "1, or the count of --gpus")},
+        {RUN, MUSE_FLAG_S("gpus", &f->gpus, "LIST",
+                          "--backend cuda: the GPU of each rank, comma-separated (0, 0,0, 0,1);\n"
+                          "sets --ranks to the count",
+                          .def = "every rank on GPU 0")},
         {LOGITS | GENERATE,
          MUSE_FLAG_S("tokens", &f->tokens, "1,2,3", "the prompt's token ids", .required = true)},
         {LOGITS, MUSE_FLAG_S("out", &f->out, "FILE", "where the logits go", .required = true)},
@@ -105,6 +111,12 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
         return bad(cmd, "--config, --bits and --codebook go with --synthetic-weights SEED");
     if (!f->model && f->synthetic < 0)
         return bad(cmd, "--model DIR (or --synthetic-weights SEED --config FILE) is required");
+    muse_err e = {{0}};
+    muse_backend_opts o = {0};
+    const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
+    if (muse_backend_ranks(&names, f->backend, f->gpus, f->ranks, &o, &e)) return bad(cmd, e.msg);
+    f->ranks = o.ranks;
+    memcpy(f->devices, o.devices, sizeof f->devices);
     return rc;
 }
 
@@ -157,6 +169,7 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
                            .context = context > 0 ? context : 1,
                            .ranks = (int)f->ranks,
                            .threads = (int)f->threads};
+    memcpy(o.devices, f->devices, sizeof o.devices);
     s->be = muse_backend_create(f->backend, &s->model, &o, &e);
     if (!s->be) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);

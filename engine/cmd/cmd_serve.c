@@ -22,6 +22,8 @@
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
     const char *config, *codebook; /* --synthetic-weights: the shape, the EXL3 codebook */
+    const char *gpus;              /* --gpus LIST */
+    int devices[MUSE_MAX_RANKS];   /* each rank's GPU, from --gpus */
     long long synthetic, bits;     /* the seed (-1: none), EXL3 bits (0: fp16) */
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms, ranks;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
@@ -48,7 +50,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     *f = (serve_flags){.shm = "/muse-engine",
                        .gid = (gid_t)-1,
                        .streams = 4,
-                       .ranks = 1,
+                       .ranks = 0, /* not given: 1, or the count of --gpus */
                        .synthetic = -1,
                        .queue = 16,
                        .max_rows = 256,
@@ -71,7 +73,12 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                     "rows a round (prompt chunks + decode tokens)"),
         MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
                     "tensor-parallel ranks in this process (sums in rank order); the config\n"
-                    "must allow it (heads divisible, split widths multiples of 128)"),
+                    "must allow it (heads divisible, split widths multiples of 128)",
+                    .def = "1, or the count of --gpus"),
+        MUSE_FLAG_S("gpus", &f->gpus, "LIST",
+                    "--backend cuda: the GPU of each rank, comma-separated (0, 0,0, 0,1);\n"
+                    "sets --ranks to the count",
+                    .def = "every rank on GPU 0"),
         MUSE_FLAG_L("synthetic-weights", &f->synthetic, 0, INT64_MAX, "SEED",
                     "weights filled from SEED in memory for the shape of --config (no pack;\n"
                     "the tensors muse-pack --seed SEED writes); needs --tokenizer",
@@ -148,6 +155,13 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     int rc = muse_flags_parse(&set, argc, argv);
     if (rc != MUSE_FLAGS_RUN) return rc;
     f->backend = backends[backend];
+    muse_err ge = {{0}};
+    muse_backend_opts go = {0};
+    const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
+    if (muse_backend_ranks(&names, f->backend, f->gpus, f->ranks, &go, &ge))
+        return muse_flags_error(&set, "%s", ge.msg);
+    f->ranks = go.ranks;
+    memcpy(f->devices, go.devices, sizeof f->devices);
     /* the CUDA backend will pass its device's memory and kind here; for now --device-gib */
     f->device_kind = backend == 2 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
     muse_err re = {{0}};
@@ -405,6 +419,7 @@ int muse_cmd_serve(int argc, char **argv)
                                 .ranks = (int)f.ranks,
                                 .kv_blocks = plan.ranks[0].kv_blocks,
                                 .snapshot_slots = plan.ranks[0].snapshot_slots};
+        memcpy(bo.devices, f.devices, sizeof bo.devices);
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         fwd = muse_forward_create(be);
         for (int r = 0; r < be->n_ranks; r++) { /* what each rank really holds */

@@ -4,7 +4,9 @@ tiny-tp packs (fp16 and EXL3 4 bits, shapes that every split allows) the logits 
 and 4 agree with the independent NumPy model and with N = 1 to relative L2 < 2e-3 with the
 same top-1 token; the same N twice is bit-identical; a prompt read in chunks of 7 equals token
 by token at N = 2. A rank count the config does not allow is refused by name before any large
-allocation.
+allocation. --gpus LIST (the CUDA backend's rank placement) is refused by name when malformed,
+negative, too long, given to another backend or disagreeing with --ranks, in every command that
+takes it; kernel-check --ranks 2 on the CPU backend is all green.
 """
 import os
 import subprocess
@@ -121,7 +123,57 @@ def main():
             ok(rc == 2 and want in err, f"--ranks {value}: refused with exit 2, naming it ('{want}')")
             if not (rc == 2 and want in err):
                 diag(f"exit {rc}: {err.strip()}")
+        gpus_checks(tmp, os.path.join(tmp, "fp16"))
     return tap.done()
+
+
+def gpus_checks(tmp, pack):
+    """--gpus: every refusal names the flag and the value, exit 2, before any backend."""
+    out = os.path.join(tmp, "x")
+    logits_cmd = [ENGINE, "logits", "--model", pack, "--tokens", "1,2,3", "--out", out]
+    cases = [
+        (["--gpus", "0,0"], "--gpus 0,0 goes with --backend cuda, not --backend cpu"),
+        (["--backend", "cuda", "--gpus", "0,,1"], "--gpus 0,,1: entry 2 is empty"),
+        (["--backend", "cuda", "--gpus", ""], "--gpus : entry 1 is empty"),
+        (["--backend", "cuda", "--gpus", "0,x"], "--gpus 0,x: entry 2 (x) is not an integer"),
+        (["--backend", "cuda", "--gpus", "1.5"], "--gpus 1.5: entry 1 (1.5) is not an integer"),
+        (["--backend", "cuda", "--gpus=0,-1"], "--gpus 0,-1: entry 2 (-1) is a negative device ordinal"),
+        (["--backend", "cuda", "--gpus", ",".join(["0"] * 9)], "more than 8 GPUs; at most 8 ranks"),
+        (["--backend", "cuda", "--gpus", "0,0", "--ranks", "4"], "--gpus 0,0 names 2 ranks but --ranks 4"),
+    ]
+    for args, want in cases:
+        rc, err = run(logits_cmd + args)
+        ok(rc == 2 and want in err, f"logits {' '.join(args)}: refused with exit 2 ('{want}')")
+        if not (rc == 2 and want in err):
+            diag(f"exit {rc}: {err.strip()}")
+    others = [
+        ([ENGINE, "generate", "--model", pack, "--tokens", "1,2", "--gpus", "0"], "--gpus 0 goes with --backend cuda"),
+        ([ENGINE, "chat", "--model", pack, "--messages", out, "--gpus", "0,1"], "--gpus 0,1 goes with --backend cuda"),
+        ([ENGINE, "serve", "--model", pack, "--listen", os.path.join(tmp, "sock"), "--gpus", "0,0"],
+         "--gpus 0,0 goes with --backend cuda, not --backend cpu"),
+        ([ENGINE, "serve", "--model", pack, "--listen", os.path.join(tmp, "sock"), "--backend", "script",
+          "--script", out, "--gpus", "0"], "--gpus 0 goes with --backend cuda, not --backend script"),
+        ([ENGINE, "compare", "--model", pack, "--tokens", "1,2", "--gpus-a", "0,0"],
+         "--gpus-a 0,0 goes with --a cuda, not --a cpu"),
+        ([ENGINE, "compare", "--model", pack, "--tokens", "1,2", "--gpus-b", "0,0", "--ranks-b", "1"],
+         "--gpus-b 0,0 names 2 ranks but --ranks-b 1"),
+        ([ENGINE, "kernel-check", "--model", pack, "--gpus", "0,0"], "--gpus 0,0 goes with --backend cuda"),
+        ([ENGINE, "kernel-check", "--model", pack, "--backend", "cuda", "--gpus", "0;1"],
+         "--gpus 0;1: entry 1 (0;1) is not an integer"),
+    ]
+    for cmd, want in others:
+        rc, err = run(cmd)
+        ok(rc == 2 and want in err, f"{cmd[1]} {' '.join(cmd[4:])}: refused with exit 2 ('{want}')")
+        if not (rc == 2 and want in err):
+            diag(f"exit {rc}: {err.strip()}")
+    # the kernel checker at 2 ranks (both sides cpu): every case reads rank 0's share
+    proc = subprocess.run([ENGINE, "kernel-check", "--model", pack, "--ranks", "2", "--max-rows", "32"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("# SUMMARY")]
+    good = proc.returncode == 0 and summary and " failed 0;" in summary[0] and "missed 0" in summary[0]
+    ok(good and "# ranks 2 on both sides" in proc.stdout, "kernel-check --ranks 2 (cpu): all green, controls red")
+    if not good:
+        diag((summary[0] if summary else proc.stdout[-800:]) + proc.stderr[-400:])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # One device call that checks the CUDA backend on a GPU machine (docs/gpu.md): kernel-check,
 # parity with the CPU on the tiny packs (fp16; EXL3 at 2, 3, 4 bits in each codebook), the demo
 # pack and the medium pack, the logits tests, the serving exactness tests through nginx on
-# --backend cuda, the sticky-fault test, and the first benchmark tables. Needs build/gpu from
+# --backend cuda, two ranks on one GPU (--gpus 0,0), the sticky-fault test, and the first
+# benchmark tables. Needs build/gpu from
 # `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
 # ends inside the device tool's 10 minutes. GPU_CHECK_BACKEND=cpu runs the same steps on the
@@ -10,7 +11,7 @@
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
-STEPS=${GPU_CHECK_STEPS:-setup ops logits compare medium serve fault bench}
+STEPS=${GPU_CHECK_STEPS:-setup ops logits compare ranks medium serve fault bench}
 DEADLINE=${GPU_CHECK_DEADLINE:-560} # seconds: every step ends before it
 out=${OUT:-$(mktemp -d)}
 logs=$(mktemp -d)
@@ -73,6 +74,31 @@ if want compare; then
         step "compare-$(basename "$p")" 40 build/muse-engine compare --model "$p" --tokens "$tokens" \
             --a cpu --b "$B"
     done
+fi
+
+# two ranks on one GPU (--gpus 0,0) against the CPU backend at --ranks 2, bitwise, on tiny-tp
+if want ranks; then
+    G=(--backend "$B") GB=()
+    [ "$B" = cuda ] && G+=(--gpus 0,0) GB=(--gpus-b 0,0)
+    for p in tp16 tp4; do
+        extra=()
+        [ $p = tp4 ] && extra=(--exl3-random 4 --codebook mul1)
+        build/muse-pack --config conf/packs/tiny-tp.json --out "$packs/$p" --seed 7 "${extra[@]}" >/dev/null 2>&1
+        step "kernel-check-2-$p" 120 build/muse-engine kernel-check --model "$packs/$p" "${G[@]}" --ranks 2
+        for g in 1 0; do
+            MUSE_CUDA_GRAPHS=$g step "compare-2-$p-graphs$g" 60 build/muse-engine compare --model "$packs/$p" \
+                --tokens "$(ids 64 1000)" --a cpu --ranks-a 2 --b "$B" --ranks-b 2 \
+                "${GB[@]}" --min-agree 100 --max-rel-l2 0
+        done
+        gen=(build/muse-engine generate --model "$packs/$p" --tokens 5,6,7 --max-tokens 24 --temperature 0.8 --seed 3)
+        "${gen[@]}" "${G[@]}" --ranks 2 >"$logs/gen2-$p-a.txt" 2>&1
+        "${gen[@]}" "${G[@]}" --ranks 2 >"$logs/gen2-$p-b.txt" 2>&1
+        "${gen[@]}" --ranks 2 >"$logs/gen2-$p-cpu.txt" 2>&1
+        cmp -s "$logs/gen2-$p-a.txt" "$logs/gen2-$p-b.txt" && cmp -s "$logs/gen2-$p-a.txt" "$logs/gen2-$p-cpu.txt" &&
+            note "== generate 2 ranks $p: twice the same, equal to cpu --ranks 2" ||
+            note "== generate 2 ranks $p: DIFFERS (logs gen2-$p-*.txt)"
+    done
+    MUSE_TEST_BACKEND=$B step serve-ranks 180 prove -v t/stack/serve_ranks.t
 fi
 
 # the medium pack: hidden 2048, 16 layers, 64 experts, 4 bits; 256 positions teacher-forced
