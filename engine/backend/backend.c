@@ -50,6 +50,24 @@ muse_backend *muse_backend_create(const char *name, const muse_model *m, const m
            NULL;
 }
 
+int muse_backend_device_memory(const char *name, const int *devices, int ranks, uint64_t *bytes,
+                               char *desc, size_t desc_len, muse_err *e)
+{
+    *bytes = 0;
+    snprintf(desc, desc_len, "%s", name);
+#ifdef MUSE_HAVE_CUDA
+    if (!strcmp(name, "cuda")) return muse_cuda_device_memory(devices, ranks, bytes, desc, desc_len, e);
+#else
+    (void)devices;
+    (void)ranks;
+    if (!strcmp(name, "cuda"))
+        return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
+                            "use --backend cpu");
+#endif
+    (void)e;
+    return 0; /* cpu and script: host memory, no limit unless --device-gib */
+}
+
 void muse_backend_destroy(muse_backend *be)
 {
     if (be) be->ops->destroy(be);

@@ -165,6 +165,15 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
 /* The smallest bucket holding rows (rows itself when exact_rows). */
 long muse_backend_bucket(const muse_backend *be, long rows);
 
+/* Before any allocation, for the memory plan: the memory of the ranks' devices (the smallest,
+ * bytes; 0 for cpu: no limit) and which they are ("NVIDIA H200 (device 0)"). -1 with the reason
+ * and the fix where there is no such device, no driver or no CUDA in this binary. */
+int muse_backend_device_memory(const char *name, const int *devices, int ranks, uint64_t *bytes,
+                               char *desc, size_t desc_len, muse_err *e);
+/* The CUDA backend's part of it (MUSE_HAVE_CUDA). */
+int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char *desc,
+                            size_t desc_len, muse_err *e);
+
 /* The CPU reference backend. */
 muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e);
 /* The CUDA backend (engine/backend/cuda/), in binaries built with nvcc (MUSE_HAVE_CUDA). */

@@ -31,6 +31,7 @@ typedef struct {
     bool fault_heap_overflow;
     double reserve_gib, prompt_cache_gib;
     double device_gib;            /* a rank's device memory; 0: no limit, no check */
+    char device_src[192];         /* where device_gib came from, for the refusal */
     muse_device_kind device_kind; /* by backend: the reserve's default follows it */
     gid_t gid;                    /* of --group; -1: none */
 } serve_flags;
@@ -106,8 +107,10 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         MUSE_FLAG_G("device-gib", &f->device_gib, 1 << 20,
                     "memory of each rank's device: the plan must fit it or the engine refuses\n"
                     "to start (exit 2) naming every term; 0: no limit, no check. On the CPU\n"
-                    "backend the ranks share the machine: give each rank's share",
-                    .def = "0"),
+                    "backend the ranks share the machine: give each rank's share. On --backend\n"
+                    "cuda: the GPU's memory (split evenly among ranks on one GPU), or this\n"
+                    "where smaller",
+                    .def = "0 (cuda: the GPU's)"),
         MUSE_FLAG_L("drain-ms", &f->drain_ms, 0, 3600000, "N",
                     "on SIGTERM, how long running streams may finish"),
         MUSE_FLAG_G("prompt-cache-gib", &f->prompt_cache_gib, 1 << 20,
@@ -162,8 +165,21 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         return muse_flags_error(&set, "%s", ge.msg);
     f->ranks = go.ranks;
     memcpy(f->devices, go.devices, sizeof f->devices);
-    /* the CUDA backend will pass its device's memory and kind here; for now --device-gib */
     f->device_kind = backend == 2 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
+    snprintf(f->device_src, sizeof f->device_src, "--device-gib %g", f->device_gib);
+    if (backend == 2) { /* the GPUs' memory, or --device-gib where it names a smaller share */
+        uint64_t bytes = 0;
+        char name[128];
+        muse_err de = {{0}};
+        if (muse_backend_device_memory(f->backend, f->devices, (int)f->ranks, &bytes, name,
+                                       sizeof name, &de))
+            return muse_flags_error(&set, "%s", de.msg);
+        double gib = (double)bytes / (double)(1ull << 30);
+        if (!f->device_gib || f->device_gib > gib) {
+            f->device_gib = gib;
+            snprintf(f->device_src, sizeof f->device_src, "%s, %.2f GiB a rank", name, gib);
+        }
+    }
     muse_err re = {{0}};
     if (muse_reserve_resolve(f->reserve_gib, f->device_kind, muse_gib_bytes(f->device_gib),
                              &f->reserve_gib, &re))
@@ -336,7 +352,7 @@ static int make_plan(const serve_flags *f, const muse_config *cfg, double bits, 
     }
     char text[4096];
     muse_memory_plan_refusal(plan, text, sizeof text);
-    return muse_fail(e, "--device-gib %g: %s", f->device_gib, text);
+    return muse_fail(e, "%s: %s", f->device_src, text);
 }
 
 /* The config alone (no weights): what the plan is made from before loading. */

@@ -167,5 +167,17 @@ for my $cmd (qw(logits generate inspect chat)) {
     ($rc, $out) = run($engine, 'version', '--bogus');
     ok($rc == 2 && $out =~ /takes no flags/, 'version --bogus exits 2 saying it takes no flags');
 }
+# serve --backend cuda where no GPU answers: the plan asks the GPU for its memory before anything
+# is made, so the refusal comes first, says why and suggests --backend cpu (a GPU machine: skip)
+SKIP: {
+    my $pack = $ENV{MUSE_TEST_PACK} // 'conf/packs/demo-en';
+    my ($rc, $out) = run($engine, 'logits', '--backend', 'cuda', '--model', $pack, '--tokens', '1', '--out', '/dev/null');
+    skip 'a CUDA device answers here', 3 if $rc == 0;
+    my $sock = "/tmp/muse-cli-$$.sock";
+    ($rc, $out) = run($engine, 'serve', '--backend', 'cuda', '--model', $pack, '--listen', $sock, '--shm', "/muse-cli-$$");
+    is($rc, 2, 'serve --backend cuda without a usable GPU: exit 2');
+    like($out, qr/--backend cuda: .*use --backend cpu/, 'serve --backend cuda without a GPU: the reason and --backend cpu');
+    ok(!-e $sock && !-e "/dev/shm/muse-cli-$$", 'serve --backend cuda without a GPU: no socket, no segment made');
+}
 
 done_testing();

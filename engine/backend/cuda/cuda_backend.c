@@ -1314,6 +1314,33 @@ static int devices_check(const muse_backend_opts *o, int ranks, muse_err *e)
     return 0;
 }
 
+/* backend.h: each rank's share of its GPU's memory (a GPU's whole memory divided among the
+ * ranks on it), the smallest over the ranks, from the device properties before any context
+ * holds memory; the same refusals as start-up (no device, no driver, an arch not built). */
+int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char *desc,
+                            size_t desc_len, muse_err *e)
+{
+    muse_backend_opts o = {.ranks = ranks};
+    memcpy(o.devices, devices, (size_t)ranks * sizeof *devices);
+    if (ranks < 1 || ranks > MUSE_MAX_RANKS || devices_check(&o, ranks, e)) return -1;
+    *bytes = 0;
+    for (int r = 0; r < ranks; r++) {
+        struct cudaDeviceProp p;
+        cudaError_t rc = cudaGetDeviceProperties(&p, devices[r]);
+        if (rc != cudaSuccess)
+            return muse_fail(e, "--backend cuda: device %d: %s; use --backend cpu", devices[r],
+                             cudaGetErrorString(rc));
+        int sharing = 0;
+        for (int q = 0; q < ranks; q++) sharing += devices[q] == devices[r];
+        uint64_t share = (uint64_t)p.totalGlobalMem / (uint64_t)sharing;
+        if (*bytes && share >= *bytes) continue;
+        *bytes = share;
+        snprintf(desc, desc_len, "%s (device %d%s)", p.name, devices[r],
+                 sharing > 1 ? ", shared by ranks" : "");
+    }
+    return 0;
+}
+
 /* Peer access between every pair of distinct GPUs the ranks sit on, where the hardware has it
  * (NVLink or PCIe P2P); c->peers says whether every pair has it. */
 static void enable_peers(cuda_backend *c)
