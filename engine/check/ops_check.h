@@ -9,6 +9,7 @@ typedef struct {
     const char *model;   /* the pack */
     const char *backend; /* "cpu", "cuda" */
     long max_rows;       /* 17 .. 4096 */
+    long sample_rows;    /* random rows the sampler is checked on (0: 10000) */
     FILE *out;           /* the TAP lines and the SUMMARY line */
 } muse_ops_check_opts;
 
