@@ -28,6 +28,7 @@ endef
 # (t/stack/serve_gpu_fault.t); the ASan build stays CPU-only.
 ifneq ($(NVCC_BIN),)
 $(BUILD)/obj-hooks/backend/backend.o: CFLAGS += -DMUSE_HAVE_CUDA -DMUSE_CUDA_ARCHS='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"'
+$(BUILD)/obj-hooks/backend/backend.o: mk/testengine.mk # a build from before this rule lacks CUDA
 endif
 $(eval $(call test_engine,muse-engine-test,obj-hooks,,,$(CUDA_OBJS)))
 $(eval $(call test_engine,muse-engine-asan,obj-asan,-O1 $(ASAN_FLAGS),$(ASAN_FLAGS)))

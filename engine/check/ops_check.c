@@ -281,8 +281,20 @@ static double unit01(int64_t id, uint64_t salt)
     return (double)(hash2(id, salt) >> 11) / 9007199254740992.0;
 }
 
-enum { SK_PLAIN, SK_TIES, SK_NAN, SK_PLUS_INF, SK_MINUS_INF, SK_NONE_FINITE, SK_ALL_EQUAL,
-       SK_HUGE, SK_TINY, SK_LEVELS, SK_ULP, SK_KINDS };
+enum {
+    SK_PLAIN,
+    SK_TIES,
+    SK_NAN,
+    SK_PLUS_INF,
+    SK_MINUS_INF,
+    SK_NONE_FINITE,
+    SK_ALL_EQUAL,
+    SK_HUGE,
+    SK_TINY,
+    SK_LEVELS,
+    SK_ULP,
+    SK_KINDS
+};
 
 static int sample_kind(int64_t id)
 {
@@ -814,8 +826,8 @@ static void check_sampler_host(tally *t, side *test, const op_case *k, long rows
                 "# %ld of %ld draws differ; the first: row id %lld (kind %d), temperature %g, "
                 "top_k %d, top_p %g, min_p %g, seed %llu, position %lld: backend %lld, host "
                 "%lld\n",
-                bad, rows, (long long)bad_id, sample_kind(bad_id), (double)p.temperature,
-                p.top_k, (double)p.top_p, (double)p.min_p, (unsigned long long)p.seed,
+                bad, rows, (long long)bad_id, sample_kind(bad_id), (double)p.temperature, p.top_k,
+                (double)p.top_p, (double)p.min_p, (unsigned long long)p.seed,
                 (long long)sample_pos(bad_id), (long long)bad_got, (long long)bad_want);
     }
     muse_sampler_destroy(smp);
@@ -869,8 +881,9 @@ static void check_exl3_paths(tally *t, const muse_model *m, const char *name, si
             for (int p = 0; p < 2; p++) {
                 int nan;
                 double err = rel_l2(o[p], o[2], M * W, &nan);
-                snprintf(what, sizeof what, "%s path: relative L2 %.2e against the cpu (bound %.0e)",
-                         paths[p], err, k->tol);
+                snprintf(what, sizeof what,
+                         "%s path: relative L2 %.2e against the cpu (bound %.0e)", paths[p], err,
+                         k->tol);
                 check(t, !nan && err <= k->tol, "", nm, M, what);
             }
             for (int j = 0; j < 3; j++) free(o[j]);

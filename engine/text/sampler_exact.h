@@ -81,7 +81,7 @@ MUSE_SX float muse_sx_bits_float(uint32_t u)
 MUSE_SX uint64_t muse_sx_ceil_float_times(float f, uint64_t w)
 {
     int exponent;
-    float mant = frexpf(f, &exponent); /* f = mant * 2^exponent, mant in [0.5, 1) */
+    float mant = frexpf(f, &exponent);             /* f = mant * 2^exponent, mant in [0.5, 1) */
     uint64_t m24 = (uint64_t)(mant * 16777216.0f); /* exact: a power of two */
     int shift = 24 - exponent;
     if (shift > 127) return 1; /* f * w < 1 but positive */
