@@ -266,7 +266,9 @@ MUSE_K_API int muse_k_exl3_path_env(void)
     if (!v || !*v || !strcmp(v, "auto")) return MUSE_K_EXL3_AUTO;
     if (!strcmp(v, "small")) return MUSE_K_EXL3_SMALL;
     if (!strcmp(v, "tiles")) return MUSE_K_EXL3_TILES;
-    fprintf(stderr, "muse: MUSE_EXL3_PATH=%s is not small, tiles or auto; using auto\n", v);
+    static const bool warned = /* once a process, not once a linear (C++ static: thread-safe) */
+        fprintf(stderr, "muse: MUSE_EXL3_PATH=%s is not small, tiles or auto; using auto\n", v) >= 0;
+    (void)warned;
     return MUSE_K_EXL3_AUTO;
 }
 
@@ -282,10 +284,13 @@ MUSE_K_API int muse_k_linear(const muse_k_lin *descs, const muse_k_lin *shape,
                                                          round16, y, y_stride);
         return (int)cudaGetLastError();
     }
-    /* the path by rows alone (a fixed threshold): both give the same bits, so a row's result
-     * does not depend on which one its batch took */
+    /* the path by the call's shape alone (a fixed threshold): both give the same bits, so a
+     * row's result does not depend on which one its batch took. Per-row descriptors (the MoE's
+     * (row, slot) pairs, consecutive pairs on different experts) would leave the tiles path
+     * groups of one row, so auto keeps them on the small-M path until pairs come grouped. */
     int tiles = shape->path == MUSE_K_EXL3_TILES ||
-                (shape->path != MUSE_K_EXL3_SMALL && rows >= MUSE_K_EXL3_TILES_MIN_ROWS);
+                (shape->path == MUSE_K_EXL3_AUTO && !row_desc &&
+                 rows >= MUSE_K_EXL3_TILES_MIN_ROWS);
     k_exl3_prepare<<<dim3(k / HAD, R), 64, 0, st>>>(descs, row_desc, row_src, x, x_stride, ws_a);
     if (tiles)
         k_exl3_product_tiles<<<dim3(n / 128, (R + TL_ROWS - 1) / TL_ROWS), 128, 0, st>>>(

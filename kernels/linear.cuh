@@ -4,7 +4,8 @@
 #include "launch.h"
 /* The EXL3 product's two paths, bitwise equal: small-M (one thread an output element, each
  * weight decoded per row) and tiles (a block decodes a tile band once for a chunk of rows).
- * AUTO picks tiles from MUSE_K_EXL3_TILES_MIN_ROWS rows on; the others force one (checks). */
+ * AUTO picks tiles from MUSE_K_EXL3_TILES_MIN_ROWS rows on where every row has the same
+ * descriptor (row_desc NULL); the others force one (checks, the MoE's grouping included). */
 enum { MUSE_K_EXL3_AUTO = 0, MUSE_K_EXL3_SMALL = 1, MUSE_K_EXL3_TILES = 2 };
 #define MUSE_K_EXL3_TILES_MIN_ROWS 32
 /* MUSE_EXL3_PATH (small | tiles | auto, unset: auto) as one of those; anything else is auto
