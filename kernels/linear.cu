@@ -267,7 +267,8 @@ MUSE_K_API int muse_k_exl3_path_env(void)
     if (!strcmp(v, "small")) return MUSE_K_EXL3_SMALL;
     if (!strcmp(v, "tiles")) return MUSE_K_EXL3_TILES;
     static const bool warned = /* once a process, not once a linear (C++ static: thread-safe) */
-        fprintf(stderr, "muse: MUSE_EXL3_PATH=%s is not small, tiles or auto; using auto\n", v) >= 0;
+        fprintf(stderr, "muse: MUSE_EXL3_PATH=%s is not small, tiles or auto; using auto\n",
+                v) >= 0;
     (void)warned;
     return MUSE_K_EXL3_AUTO;
 }
