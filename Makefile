@@ -128,11 +128,13 @@ test:
 	@t/run-tests
 
 # On a GPU machine: kernel-check and the parity tests on the CUDA backend, then the serving
-# exactness tests against an engine on --backend cuda (MUSE_TEST_BACKEND). Without a GPU the
-# CUDA runs print skip lines.
+# exactness tests against an engine on --backend cuda (MUSE_TEST_BACKEND), then a real sticky
+# device fault (an illegal address) through the hooks engine. Without a GPU the CUDA runs
+# print skip lines.
 test-gpu: all
 	MUSE_OPS_BACKEND=cuda prove t/ops/ops.t t/ops/cuda_logits.t
 	MUSE_TEST_BACKEND=cuda prove t/stack/serve_exactness.t
+	prove t/stack/serve_gpu_fault.t
 
 LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c \
           kernels/registry.c kernels/registry.h

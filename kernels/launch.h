@@ -22,7 +22,8 @@ enum { MUSE_K_NORM_NONE = 0, MUSE_K_NORM_PLUS1 = 1, MUSE_K_NORM_PLAIN = 2 };
  * trellis row), the input and output scales (suh/svh fp16, or the legacy sign words su/sv),
  * an optional fp16 bias and the codebook's 65536 values. All pointers are device pointers. */
 typedef struct {
-    int kind, dtype, bits, pad;
+    int kind, dtype, bits;
+    int path; /* EXL3: MUSE_K_EXL3_AUTO, _SMALL or _TILES (linear.cuh), read from the host copy */
     int64_t k, n;
     const void *w;
     int64_t row0, col0, ld;

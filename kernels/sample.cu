@@ -3,64 +3,17 @@
  * q = round(2^S exp((x - max) / T)) on the same IEEE float operation sequence (explicit _rn
  * intrinsics, no contraction), keys (q bits << 32 | ~id) ordered descending, the filters top_k,
  * top_p, min_p as key cut-offs and the draw as the key where the running total in key order
- * passes the target. Where the host walks histogram bins, this finds the same key by a bitwise
- * search over the 64-bit key space, each step an exact integer sum over the row (so no order
- * of summation can matter). */
+ * passes the target. The generator, the exact products, the min_p cut and the keys are the
+ * host's own code (engine/text/sampler_exact.h). Where the host walks histogram bins, this
+ * finds the same key by a bitwise search over the 64-bit key space, each step an exact integer
+ * sum over the row (so no order of summation can matter). */
 #include <float.h>
 
 #include "common.cuh"
 #include "sample.cuh"
+#include "text/sampler_exact.h" /* the integer steps, one copy with the host sampler */
 
 #define SM_THREADS 1024
-
-__device__ __forceinline__ uint64_t k_splitmix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-__device__ __forceinline__ uint64_t k_rand_bits(uint64_t seed, uint64_t position, uint64_t stream)
-{
-    const uint64_t golden = 0x9e3779b97f4a7c15ull;
-    uint64_t h = k_splitmix(seed + golden);
-    h = k_splitmix(h + position * golden + 0x6a09e667f3bcc909ull);
-    return k_splitmix(h + stream * golden + 0xbb67ae8584caa73bull);
-}
-
-/* floor(a * b / 2^shift), or the ceiling when round_up; shift in [1, 127] */
-__device__ __forceinline__ uint64_t k_mul_shift(uint64_t a, uint64_t b, int shift, int round_up)
-{
-    uint64_t hi = __umul64hi(a, b), lo = a * b, q, rest;
-    if (shift < 64) {
-        q = (lo >> shift) | (hi << (64 - shift));
-        rest = lo & ((1ull << shift) - 1);
-    } else {
-        q = hi >> (shift - 64);
-        rest = lo | (shift > 64 ? hi & ((1ull << (shift - 64)) - 1) : 0);
-    }
-    return q + (round_up && rest != 0);
-}
-
-__device__ __forceinline__ uint64_t k_ceil_float_times(float f, uint64_t w)
-{
-    int exponent;
-    float mant = frexpf(f, &exponent);
-    uint64_t m24 = (uint64_t)__fmul_rn(mant, 16777216.0f);
-    int shift = 24 - exponent;
-    if (shift > 127) return 1;
-    return k_mul_shift(m24, w, shift, 1);
-}
-
-__device__ __forceinline__ uint64_t k_min_p_cut(float min_p, int weight_bits)
-{
-    double top = (double)((uint64_t)1 << weight_bits);
-    double least = ceil((double)min_p * top);
-    if (least > top) least = top;
-    float f = (float)least;
-    if ((double)f < least) f = nextafterf(f, INFINITY);
-    return (uint64_t)k_f32_bits(f) << 32;
-}
 
 /* lane_weights of the host sampler for one logit */
 __device__ __forceinline__ float k_weight(float x, float max, float inv_t, int wb)
@@ -90,7 +43,7 @@ __device__ __forceinline__ float k_weight(float x, float max, float inv_t, int w
 
 __device__ __forceinline__ uint64_t k_key(const float *wts, long i)
 {
-    return ((uint64_t)k_f32_bits(wts[i]) << 32) | (0xffffffffu - (uint32_t)i);
+    return muse_sx_key(k_f32_bits(wts[i]), i);
 }
 
 /* Sum over the block of v (every thread gets it). */
@@ -188,7 +141,7 @@ __global__ void __launch_bounds__(SM_THREADS)
         kept = k_share_from(wts, V, cut, 0, red);
     }
     if (p.top_p < 1) {
-        uint64_t need = p.top_p > 0 ? k_ceil_float_times(p.top_p, kept) : 1;
+        uint64_t need = p.top_p > 0 ? muse_sx_ceil_float_times(p.top_p, kept) : 1;
         if (need == 0) need = 1;
         if (need < kept) {
             uint64_t c = k_crossing(wts, V, need - 1, 0, red);
@@ -199,16 +152,16 @@ __global__ void __launch_bounds__(SM_THREADS)
         }
     }
     if (p.min_p > 0) {
-        uint64_t min_cut = k_min_p_cut(p.min_p, wb);
+        uint64_t min_cut = muse_sx_min_p_cut(p.min_p, wb);
         if (min_cut > cut) {
             cut = min_cut;
             kept = k_share_from(wts, V, cut, 0, red);
         }
     }
-    uint64_t u53 = k_rand_bits(p.seed, (uint64_t)draw_pos[row], 0) >> 11;
-    uint64_t target = k_mul_shift(u53, kept, 53, 0);
+    uint64_t u53 = muse_sx_rand_bits(p.seed, (uint64_t)draw_pos[row], 0) >> 11;
+    uint64_t target = muse_sx_mul_shift(u53, kept, 53, 0);
     uint64_t c = k_crossing(wts, V, target, 0, red);
-    if (t == 0) tokens[row] = (int32_t)(0xffffffffu - (uint32_t)c);
+    if (t == 0) tokens[row] = (int32_t)muse_sx_key_id(c);
 }
 
 MUSE_K_API int muse_k_sample(const float *logits, long n, long V, const muse_k_sampling *params,

@@ -5,10 +5,10 @@
 #   again against it, so a corrupt ring or pack shows any bad access or leak.
 ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
-# $(call test_engine,NAME,OBJ_DIR,EXTRA_CFLAGS,EXTRA_LDFLAGS)
+# $(call test_engine,NAME,OBJ_DIR,EXTRA_CFLAGS,EXTRA_LDFLAGS,EXTRA_OBJS)
 define test_engine
 $(1)_OBJS := $$(patsubst engine/%.c,$(BUILD)/$(2)/%.o,$$(LIB_SRCS) engine/cmd/muse_engine.c) \
-              $(BUILD)/$(2)/kernels/registry.o
+              $(BUILD)/$(2)/kernels/registry.o $(5)
 EXTRA_ALL += $(BUILD)/t/$(1)
 
 $(BUILD)/$(2)/%.o: engine/%.c
@@ -23,5 +23,12 @@ $(BUILD)/t/$(1): $$($(1)_OBJS) | $(BUILD)/t
 	$$(CC) $$(CFLAGS) $(4) $$($(1)_OBJS) $$(LDLIBS) -o $$@
 endef
 
-$(eval $(call test_engine,muse-engine-test,obj-hooks,,))
+# Where nvcc is found the hooks engine carries the CUDA backend (the shipped objects: nothing
+# in it depends on the hooks), so a GPU test can force a real device fault through it
+# (t/stack/serve_gpu_fault.t); the ASan build stays CPU-only.
+ifneq ($(NVCC_BIN),)
+$(BUILD)/obj-hooks/backend/backend.o: CFLAGS += -DMUSE_HAVE_CUDA -DMUSE_CUDA_ARCHS='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"'
+$(BUILD)/obj-hooks/backend/backend.o: mk/testengine.mk # a build from before this rule lacks CUDA
+endif
+$(eval $(call test_engine,muse-engine-test,obj-hooks,,,$(CUDA_OBJS)))
 $(eval $(call test_engine,muse-engine-asan,obj-asan,-O1 $(ASAN_FLAGS),$(ASAN_FLAGS)))

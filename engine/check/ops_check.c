@@ -10,6 +10,7 @@
 #include "check/ops_check.h"
 #include "check/op_cases.h"
 
+#include <float.h>
 #include <math.h>
 
 #include "backend/backend.h"
@@ -249,26 +250,129 @@ static void case_attention(side *s, const op_case *k, const int64_t *ids, long M
     attention_rows(s, k, M, 1, 0, out);
 }
 
-/* Sampling where the logits are: rows of random logits (some with ties, NaN and inf), each
- * drawn with its own parameters and seed; out[r] = the drawn id. */
+/* ---- sampler rows: logits, parameters, seed and position all from the row id ---- */
+static uint64_t hash2(int64_t id, uint64_t salt)
+{
+    return muse_op_mix((uint64_t)id * 0x100000001b3ull + salt * 0x9e3779b97f4a7c15ull);
+}
+
+static long pick(int64_t id, uint64_t salt, long n)
+{
+    return (long)(hash2(id, salt) % (uint64_t)n);
+}
+
+static double unit01(int64_t id, uint64_t salt)
+{
+    return (double)(hash2(id, salt) >> 11) / 9007199254740992.0;
+}
+
+enum {
+    SK_PLAIN,
+    SK_TIES,
+    SK_NAN,
+    SK_PLUS_INF,
+    SK_MINUS_INF,
+    SK_NONE_FINITE,
+    SK_ALL_EQUAL,
+    SK_HUGE,
+    SK_TINY,
+    SK_LEVELS,
+    SK_ULP,
+    SK_KINDS
+};
+
+static int sample_kind(int64_t id)
+{
+    return (int)pick(id, 2, SK_KINDS + 2) % SK_KINDS; /* plain rows twice as often */
+}
+
+/* A row of logits of the id's kind: random at a random scale, then exact ties at the top, NaN,
+ * +inf (several: the lowest id wins), mostly -inf, nothing finite (all -inf, all NaN, mixed),
+ * every logit equal, huge (+-FLT_MAX, so x - max overflows), tiny (subnormal, zeros), a few
+ * levels (many equal weights) or 1-ulp steps at the top. */
 static void sample_logits(const op_case *k, int64_t id, float *row)
 {
     long V = k->in_width;
+    float scale = (float)pow(10.0, unit01(id, 1) * 4.0 - 2.0), top = -INFINITY;
     muse_op_fill_row(25, id, V, 0, row);
-    for (long j = 0; j < V; j++) row[j] *= 4.0f;
-    if (id % 5 == 1) row[7] = row[3] = 50.0f; /* a tie at the top: the lower id wins */
-    if (id % 5 == 2) row[11] = NAN;           /* NaN is never drawn */
-    if (id % 5 == 3) row[V - 1] = INFINITY;   /* +inf wins outright */
+    for (long j = 0; j < V; j++) {
+        row[j] *= scale;
+        top = row[j] > top ? row[j] : top;
+    }
+    long few = 1 + pick(id, 3, 5);
+    switch (sample_kind(id)) {
+    case SK_TIES: /* several equal maxima, the lowest id must win the tie */
+        for (long i = 0; i <= few; i++) row[pick(id, 10 + (uint64_t)i, V)] = top + scale;
+        break;
+    case SK_NAN:
+        for (long i = 0; i < few * 3; i++) row[pick(id, 10 + (uint64_t)i, V)] = NAN;
+        break;
+    case SK_PLUS_INF:
+        for (long i = 0; i < few; i++) row[pick(id, 10 + (uint64_t)i, V)] = INFINITY;
+        row[pick(id, 20, V)] = NAN;
+        row[pick(id, 21, V)] = -INFINITY;
+        break;
+    case SK_MINUS_INF: /* all but a few are -inf */
+        for (long j = 0; j < V; j++)
+            if (pick(id, 100 + (uint64_t)j, 16)) row[j] = -INFINITY;
+        break;
+    case SK_NONE_FINITE:
+        for (long j = 0; j < V; j++) {
+            long how = few % 3 ? few % 3 : 1 + pick(id, 100 + (uint64_t)j, 2);
+            row[j] = how == 1 ? -INFINITY : NAN;
+        }
+        break;
+    case SK_ALL_EQUAL:
+        for (long j = 0; j < V; j++) row[j] = few == 1 ? 0.0f : scale;
+        break;
+    case SK_HUGE:
+        for (long j = 0; j < V; j++) row[j] *= 1e36f;
+        row[pick(id, 10, V)] = FLT_MAX;
+        row[pick(id, 11, V)] = -FLT_MAX;
+        if (few > 2) row[pick(id, 12, V)] = FLT_MAX;
+        break;
+    case SK_TINY:
+        for (long j = 0; j < V; j++) row[j] *= 1e-40f;
+        for (long i = 0; i < few; i++) row[pick(id, 10 + (uint64_t)i, V)] = i % 2 ? -0.0f : 0.0f;
+        break;
+    case SK_LEVELS:
+        for (long j = 0; j < V; j++) row[j] = roundf(row[j] / scale) * scale;
+        break;
+    case SK_ULP: {
+        float v = top;
+        for (long i = 0; i < few; i++) {
+            v = nextafterf(v, INFINITY);
+            row[pick(id, 10 + (uint64_t)i, V)] = i % 2 ? v : top;
+        }
+        break;
+    }
+    default:
+        break;
+    }
 }
 
-static muse_sampling sample_params(int64_t id)
+/* Random parameters for the id: temperature 0 (greedy), negative, NaN, tiny (1/T overflows),
+ * ordinary and huge; top_k off, negative, 1, random, the vocabulary and above; top_p off,
+ * random, 0, above 1, NaN, tiny; min_p off, random, 1, above 1, NaN, tiny; a 64-bit seed. */
+static muse_sampling sample_params(int64_t id, long V)
 {
-    muse_sampling p = {.temperature = id % 4 == 0 ? 0.0f : 0.5f + (float)(id % 3) * 0.4f,
-                       .top_k = id % 3 == 1 ? 20 : 0,
-                       .top_p = id % 4 == 2 ? 0.9f : 1.0f,
-                       .min_p = id % 6 == 5 ? 0.05f : 0.0f,
-                       .seed = (uint64_t)id * 7919u};
+    static const float temps[] = {0.0f, 0.0f, -1.0f, NAN, 1e-30f, 1e30f};
+    static const float tops[] = {1.0f, 1.0f, 0.0f, 1.5f, NAN, 1e-9f};
+    static const float mins[] = {0.0f, 0.0f, 1.0f, 1.5f, NAN, 1e-12f};
+    muse_sampling p = {.seed = hash2(id, 4)};
+    long t = pick(id, 5, 12), k = pick(id, 6, 10), q = pick(id, 7, 10), m = pick(id, 8, 10);
+    p.temperature = t < 6 ? temps[t] : (float)(0.05 + unit01(id, 9) * 2.0);
+    long ks[] = {0, 0, 0, -3, 1, 2, 1 + pick(id, 10, V), 1 + pick(id, 11, 64), V, V + 5};
+    p.top_k = (int)ks[k];
+    p.top_p = q < 6 ? tops[q] : (float)unit01(id, 12);
+    p.min_p = m < 6 ? mins[m] : (float)(unit01(id, 13) * 0.3);
     return p;
+}
+
+/* The draw position: small, or anywhere in the int64 range. */
+static int64_t sample_pos(int64_t id)
+{
+    return pick(id, 14, 2) ? pick(id, 15, 100000) : (int64_t)(hash2(id, 16) >> 1);
 }
 
 static void case_sample(side *s, const op_case *k, const int64_t *ids, long M, float *out)
@@ -287,8 +391,8 @@ static void case_sample(side *s, const op_case *k, const int64_t *ids, long M, f
         tok[r] = 1;
         seqs[r] = 0;
         pos[r] = 0;
-        draw[r] = ids[r];
-        sp[r] = sample_params(ids[r]);
+        draw[r] = sample_pos(ids[r]);
+        sp[r] = sample_params(ids[r], V);
     }
     muse_round rd = {
         .rows = M, .tokens = tok, .positions = pos, .seqs = seqs, .sampling = sp, .draw_pos = draw};
@@ -642,26 +746,105 @@ static void check_forward(tally *t, const muse_model *m, const char *name, long 
     for (int i = 0; i < 3; i++) free(lg[i]);
 }
 
-/* The sampler against the host's muse_sample on the same rows. */
-static void check_sampler_host(tally *t, side *test, const op_case *k, long M)
+/* The sampler against the host's muse_sample: rows random rows (sample_logits, sample_params,
+ * sample_pos), drawn by the backend's sample op in rounds of up to batch rows. */
+static void check_sampler_host(tally *t, side *test, const op_case *k, long rows, long batch)
 {
     long V = k->in_width;
-    float *ids_out = MUSE_MALLOC((size_t)M * sizeof *ids_out),
+    float *drawn = MUSE_MALLOC((size_t)batch * sizeof *drawn),
           *row = MUSE_MALLOC((size_t)V * sizeof *row);
-    static int64_t ids[4096];
-    for (long r = 0; r < M; r++) ids[r] = 5000 + r;
-    k->fn(test, k, ids, M, ids_out);
+    int64_t *ids = MUSE_MALLOC((size_t)batch * sizeof *ids);
     muse_sampler *smp = muse_sampler_create(V);
-    int same = 1;
-    for (long r = 0; r < M; r++) {
-        sample_logits(k, ids[r], row);
-        muse_sampling p = sample_params(ids[r]);
-        same &= (int64_t)ids_out[r] == muse_sample(smp, row, &p, ids[r]);
+    long bad = 0;
+    int64_t bad_id = 0, bad_got = 0, bad_want = 0;
+    for (long at = 0; at < rows; at += batch) {
+        long B = rows - at < batch ? rows - at : batch;
+        for (long r = 0; r < B; r++) ids[r] = 5000 + at + r;
+        k->fn(test, k, ids, B, drawn);
+        for (long r = 0; r < B; r++) {
+            sample_logits(k, ids[r], row);
+            muse_sampling p = sample_params(ids[r], V);
+            int64_t want = muse_sample(smp, row, &p, sample_pos(ids[r]));
+            if ((int64_t)drawn[r] == want) continue;
+            if (!bad++) bad_id = ids[r], bad_got = (int64_t)drawn[r], bad_want = want;
+        }
     }
-    check(t, same, "", "sample", M, "every draw equals the host sampler's (ties, NaN, inf)");
+    char what[200];
+    snprintf(what, sizeof what,
+             "every draw (rounds of %ld rows) equals the host sampler's: random parameters, "
+             "seeds, positions; ties, NaN, +-inf, equal, huge, tiny rows",
+             batch);
+    check(t, bad == 0, "", "sample", rows, what);
+    if (bad && !t->quiet) {
+        muse_sampling p = sample_params(bad_id, V);
+        fprintf(out_f,
+                "# %ld of %ld draws differ; the first: row id %lld (kind %d), temperature %g, "
+                "top_k %d, top_p %g, min_p %g, seed %llu, position %lld: backend %lld, host "
+                "%lld\n",
+                bad, rows, (long long)bad_id, sample_kind(bad_id), (double)p.temperature, p.top_k,
+                (double)p.top_p, (double)p.min_p, (unsigned long long)p.seed,
+                (long long)sample_pos(bad_id), (long long)bad_got, (long long)bad_want);
+    }
     muse_sampler_destroy(smp);
+    free(ids);
     free(row);
-    free(ids_out);
+    free(drawn);
+}
+
+/* The EXL3 product's two CUDA paths (kernels/linear.cu, MUSE_EXL3_PATH read at backend start):
+ * for every EXL3 linear and the moe (experts: a descriptor a row) at each row count, the tiles
+ * path equals the small-M path bitwise and each is within the bound of the CPU. A backend with
+ * one path (cpu) ignores the variable: the same checks then hold trivially (the wiring runs). */
+static void check_exl3_paths(tally *t, const muse_model *m, const char *name, side *ref,
+                             const op_case *cs, int n, long max_rows, const long *shapes,
+                             int n_shapes)
+{
+    static const char *const paths[2] = {"small", "tiles"};
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= cs[i].kid == MUSE_K_LINEAR_EXL3;
+    if (!any) return; /* not an EXL3 pack: the entry says skip */
+    muse_err e = {{0}};
+    side by[2] = {{0}, {0}};
+    const char *was = getenv("MUSE_EXL3_PATH");
+    char *keep = was ? strdup(was) : NULL;
+    for (int p = 0; p < 2; p++) {
+        setenv("MUSE_EXL3_PATH", paths[p], 1);
+        by[p].be = make(name, m, max_rows, &e);
+        MUSE_CHECK(by[p].be);
+    }
+    if (keep)
+        setenv("MUSE_EXL3_PATH", keep, 1);
+    else
+        unsetenv("MUSE_EXL3_PATH");
+    free(keep);
+    for (int i = 0; i < n; i++) {
+        const op_case *k = &cs[i];
+        if (k->kid != MUSE_K_LINEAR_EXL3 && k->kid != MUSE_K_MOE) continue;
+        for (int sh = 0; sh < n_shapes; sh++) {
+            long M = shapes[sh], W = k->out_width;
+            int64_t ids[4096];
+            float *o[3];
+            for (int j = 0; j < 3; j++) o[j] = MUSE_MALLOC((size_t)(M * W) * sizeof(float));
+            for (long r = 0; r < M; r++) ids[r] = 3000 * M + r * 5 + 1;
+            k->fn(&by[0], k, ids, M, o[0]);
+            k->fn(&by[1], k, ids, M, o[1]);
+            k->fn(ref, k, ids, M, o[2]);
+            char nm[128], what[160];
+            snprintf(nm, sizeof nm, "%.96s, paths", k->name);
+            check(t, !memcmp(o[0], o[1], (size_t)(M * W) * sizeof(float)), "", nm, M,
+                  "the tiles path equals the small-M path bitwise");
+            for (int p = 0; p < 2; p++) {
+                int nan;
+                double err = rel_l2(o[p], o[2], M * W, &nan);
+                snprintf(what, sizeof what,
+                         "%s path: relative L2 %.2e against the cpu (bound %.0e)", paths[p], err,
+                         k->tol);
+                check(t, !nan && err <= k->tol, "", nm, M, what);
+            }
+            for (int j = 0; j < 3; j++) free(o[j]);
+        }
+    }
+    for (int p = 0; p < 2; p++) muse_backend_destroy(by[p].be);
 }
 
 /* A snapshot slot brings a sliding layer back: decode after a load equals decode after the
@@ -724,7 +907,8 @@ static int check_controls(tally *t, const muse_model *m, side *ref, const op_cas
         for (int i = 0; i < n; i++)
             if (!strcmp(muse_kernel_entry_of(cs[i].kid)->op, controls[c].op))
                 for (int s = 0; s < n_shapes; s++) run_case(&ct, &bad, ref, &cs[i], shapes[s]);
-        if (!strcmp(controls[c].op, "sample")) check_sampler_host(&ct, &bad, &cs[n - 1], max_rows);
+        if (!strcmp(controls[c].op, "sample"))
+            check_sampler_host(&ct, &bad, &cs[n - 1], max_rows, max_rows);
         int caught = ct.failed > 0;
         red += caught;
         fprintf(out_f, "%sok %d - control '%s' shows red (%d of %d checks)\n", caught ? "" : "not ",
@@ -773,7 +957,11 @@ int muse_ops_check(const char *prog, const muse_ops_check_opts *o)
         for (int i = 0; i < n; i++)
             if (cs[i].kid == reg[r].id)
                 for (int s = 0; s < n_shapes; s++) run_case(&t, &test, &ref, &cs[i], shapes[s]);
-        if (reg[r].id == MUSE_K_SAMPLE) check_sampler_host(&t, &test, &cs[n - 1], o->max_rows);
+        if (reg[r].id == MUSE_K_SAMPLE)
+            check_sampler_host(&t, &test, &cs[n - 1], o->sample_rows > 0 ? o->sample_rows : 10000,
+                               o->max_rows);
+        if (reg[r].id == MUSE_K_LINEAR_EXL3_TILES)
+            check_exl3_paths(&t, &m, o->backend, &ref, cs, n, o->max_rows, shapes, n_shapes);
         if (reg[r].id == MUSE_K_ATTN_SLIDING && t.kpresent[MUSE_K_ATTN_SLIDING])
             check_snapshot(&t, &test, &m);
         if (reg[r].id == MUSE_K_FORWARD) check_forward(&t, &m, o->backend, o->max_rows);

@@ -11,6 +11,7 @@ typedef struct {
     const char *model;           /* the pack */
     const char *backend;         /* "cpu", "cuda" */
     long max_rows;               /* 17 .. 4096 */
+    long sample_rows;            /* random rows the sampler is checked on (0: 10000) */
     int ranks;                   /* tensor-parallel ranks of both sides (0 or 1: one) */
     int devices[MUSE_MAX_RANKS]; /* each rank's GPU (cuda) */
     FILE *out;                   /* the TAP lines and the SUMMARY line */

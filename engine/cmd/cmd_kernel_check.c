@@ -9,6 +9,7 @@ static const char about[] =
     "Checks every kernel of the registry (kernels/registry.c) on the backend against the CPU\n"
     "reference at 1, 16, 17 and N rows: outputs written, relative error within the bound,\n"
     "batch invariance, prompt rows == decode rows, repeatability, padding and graph replay;\n"
+    "the EXL3 tiles path equals the small-M path; the sampler on --sample-rows random rows;\n"
     "planted controls must show red. Prints TAP and one SUMMARY line; exit 0 all green, 1 a\n"
     "failure or a missed control, 2 the pack or the backend could not be made.\n";
 
@@ -16,7 +17,7 @@ int muse_cmd_kernel_check(int argc, char **argv)
 {
     const char *model = NULL, *backend = "cpu";
     const char *gpus = NULL;
-    long long max_rows = 64, ranks = 0;
+    long long max_rows = 64, ranks = 0, sample_rows = 10000;
     const muse_flag table[] = {
         MUSE_FLAG_S("model", &model, "DIR", "the pack", .required = true),
         MUSE_FLAG_S("backend", &backend, "cpu|cuda", "the backend checked", .def = "cpu"),
@@ -26,6 +27,8 @@ int muse_cmd_kernel_check(int argc, char **argv)
                     .def = "1, or the count of --gpus"),
         MUSE_FLAG_S("gpus", &gpus, "LIST", "--backend cuda: the GPU of each rank, e.g. 0,0",
                     .def = "every rank on GPU 0"),
+        MUSE_FLAG_L("sample-rows", &sample_rows, 1, 10000000, "N",
+                    "random rows the sampler is checked on against the host's (default 10000)"),
     };
     const muse_flags set = {.prog = "muse-engine kernel-check",
                             .about = about,
@@ -41,6 +44,7 @@ int muse_cmd_kernel_check(int argc, char **argv)
     muse_ops_check_opts o = {.model = model,
                              .backend = backend,
                              .max_rows = (long)max_rows,
+                             .sample_rows = (long)sample_rows,
                              .ranks = bo.ranks,
                              .out = stdout};
     memcpy(o.devices, bo.devices, sizeof o.devices);

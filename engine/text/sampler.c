@@ -1,6 +1,7 @@
 /* Sampler: exact integer weights, filters as key cut-offs, and draws found by bin walks and
  * radix refinement (no full sort). See sampler.h for the rules, docs/sampling.md for reasons. */
 #include "text/sampler.h"
+#include "text/sampler_exact.h"
 
 #include "base/muse_common.h"
 
@@ -56,21 +57,11 @@ typedef struct {
     uint64_t weight_before;
 } crossing;
 
-/* ---- counter-based generator ---- */
-
-static uint64_t splitmix64_mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+/* ---- counter-based generator (sampler_exact.h) ---- */
 
 uint64_t muse_rand_bits(uint64_t seed, uint64_t position, uint64_t stream)
 {
-    const uint64_t golden = 0x9e3779b97f4a7c15ull; /* odd: multiplying by it is a bijection */
-    uint64_t h = splitmix64_mix(seed + golden);
-    h = splitmix64_mix(h + position * golden + 0x6a09e667f3bcc909ull);
-    return splitmix64_mix(h + stream * golden + 0xbb67ae8584caa73bull);
+    return muse_sx_rand_bits(seed, position, stream);
 }
 
 double muse_rand_uniform(uint64_t seed, uint64_t position, uint64_t stream)
@@ -78,81 +69,19 @@ double muse_rand_uniform(uint64_t seed, uint64_t position, uint64_t stream)
     return (double)(muse_rand_bits(seed, position, stream) >> 11) * 0x1p-53;
 }
 
-/* ---- exact 64 x 64 -> 128-bit products, shifted down ---- */
-
-static void mul_u64(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo)
-{
-    uint64_t a0 = a & 0xffffffffu, a1 = a >> 32, b0 = b & 0xffffffffu, b1 = b >> 32;
-    uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
-    uint64_t mid = (p00 >> 32) + (p01 & 0xffffffffu) + (p10 & 0xffffffffu);
-    *lo = (mid << 32) | (p00 & 0xffffffffu);
-    *hi = p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
-}
-
-/* floor(a * b / 2^shift), or the ceiling when round_up; shift in [1, 127]; result < 2^64. */
-static uint64_t mul_shift(uint64_t a, uint64_t b, int shift, int round_up)
-{
-    uint64_t hi, lo;
-    mul_u64(a, b, &hi, &lo);
-    uint64_t q, rest;
-    if (shift < 64) {
-        q = (lo >> shift) | (hi << (64 - shift));
-        rest = lo & ((1ull << shift) - 1);
-    } else {
-        q = hi >> (shift - 64);
-        rest = lo | (shift > 64 ? hi & ((1ull << (shift - 64)) - 1) : 0);
-    }
-    return q + (round_up && rest != 0);
-}
-
-/* ceil(f * w) exactly, for a float f in (0, 1). */
-static uint64_t ceil_float_times(float f, uint64_t w)
-{
-    int exponent;
-    float mant = frexpf(f, &exponent); /* f = mant * 2^exponent, mant in [0.5, 1) */
-    uint64_t m24 = (uint64_t)(mant * 16777216.0f);
-    int shift = 24 - exponent;
-    if (shift > 127) return 1; /* f * w < 1 but positive */
-    return mul_shift(m24, w, shift, 1);
-}
-
-/* ---- weights: exp on a fixed sequence of IEEE float operations (same bits everywhere) ---- */
-
-static uint32_t float_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float bits_float(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* ---- keys ---- */
-
-static uint64_t make_key(uint32_t weight_bits_of_float, int64_t id)
-{
-    return ((uint64_t)weight_bits_of_float << 32) | (0xffffffffu - (uint32_t)id);
-}
 
 static uint64_t key_weight(uint64_t key)
 {
-    return (uint64_t)(int64_t)bits_float((uint32_t)(key >> 32));
-}
-
-static int64_t key_id(uint64_t key)
-{
-    return (int64_t)(0xffffffffu - (uint32_t)key);
+    return (uint64_t)(int64_t)muse_sx_bits_float((uint32_t)(key >> 32));
 }
 
 static int key_bin(uint64_t key)
 {
     return (int)((key >> (32 + BIN_SHIFT)) - BIN_BASE);
 }
+
+/* ---- weights: exp on a fixed sequence of IEEE float operations (same bits everywhere) ---- */
 
 static inline lane_f32 lane_select(lane_i32 mask, lane_f32 yes, lane_f32 no)
 {
@@ -217,12 +146,12 @@ static uint64_t compute_weights(muse_sampler *s, const float *logits, float max,
     const uint32_t top_bin = (uint32_t)s->top_bin;
     int64_t top_count = 0;
     for (int64_t i = 0; i < n; i++) {
-        uint32_t bits = float_bits(weights[i]);
+        uint32_t bits = muse_sx_float_bits(weights[i]);
         uint32_t bin = bits ? (bits >> BIN_SHIFT) - BIN_BASE : BIN_COUNT;
         count[bin]++;
         weight[bin] += (uint64_t)(int64_t)weights[i];
         if (bin >= top_bin && bin < BIN_COUNT) {
-            if (top_count < TOP_LIMIT) top_keys[top_count] = make_key(bits, i);
+            if (top_count < TOP_LIMIT) top_keys[top_count] = muse_sx_key(bits, i);
             top_count++;
         }
     }
@@ -365,7 +294,7 @@ static int64_t gather_bin(muse_sampler *s, int bin)
     const uint32_t want = (uint32_t)(bin + BIN_BASE);
     int64_t n = 0;
     for (int64_t i = 0; i < s->vocab_size; i++)
-        if (bits[i] >> BIN_SHIFT == want && bits[i] != 0) s->slice[n++] = make_key(bits[i], i);
+        if (bits[i] >> BIN_SHIFT == want && bits[i] != 0) s->slice[n++] = muse_sx_key(bits[i], i);
     return n;
 }
 
@@ -399,17 +328,6 @@ static uint64_t weight_from(muse_sampler *s, uint64_t cut)
     return total;
 }
 
-/* The key cut-off for min_p: weights q >= ceil(min_p * 2^S), never above the top weight. */
-static uint64_t min_p_cut(float min_p, int weight_bits)
-{
-    double top = (double)((uint64_t)1 << weight_bits);
-    double least = ceil((double)min_p * top); /* exact: a float times a power of two */
-    if (least > top) least = top;
-    float f = (float)least;
-    if ((double)f < least) f = nextafterf(f, INFINITY);
-    return (uint64_t)float_bits(f) << 32;
-}
-
 /* ---- the plan: forced answers, then the filters as one key cut-off ---- */
 
 static draw_plan plan_draw(muse_sampler *s, const float *logits, const muse_sampling *p)
@@ -437,7 +355,7 @@ static draw_plan plan_draw(muse_sampler *s, const float *logits, const muse_samp
         kept = c.weight_before + key_weight(c.key);
     }
     if (p->top_p < 1) { /* NaN compares false: off */
-        uint64_t need = p->top_p > 0 ? ceil_float_times(p->top_p, kept) : 1;
+        uint64_t need = p->top_p > 0 ? muse_sx_ceil_float_times(p->top_p, kept) : 1;
         if (need == 0) need = 1;
         if (need < kept) {
             crossing c = find_crossing(s, need - 1, 0);
@@ -448,7 +366,7 @@ static draw_plan plan_draw(muse_sampler *s, const float *logits, const muse_samp
         }
     }
     if (p->min_p > 0) {
-        uint64_t min_cut = min_p_cut(p->min_p, s->weight_bits);
+        uint64_t min_cut = muse_sx_min_p_cut(p->min_p, s->weight_bits);
         if (min_cut > cut) {
             cut = min_cut;
             kept = weight_from(s, cut);
@@ -464,10 +382,10 @@ int64_t muse_sample(muse_sampler *s, const float *logits, const muse_sampling *p
     draw_plan plan = plan_draw(s, logits, p);
     if (plan.forced >= 0) return plan.forced;
     uint64_t u53 = muse_rand_bits(p->seed, (uint64_t)position, 0) >> 11;
-    uint64_t target = mul_shift(u53, plan.kept_weight, 53, 0);
+    uint64_t target = muse_sx_mul_shift(u53, plan.kept_weight, 53, 0);
     crossing c = find_crossing(s, target, 0);
     MUSE_CHECK(c.key >= plan.cut_key);
-    return key_id(c.key);
+    return muse_sx_key_id(c.key);
 }
 
 static int compare_keys_descending(const void *a, const void *b)
@@ -489,13 +407,13 @@ int64_t muse_sample_candidates(muse_sampler *s, const float *logits, const muse_
     }
     int64_t kept = 0;
     for (int64_t i = 0; i < s->vocab_size; i++) {
-        uint32_t bits = float_bits(s->weights[i]);
-        uint64_t key = make_key(bits, i);
+        uint32_t bits = muse_sx_float_bits(s->weights[i]);
+        uint64_t key = muse_sx_key(bits, i);
         if (bits != 0 && key >= plan.cut_key) s->slice[kept++] = key;
     }
     qsort(s->slice, (size_t)kept, sizeof *s->slice, compare_keys_descending);
     for (int64_t i = 0; i < kept && i < max_out; i++) {
-        ids[i] = key_id(s->slice[i]);
+        ids[i] = muse_sx_key_id(s->slice[i]);
         probs[i] = (double)key_weight(s->slice[i]) / (double)plan.kept_weight;
     }
     return kept;

@@ -23,6 +23,7 @@
 #include "kernels/all_reduce.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/embed.cuh"
+#include "kernels/fault.cuh"
 #include "kernels/head.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/moe.cuh"
@@ -419,6 +420,7 @@ static void describe(void *ctx, const muse_linear *whole)
     }
     const muse_exl3_weight *w = &l->exl3;
     d->kind = MUSE_K_EXL3;
+    d->path = muse_k_exl3_path_env(); /* MUSE_EXL3_PATH, read at start: checks force a path */
     d->bits = w->bits;
     d->k = w->k;
     d->n = w->n;
@@ -683,9 +685,10 @@ static int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
     memset(out, 0, sizeof *out);
     int64_t t0 = muse_now_ns();
     if (c->capturing) replay(c);
-    if (be->fault_pending) /* test hooks force the device-failure path */
-        return muse_fail(e, "device error on rank 0 (cuda): injected by a test hook; the "
-                            "context cannot be used again");
+    if (be->fault_pending) { /* test hooks: a real illegal address, caught by the syncs below */
+        be->fault_pending = 0;
+        CHECK(c, muse_k_fault_illegal_address(on(c, 0)->st));
+    }
     for (int r = 0; r < c->n_ranks; r++) CHECK(c, cudaStreamSynchronize(on(c, r)->st));
     on(c, 0);
     long V = (long)be->model->cfg.vocab_size;
