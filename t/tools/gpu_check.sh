@@ -67,7 +67,12 @@ for bits in 2 3 4; do
 done
 
 want ops && MUSE_OPS_BACKEND=$B step ops 120 prove -v t/ops/ops.t
-want logits && [ "$B" = cuda ] && step logits 60 prove -v t/ops/cuda_logits.t
+if want logits && [ "$B" = cuda ]; then
+    step logits 60 prove -v t/ops/cuda_logits.t
+    # the whole model on each EXL3 path alone (auto picks tiles from 32 rows, never for the MoE)
+    MUSE_EXL3_PATH=tiles step logits-tiles 60 prove -v t/ops/cuda_logits.t
+    MUSE_EXL3_PATH=small step logits-small 60 prove -v t/ops/cuda_logits.t
+fi
 
 if want compare; then
     for p in "$packs"/* conf/packs/demo-en; do
