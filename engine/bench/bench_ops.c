@@ -16,14 +16,7 @@
 
 int bench_weights_load(const bench_weights *w, muse_model *m, muse_err *e)
 {
-    if (w->synthetic >= 0 && w->dir)
-        return muse_fail(e, "--model and --synthetic-weights name the weights twice: give one");
-    if (w->synthetic >= 0 && !w->config)
-        return muse_fail(e, "--synthetic-weights SEED needs --config FILE (the shape to fill)");
-    if (w->synthetic < 0 && (w->config || w->bits || w->codebook))
-        return muse_fail(e, "--config, --bits and --codebook go with --synthetic-weights SEED");
-    if (!w->dir && w->synthetic < 0)
-        return muse_fail(e, "--model DIR (or --synthetic-weights SEED --config FILE) is required");
+    if (muse_model_flags_check(w->dir, w->synthetic, w->config, w->bits, w->codebook, e)) return -1;
     if (w->dir) return muse_model_load(w->dir, m, e);
     muse_synthetic syn = {w->config, (uint64_t)w->synthetic, (int)w->bits, w->codebook};
     return muse_model_synthetic(&syn, m, e);

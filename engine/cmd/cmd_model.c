@@ -103,14 +103,9 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
     const muse_flags set = {.prog = prog, .about = about, .flags = table, .n = n};
     int rc = muse_flags_parse(&set, argc, argv);
     if (rc != MUSE_FLAGS_RUN || !(cmds & RUN)) return rc;
-    if (f->synthetic >= 0 && f->model)
-        return bad(cmd, "--model and --synthetic-weights name the weights twice: give one");
-    if (f->synthetic >= 0 && !f->config)
-        return bad(cmd, "--synthetic-weights SEED needs --config FILE (the shape to fill)");
-    if (f->synthetic < 0 && (f->config || f->bits || f->codebook))
-        return bad(cmd, "--config, --bits and --codebook go with --synthetic-weights SEED");
-    if (!f->model && f->synthetic < 0)
-        return bad(cmd, "--model DIR (or --synthetic-weights SEED --config FILE) is required");
+    muse_err we = {{0}};
+    if (muse_model_flags_check(f->model, f->synthetic, f->config, f->bits, f->codebook, &we))
+        return bad(cmd, we.msg);
     muse_err e = {{0}};
     muse_backend_opts o = {0};
     const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};

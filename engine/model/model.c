@@ -277,6 +277,20 @@ int muse_model_load(const char *dir, muse_model *m, muse_err *e)
     return load_tensors(m, e);
 }
 
+int muse_model_flags_check(const char *dir, long long synthetic, const char *config, long long bits,
+                           const char *codebook, muse_err *e)
+{
+    if (synthetic >= 0 && dir)
+        return muse_fail(e, "--model and --synthetic-weights name the weights twice: give one");
+    if (synthetic >= 0 && !config)
+        return muse_fail(e, "--synthetic-weights SEED needs --config FILE (the shape to fill)");
+    if (synthetic < 0 && (config || bits || codebook))
+        return muse_fail(e, "--config, --bits and --codebook go with --synthetic-weights SEED");
+    if (!dir && synthetic < 0)
+        return muse_fail(e, "--model DIR (or --synthetic-weights SEED --config FILE) is required");
+    return 0;
+}
+
 int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e)
 {
     memset(m, 0, sizeof *m);

@@ -89,6 +89,10 @@ typedef struct {
     const char *codebook; /* "mul1" (default), "mcg", "3inst" */
 } muse_synthetic;
 int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e);
+/* The weight flags of a command: --model DIR, or --synthetic-weights SEED (< 0: none) with
+ * --config and optional --bits and --codebook; -1 naming what is missing or given twice. */
+int muse_model_flags_check(const char *dir, long long synthetic, const char *config, long long bits,
+                           const char *codebook, muse_err *e);
 void muse_model_free(muse_model *m);
 
 /* Reads one embedding row as fp32. */
