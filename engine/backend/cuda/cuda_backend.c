@@ -892,9 +892,11 @@ static void reduce(cuda_backend *c, float *const parts[], long n)
         ncclResult_t end = c->nccl->GroupEnd();
         if (nr == ncclSuccess) nr = end;
         if (nr != ncclSuccess) {
-            if (!c->failed)
+            if (!c->failed) { /* the rank whose call failed, as cuda_ok keeps it */
                 snprintf(c->err, sizeof c->err, "%s:%d: ncclAllGather: %s", __FILE__, __LINE__,
                          c->nccl->GetErrorString(nr));
+                c->failed_rank = c->at;
+            }
             c->failed = 1;
             return;
         }
