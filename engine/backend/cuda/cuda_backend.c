@@ -118,6 +118,7 @@ typedef struct {
     int multi_dev;         /* ranks on more than one GPU: cudaSetDevice before each rank's work */
     int peers;             /* every pair of distinct GPUs reads the other's memory (peer access) */
     const muse_nccl *nccl; /* loaded where ranks sit on distinct GPUs (NULL: peer reads only) */
+    int nccl_always;       /* MUSE_CUDA_REDUCE=nccl: every sum through NCCL, not only large ones */
     size_t red_floats;
     int failed, failed_rank, at; /* at: the rank being driven, for the error's text */
     char err[400];
@@ -883,7 +884,7 @@ static void reduce(cuda_backend *c, float *const parts[], long n)
     if (c->n_ranks == 1 || n <= 0 || c->failed) return; /* one rank holds the whole sum */
     MUSE_CHECK((size_t)n <= c->red_floats);
     size_t bytes = (size_t)n * sizeof(float);
-    if (c->nccl && (!c->peers || bytes >= NCCL_MIN_BYTES)) {
+    if (c->nccl && (c->nccl_always || !c->peers || bytes >= NCCL_MIN_BYTES)) {
         ncclResult_t nr = c->nccl->GroupStart();
         for (int r = 0; r < c->n_ranks && nr == ncclSuccess; r++) {
             cuda_rank *rk = on(c, r);
@@ -1368,8 +1369,8 @@ static void enable_peers(cuda_backend *c)
 }
 
 /* Where ranks sit on distinct GPUs: NCCL, loaded and its communicators made, when the GPUs lack
- * peer access or MUSE_CUDA_REDUCE=nccl asks (a clear error without libnccl), and tried quietly
- * for large messages otherwise (MUSE_CUDA_REDUCE=kernel: never). */
+ * peer access or MUSE_CUDA_REDUCE=nccl asks (a clear error without libnccl; then every sum goes
+ * through it), and tried quietly for large messages otherwise (MUSE_CUDA_REDUCE=kernel: never). */
 static int setup_nccl(cuda_backend *c, muse_err *e)
 {
     int distinct = 1;
@@ -1398,6 +1399,7 @@ static int setup_nccl(cuda_backend *c, muse_err *e)
                                   lib->GetErrorString(nr))
                       : 0;
     c->nccl = lib;
+    c->nccl_always = want; /* docs/engine.md: =nccl forces NCCL, so a check covers that path */
     for (int r = 0; r < c->n_ranks; r++) c->rank[r].comm = comms[r];
     return 0;
 }
