@@ -1324,8 +1324,11 @@ int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char
                             size_t desc_len, muse_err *e)
 {
     muse_backend_opts o = {.ranks = ranks};
+    /* the count first: the copy into o.devices (MUSE_MAX_RANKS entries) must not overrun */
+    if (ranks < 1 || ranks > MUSE_MAX_RANKS)
+        return muse_fail(e, "--ranks %d: must be 1 .. %d in one process", ranks, MUSE_MAX_RANKS);
     memcpy(o.devices, devices, (size_t)ranks * sizeof *devices);
-    if (ranks < 1 || ranks > MUSE_MAX_RANKS || devices_check(&o, ranks, e)) return -1;
+    if (devices_check(&o, ranks, e)) return -1;
     *bytes = 0;
     for (int r = 0; r < ranks; r++) {
         struct cudaDeviceProp p;
