@@ -519,8 +519,13 @@ static void cuda_write(muse_backend *be, muse_act a, const float *src, long rows
     MUSE_CHECK(rows >= 0 && rows <= be->opts.max_rows);
     size_t bytes = (size_t)rows * (size_t)c->act_width[a] * sizeof(float);
     for (int r = 0; r < c->n_ranks && !c->failed; r++) {
-        on(c, r);
-        CHECK(c, cudaMemcpy(act_r(c, a, r), src, bytes, cudaMemcpyHostToDevice));
+        cuda_rank *rk = on(c, r);
+        /* on the rank's own stream, then waited for: a plain cudaMemcpy runs on the legacy
+         * stream, which the non-blocking rank streams do not wait for, and from pageable memory
+         * it may return before the last bytes land, so the next round's kernels could read
+         * them early */
+        if (!CHECK(c, cudaMemcpyAsync(act_r(c, a, r), src, bytes, cudaMemcpyHostToDevice, rk->st)))
+            CHECK(c, cudaStreamSynchronize(rk->st));
         c->act_cols[a][r] = c->act_width[a];
     }
 }
