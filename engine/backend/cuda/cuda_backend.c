@@ -499,11 +499,13 @@ static muse_act cuda_alloc(muse_backend *be, long width)
     memset(c->acts[c->n_acts], 0, sizeof c->acts[c->n_acts]);
     c->act_width[c->n_acts] = width;
     for (int r = 0; r < c->n_ranks; r++) {
-        on(c, r);
+        cuda_rank *rk = on(c, r);
         float *p = dalloc(c, bytes, &be->ranks[r].workspace);
         c->acts[c->n_acts][r] = p;
         c->act_cols[c->n_acts][r] = width;
-        if (p) CHECK(c, cudaMemset(p, 0, bytes));
+        /* on the rank's stream: a cudaMemset runs on the legacy stream, which the non-blocking
+         * rank streams do not wait for, so it could land after the first round's writes */
+        if (p) CHECK(c, cudaMemsetAsync(p, 0, bytes, rk->st));
     }
     if (c->failed) { /* kept, so destroy frees what this call got */
         c->n_acts++;
@@ -1238,9 +1240,9 @@ static int allocate_rank(cuda_backend *c, int r)
         uint64_t *acct = c->kv_cap[i] ? &mem->sliding : &mem->kv;
         rk->k_cache[i] = dalloc(c, bytes, acct);
         rk->v_cache[i] = dalloc(c, bytes, acct);
-        if (rk->v_cache[i]) {
-            CHECK(c, cudaMemset(rk->k_cache[i], 0, bytes));
-            CHECK(c, cudaMemset(rk->v_cache[i], 0, bytes));
+        if (rk->v_cache[i]) { /* on the rank's stream, before its first kv_write (cuda_alloc) */
+            CHECK(c, cudaMemsetAsync(rk->k_cache[i], 0, bytes, rk->st));
+            CHECK(c, cudaMemsetAsync(rk->v_cache[i], 0, bytes, rk->st));
         }
     }
     size_t snap = (size_t)o->snapshot_slots * be->snapshot_bytes;
