@@ -56,7 +56,8 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
     *bytes = 0;
     snprintf(desc, desc_len, "%s", name);
 #ifdef MUSE_HAVE_CUDA
-    if (!strcmp(name, "cuda")) return muse_cuda_device_memory(devices, ranks, bytes, desc, desc_len, e);
+    if (!strcmp(name, "cuda"))
+        return muse_cuda_device_memory(devices, ranks, bytes, desc, desc_len, e);
 #else
     (void)devices;
     (void)ranks;
