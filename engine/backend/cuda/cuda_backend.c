@@ -1343,8 +1343,8 @@ int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char
         if (rc != cudaSuccess)
             return muse_fail(e, "--backend cuda: device %d: %s; use --backend cpu", devices[r],
                              cudaGetErrorString(rc));
-        int sharing = 0;
-        for (int q = 0; q < ranks; q++) sharing += devices[q] == devices[r];
+        int sharing = 1; /* rank r itself, then the others on its GPU (never 0: cppcheck) */
+        for (int q = 0; q < ranks; q++) sharing += q != r && devices[q] == devices[r];
         uint64_t share = (uint64_t)p.totalGlobalMem / (uint64_t)sharing;
         if (*bytes && share >= *bytes) continue;
         *bytes = share;
