@@ -119,6 +119,7 @@ typedef struct {
     int multi_dev;         /* ranks on more than one GPU: cudaSetDevice before each rank's work */
     int peers;             /* every pair of distinct GPUs reads the other's memory (peer access) */
     const muse_nccl *nccl; /* loaded where ranks sit on distinct GPUs (NULL: peer reads only) */
+    int nccl_always;       /* MUSE_CUDA_REDUCE=nccl: every sum through NCCL, not only large ones */
     size_t red_floats;
     int failed, failed_rank, at; /* at: the rank being driven, for the error's text */
     char err[400];
@@ -500,11 +501,13 @@ static muse_act cuda_alloc(muse_backend *be, long width)
     memset(c->acts[c->n_acts], 0, sizeof c->acts[c->n_acts]);
     c->act_width[c->n_acts] = width;
     for (int r = 0; r < c->n_ranks; r++) {
-        on(c, r);
+        cuda_rank *rk = on(c, r);
         float *p = dalloc(c, bytes, &be->ranks[r].workspace);
         c->acts[c->n_acts][r] = p;
         c->act_cols[c->n_acts][r] = width;
-        if (p) CHECK(c, cudaMemset(p, 0, bytes));
+        /* on the rank's stream: a cudaMemset runs on the legacy stream, which the non-blocking
+         * rank streams do not wait for, so it could land after the first round's writes */
+        if (p) CHECK(c, cudaMemsetAsync(p, 0, bytes, rk->st));
     }
     if (c->failed) { /* kept, so destroy frees what this call got */
         c->n_acts++;
@@ -520,8 +523,13 @@ static void cuda_write(muse_backend *be, muse_act a, const float *src, long rows
     MUSE_CHECK(rows >= 0 && rows <= be->opts.max_rows);
     size_t bytes = (size_t)rows * (size_t)c->act_width[a] * sizeof(float);
     for (int r = 0; r < c->n_ranks && !c->failed; r++) {
-        on(c, r);
-        CHECK(c, cudaMemcpy(act_r(c, a, r), src, bytes, cudaMemcpyHostToDevice));
+        cuda_rank *rk = on(c, r);
+        /* on the rank's own stream, then waited for: a plain cudaMemcpy runs on the legacy
+         * stream, which the non-blocking rank streams do not wait for, and from pageable memory
+         * it may return before the last bytes land, so the next round's kernels could read
+         * them early */
+        if (!CHECK(c, cudaMemcpyAsync(act_r(c, a, r), src, bytes, cudaMemcpyHostToDevice, rk->st)))
+            CHECK(c, cudaStreamSynchronize(rk->st));
         c->act_cols[a][r] = c->act_width[a];
     }
 }
@@ -886,7 +894,7 @@ static void reduce(cuda_backend *c, float *const parts[], long n)
     if (c->n_ranks == 1 || n <= 0 || c->failed) return; /* one rank holds the whole sum */
     MUSE_CHECK((size_t)n <= c->red_floats);
     size_t bytes = (size_t)n * sizeof(float);
-    if (c->nccl && (!c->peers || bytes >= NCCL_MIN_BYTES)) {
+    if (c->nccl && (c->nccl_always || !c->peers || bytes >= NCCL_MIN_BYTES)) {
         ncclResult_t nr = c->nccl->GroupStart();
         for (int r = 0; r < c->n_ranks && nr == ncclSuccess; r++) {
             cuda_rank *rk = on(c, r);
@@ -895,9 +903,11 @@ static void reduce(cuda_backend *c, float *const parts[], long n)
         ncclResult_t end = c->nccl->GroupEnd();
         if (nr == ncclSuccess) nr = end;
         if (nr != ncclSuccess) {
-            if (!c->failed)
+            if (!c->failed) { /* the rank whose call failed, as cuda_ok keeps it */
                 snprintf(c->err, sizeof c->err, "%s:%d: ncclAllGather: %s", __FILE__, __LINE__,
                          c->nccl->GetErrorString(nr));
+                c->failed_rank = c->at;
+            }
             c->failed = 1;
             return;
         }
@@ -1233,9 +1243,9 @@ static int allocate_rank(cuda_backend *c, int r)
         uint64_t *acct = c->kv_cap[i] ? &mem->sliding : &mem->kv;
         rk->k_cache[i] = dalloc(c, bytes, acct);
         rk->v_cache[i] = dalloc(c, bytes, acct);
-        if (rk->v_cache[i]) {
-            CHECK(c, cudaMemset(rk->k_cache[i], 0, bytes));
-            CHECK(c, cudaMemset(rk->v_cache[i], 0, bytes));
+        if (rk->v_cache[i]) { /* on the rank's stream, before its first kv_write (cuda_alloc) */
+            CHECK(c, cudaMemsetAsync(rk->k_cache[i], 0, bytes, rk->st));
+            CHECK(c, cudaMemsetAsync(rk->v_cache[i], 0, bytes, rk->st));
         }
     }
     size_t snap = (size_t)o->snapshot_slots * be->snapshot_bytes;
@@ -1324,8 +1334,11 @@ int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char
                             size_t desc_len, muse_err *e)
 {
     muse_backend_opts o = {.ranks = ranks};
+    /* the count first: the copy into o.devices (MUSE_MAX_RANKS entries) must not overrun */
+    if (ranks < 1 || ranks > MUSE_MAX_RANKS)
+        return muse_fail(e, "--ranks %d: must be 1 .. %d in one process", ranks, MUSE_MAX_RANKS);
     memcpy(o.devices, devices, (size_t)ranks * sizeof *devices);
-    if (ranks < 1 || ranks > MUSE_MAX_RANKS || devices_check(&o, ranks, e)) return -1;
+    if (devices_check(&o, ranks, e)) return -1;
     *bytes = 0;
     for (int r = 0; r < ranks; r++) {
         struct cudaDeviceProp p;
@@ -1369,8 +1382,8 @@ static void enable_peers(cuda_backend *c)
 }
 
 /* Where ranks sit on distinct GPUs: NCCL, loaded and its communicators made, when the GPUs lack
- * peer access or MUSE_CUDA_REDUCE=nccl asks (a clear error without libnccl), and tried quietly
- * for large messages otherwise (MUSE_CUDA_REDUCE=kernel: never). */
+ * peer access or MUSE_CUDA_REDUCE=nccl asks (a clear error without libnccl; then every sum goes
+ * through it), and tried quietly for large messages otherwise (MUSE_CUDA_REDUCE=kernel: never). */
 static int setup_nccl(cuda_backend *c, muse_err *e)
 {
     int distinct = 1;
@@ -1399,6 +1412,7 @@ static int setup_nccl(cuda_backend *c, muse_err *e)
                                   lib->GetErrorString(nr))
                       : 0;
     c->nccl = lib;
+    c->nccl_always = want; /* docs/engine.md: =nccl forces NCCL, so a check covers that path */
     for (int r = 0; r < c->n_ranks; r++) c->rank[r].comm = comms[r];
     return 0;
 }
