@@ -60,7 +60,8 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
     *bytes = 0;
     snprintf(desc, desc_len, "%s", name);
 #ifdef MUSE_HAVE_CUDA
-    if (!strcmp(name, "cuda")) return muse_cuda_device_memory(devices, ranks, bytes, desc, desc_len, e);
+    if (!strcmp(name, "cuda"))
+        return muse_cuda_device_memory(devices, ranks, bytes, desc, desc_len, e);
 #else
     (void)devices;
     (void)ranks;
@@ -168,8 +169,10 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
     if (ranks > MUSE_MAX_RANKS)
         return muse_fail(e, "--ranks %d: at most %d ranks in one process", ranks, MUSE_MAX_RANKS);
     if (o->tp_world > 1 && (ranks != 1 || !o->comm || o->tp_rank < 0 || o->tp_rank >= o->tp_world))
-        return muse_fail(e, "backend: rank %d of a world of %d needs one rank a process and a "
-                            "communicator", o->tp_rank, o->tp_world);
+        return muse_fail(e,
+                         "backend: rank %d of a world of %d needs one rank a process and a "
+                         "communicator",
+                         o->tp_rank, o->tp_world);
     int world = o->tp_world > 1 ? o->tp_world : ranks; /* the shares are of the whole world */
     be->model = m;
     be->opts = *o;

@@ -170,8 +170,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                       "will carry the sums: not built yet)");
     bool follower = muse_tp_on(&f->tp) && f->tp.rank > 0;
     if (follower && f->listen)
-        return muse_flags_error(&set, "--listen goes with rank 0, which serves; rank %lld follows "
-                                      "it (leave out --listen)",
+        return muse_flags_error(&set,
+                                "--listen goes with rank 0, which serves; rank %lld follows "
+                                "it (leave out --listen)",
                                 f->tp.rank);
     if (!follower && !f->listen) return muse_flags_error(&set, "--listen SOCKET is required");
     if (muse_tp_on(&f->tp)) f->ranks = f->tp.world; /* the plan is of the world's ranks */

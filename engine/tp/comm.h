@@ -32,10 +32,10 @@ typedef struct {
 struct muse_comm {
     const muse_comm_ops *ops;
     int rank, world;
-    int timeout_ms;               /* a collective's wait on a peer */
-    uint8_t id[MUSE_TP_ID_BYTES]; /* what rank 0 published at the rendezvous */
+    int timeout_ms;                   /* a collective's wait on a peer */
+    uint8_t id[MUSE_TP_ID_BYTES];     /* what rank 0 published at the rendezvous */
     char peer[MUSE_TP_MAX_WORLD][96]; /* HOST:PORT of each rank, for the log lines */
-    uint8_t *rec;  /* rank 0: the round stream's record buffer (follow.c), grown once */
+    uint8_t *rec; /* rank 0: the round stream's record buffer (follow.c), grown once */
     size_t rec_cap;
     int failed;
     muse_err err; /* the first failure: "rank 1 (10.0.0.2:41234) stopped: ..." */

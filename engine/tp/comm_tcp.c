@@ -77,7 +77,8 @@ static int tcp_all_reduce(muse_comm *c, float *buf, size_t n)
     tcp_comm *t = (tcp_comm *)c;
     size_t bytes = n * sizeof *buf, len;
     if (c->rank) /* a follower: its part up, the sum back */
-        return send_msg(t, 0, OP_SUM, buf, bytes) || recv_head(t, 0, OP_SUM, bytes, 1, &len, c->timeout_ms) ||
+        return send_msg(t, 0, OP_SUM, buf, bytes) ||
+                       recv_head(t, 0, OP_SUM, bytes, 1, &len, c->timeout_ms) ||
                        recv_body(t, 0, buf, bytes)
                    ? -1
                    : 0;
@@ -120,7 +121,7 @@ static int tcp_broadcast(muse_comm *c, void *buf, size_t *len, size_t cap, int w
     tcp_comm *t = (tcp_comm *)c;
     if (c->rank)
         return recv_head(t, 0, OP_BCAST, cap, 0, len, wait_ms) || recv_body(t, 0, buf, *len) ? -1
-                                                                                              : 0;
+                                                                                             : 0;
     for (int k = 1; k < c->world; k++)
         if (send_msg(t, k, OP_BCAST, buf, *len)) return -1;
     return 0;

@@ -154,8 +154,9 @@ static int decode_round(const uint8_t *buf, size_t len, muse_backend *be, round_
     memcpy(&tables, buf + 24, 8);
     if (rows < 1 || rows > o->max_rows || wanted < 0 || wanted > rows || tables < 1 ||
         tables > rows || len != round_bytes((long)rows, (long)wanted, (long)tables, bps))
-        return muse_fail(e, "a round record of %zu bytes does not hold %lld rows (at most %ld), "
-                            "%lld wanted and %lld tables",
+        return muse_fail(e,
+                         "a round record of %zu bytes does not hold %lld rows (at most %ld), "
+                         "%lld wanted and %lld tables",
                          len, (long long)rows, o->max_rows, (long long)wanted, (long long)tables);
     const uint8_t *at = buf + ROUND_HEAD;
     take(&at, a->tokens, (size_t)rows * 4);
@@ -166,8 +167,9 @@ static int decode_round(const uint8_t *buf, size_t len, muse_backend *be, round_
     take(&at, a->draw_pos, (size_t)wanted * 8);
     long counted = 0;
     for (long i = 0; i < rows; i++) counted += a->want[i] != 0;
-    if (counted != wanted) return muse_fail(e, "a round record wants %lld rows but marks %ld",
-                                            (long long)wanted, counted);
+    if (counted != wanted)
+        return muse_fail(e, "a round record wants %lld rows but marks %ld", (long long)wanted,
+                         counted);
     for (int64_t t = 0; t < tables; t++) {
         int32_t seq;
         take(&at, &seq, 4);
@@ -178,8 +180,9 @@ static int decode_round(const uint8_t *buf, size_t len, muse_backend *be, round_
         take(&at, table, (size_t)bps * 4);
         for (int64_t b = 0; b < bps; b++)
             if (table[b] < -1 || table[b] >= be->kv.n_blocks)
-                return muse_fail(e, "a round record gives slot %d block %d, outside the pool's "
-                                    "0 .. %d",
+                return muse_fail(e,
+                                 "a round record gives slot %d block %d, outside the pool's "
+                                 "0 .. %d",
                                  seq, table[b], be->kv.n_blocks - 1);
     }
     *r = (muse_round){.rows = (long)rows,
@@ -204,8 +207,9 @@ static int replay_snapshot(const uint8_t *buf, size_t len, muse_backend *be, mus
     memcpy(&end_pos, buf + 16, 8);
     if (seq < 0 || seq >= be->opts.max_seqs || slot < 0 || slot >= be->opts.snapshot_slots ||
         end_pos < 0 || end_pos > be->opts.context)
-        return muse_fail(e, "a snapshot record names slot %d, seq %d, end %lld: outside the "
-                            "backend's sizes",
+        return muse_fail(e,
+                         "a snapshot record names slot %d, seq %d, end %lld: outside the "
+                         "backend's sizes",
                          slot, seq, (long long)end_pos);
     (save ? be->ops->snapshot_save : be->ops->snapshot_load)(be, seq, end_pos, slot);
     return 0;
@@ -219,7 +223,7 @@ int muse_tp_follow(muse_comm *c, muse_forward *f, muse_err *e)
     uint8_t *buf = MUSE_MALLOC(cap);
     round_arrays a = {MUSE_MALLOC((size_t)R * 4), MUSE_MALLOC((size_t)R * 4),
                       MUSE_MALLOC((size_t)R * 8), MUSE_MALLOC((size_t)R * 8),
-                      MUSE_MALLOC((size_t)R), MUSE_MALLOC((size_t)R * sizeof(muse_sampling))};
+                      MUSE_MALLOC((size_t)R),     MUSE_MALLOC((size_t)R * sizeof(muse_sampling))};
     int rc = -1;
     for (;;) {
         size_t len = 0;

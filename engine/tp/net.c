@@ -135,8 +135,10 @@ static int set_nonblock(int fd)
 
 int muse_net_listen(const char *host, const char *port, muse_err *e)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE},
+                    *res = NULL;
     int rc = getaddrinfo(host, port, &hints, &res);
     if (rc) return muse_fail(e, "%s:%s: %s", host, port, gai_strerror(rc));
     int fd = -1, err = 0;
@@ -202,7 +204,8 @@ int muse_net_accept(int lfd, int64_t deadline_ms, char *peer, size_t peer_len, m
             return fd;
         }
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return muse_fail(e, "accept: %s", strerror(errno));
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return muse_fail(e, "accept: %s", strerror(errno));
         int w = wait_fd(lfd, POLLIN, deadline_ms);
         if (w < 0) return muse_fail(e, "poll: %s", strerror(errno));
         if (w == 0) return timed_out(e, deadline_ms);

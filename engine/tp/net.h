@@ -17,8 +17,8 @@ int muse_net_write(int fd, const void *buf, size_t len, int64_t deadline_ms, mus
 int muse_net_read(int fd, void *buf, size_t len, int64_t deadline_ms, muse_err *e);
 
 /* HOST:PORT (HOST a name, an IPv4 address or [IPv6]) into host and port; errors name flag. */
-int muse_net_split(const char *flag, const char *hostport, char *host, size_t host_len,
-                   char *port, size_t port_len, muse_err *e);
+int muse_net_split(const char *flag, const char *hostport, char *host, size_t host_len, char *port,
+                   size_t port_len, muse_err *e);
 
 /* A listening socket on host:port (SO_REUSEADDR), or -1 with the reason. */
 int muse_net_listen(const char *host, const char *port, muse_err *e);

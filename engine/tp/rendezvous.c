@@ -11,11 +11,11 @@
 #include "base/sha256.h"
 #include "tp/net.h"
 
-#define MAGIC      "muse-tp\n"
-#define VERSION    1
-#define HELLO_LEN  104
-#define REPLY_LEN  (24 + 48 + 32 + MUSE_TP_ID_BYTES)
-#define N_AGREE    6
+#define MAGIC           "muse-tp\n"
+#define VERSION         1
+#define HELLO_LEN       104
+#define REPLY_LEN       (24 + 48 + 32 + MUSE_TP_ID_BYTES)
+#define N_AGREE         6
 #define BYTE_ORDER_MARK 0x01020304u /* sent as the host holds it: floats cross as they are */
 
 enum { ST_OK, ST_VERSION, ST_ORDER, ST_WORLD, ST_RANK, ST_DUPLICATE, ST_AGREE };
@@ -27,9 +27,12 @@ typedef struct {
 } agree;
 
 static const char *const agree_names[N_AGREE] = {
-    "max rows a round (--max-rows, --chunk)", "KV slots (--streams)",
-    "context (--context; generate: prompt + --max-tokens)", "KV blocks (--kv-blocks)",
-    "prompt-cache snapshot slots (--prompt-cache-gib)", "exact rows"};
+    "max rows a round (--max-rows, --chunk)",
+    "KV slots (--streams)",
+    "context (--context; generate: prompt + --max-tokens)",
+    "KV blocks (--kv-blocks)",
+    "prompt-cache snapshot slots (--prompt-cache-gib)",
+    "exact rows"};
 
 int muse_tp_check_flags(const muse_tp_flags *f, long long ranks, muse_err *e)
 {
@@ -38,15 +41,19 @@ int muse_tp_check_flags(const muse_tp_flags *f, long long ranks, muse_err *e)
         return muse_fail(e, "--tp-timeout-ms goes with --tp-world, --tp-rank and --tp-master");
     if (!given) return 0;
     if (given < 3)
-        return muse_fail(e, "%s: --tp-world W, --tp-rank R and --tp-master HOST:PORT go together; "
-                            "give all three",
-                         f->world <= 0 ? "--tp-world" : f->rank < 0 ? "--tp-rank" : "--tp-master");
+        return muse_fail(e,
+                         "%s: --tp-world W, --tp-rank R and --tp-master HOST:PORT go together; "
+                         "give all three",
+                         f->world <= 0 ? "--tp-world"
+                         : f->rank < 0 ? "--tp-rank"
+                                       : "--tp-master");
     if (f->rank >= f->world)
         return muse_fail(e, "--tp-rank %lld: outside 0 .. %lld (--tp-world %lld)", f->rank,
                          f->world - 1, f->world);
     if (ranks > 1)
-        return muse_fail(e, "--ranks %lld with --tp-world %lld: a process of a world holds one "
-                            "rank; give one of them",
+        return muse_fail(e,
+                         "--ranks %lld with --tp-world %lld: a process of a world holds one "
+                         "rank; give one of them",
                          ranks, f->world);
     char host[256], port[16];
     return muse_net_split("--tp-master", f->master, host, sizeof host, port, sizeof port, e);
@@ -75,8 +82,8 @@ static void model_digest(const muse_model *m, uint8_t out[32])
 
 static void agree_make(const muse_model *m, const muse_backend_opts *o, agree *a)
 {
-    int64_t v[N_AGREE] = {o->max_rows, o->max_seqs, o->context, o->kv_blocks, o->snapshot_slots,
-                          o->exact_rows};
+    int64_t v[N_AGREE] = {o->max_rows,  o->max_seqs,       o->context,
+                          o->kv_blocks, o->snapshot_slots, o->exact_rows};
     memcpy(a->v, v, sizeof v);
     model_digest(m, a->model);
 }
@@ -146,10 +153,12 @@ static int check_hello(const uint8_t *h, int world, const agree *mine, int *fds,
     uint32_t version = muse_get32(h + 8), w = muse_get32(h + 16), r = muse_get32(h + 20);
     *rank = -1;
     if (version != VERSION)
-        return snprintf(why, len, "protocol version %u, rank 0 speaks %d (use one build of "
-                                  "muse-engine everywhere)", version, VERSION), ST_VERSION;
-    if (bom != BYTE_ORDER_MARK)
-        return snprintf(why, len, "a host of another byte order"), ST_ORDER;
+        return snprintf(why, len,
+                        "protocol version %u, rank 0 speaks %d (use one build of "
+                        "muse-engine everywhere)",
+                        version, VERSION),
+               ST_VERSION;
+    if (bom != BYTE_ORDER_MARK) return snprintf(why, len, "a host of another byte order"), ST_ORDER;
     if ((int)w != world)
         return snprintf(why, len, "--tp-world %u, rank 0 has --tp-world %d", w, world), ST_WORLD;
     if (r < 1 || (int)r >= world)
@@ -200,8 +209,9 @@ static muse_comm *lead(const muse_tp_flags *f, const char *host, const char *por
         int64_t hd = muse_net_now_ms() + 5000; /* a stranger may not hold the door */
         if (muse_net_read(fd, h, sizeof h, hd < deadline ? hd : deadline, &ae) ||
             memcmp(h, MAGIC, 8)) {
-            fprintf(stderr, "muse-engine: --tp-master %s: ignored a connection from %s: not a "
-                            "muse rank (%s)\n",
+            fprintf(stderr,
+                    "muse-engine: --tp-master %s: ignored a connection from %s: not a "
+                    "muse rank (%s)\n",
                     f->master, peer, ae.msg[0] ? ae.msg : "no muse hello");
             close(fd);
             continue;
@@ -214,8 +224,8 @@ static muse_comm *lead(const muse_tp_flags *f, const char *host, const char *por
             put_reply(rep, st, world, a, id);
             muse_net_write(fd, rep, sizeof rep, muse_net_now_ms() + 1000, &ae);
             close(fd);
-            muse_fail(e, "--tp-master %s: the process at %s does not fit this world: %s",
-                      f->master, peer, why);
+            muse_fail(e, "--tp-master %s: the process at %s does not fit this world: %s", f->master,
+                      peer, why);
             break;
         }
         fds[r] = fd;
@@ -246,12 +256,13 @@ static void shown(const uint8_t *p, size_t n, char *out, size_t len)
 {
     size_t j = 0;
     for (size_t i = 0; i < n && j + 5 < len; i++)
-        j += (size_t)snprintf(out + j, len - j, p[i] >= 32 && p[i] < 127 && p[i] != '"' ? "%c" : "\\x%02x", p[i]);
+        j += (size_t)snprintf(out + j, len - j,
+                              p[i] >= 32 && p[i] < 127 && p[i] != '"' ? "%c" : "\\x%02x", p[i]);
     out[j] = 0;
 }
 
-static muse_comm *follow(const muse_tp_flags *f, const char *host, const char *port,
-                         const agree *a, muse_err *e)
+static muse_comm *follow(const muse_tp_flags *f, const char *host, const char *port, const agree *a,
+                         muse_err *e)
 {
     int world = (int)f->world, rank = (int)f->rank, timeout = (int)f->timeout_ms;
     int64_t deadline = muse_net_now_ms() + timeout;
@@ -299,14 +310,16 @@ static muse_comm *follow(const muse_tp_flags *f, const char *host, const char *p
     else if (st == ST_DUPLICATE)
         snprintf(why, sizeof why, "--tp-rank %d, which another process already has", rank);
     else if (st == ST_VERSION)
-        snprintf(why, sizeof why, "rank 0 speaks another protocol version (use one build of "
-                                  "muse-engine everywhere)");
+        snprintf(why, sizeof why,
+                 "rank 0 speaks another protocol version (use one build of "
+                 "muse-engine everywhere)");
     else if (st != ST_OK)
         snprintf(why, sizeof why, "rank 0 refused it (status %u)", st);
     if (why[0]) {
         close(fd);
-        return muse_fail(e, "--tp-master %s: this process (rank %d) does not fit rank 0's "
-                            "world: %s",
+        return muse_fail(e,
+                         "--tp-master %s: this process (rank %d) does not fit rank 0's "
+                         "world: %s",
                          f->master, rank, why),
                NULL;
     }

@@ -45,7 +45,7 @@ static inline int muse_tp_on(const muse_tp_flags *f)
  * exact rows): rank 0 waits for every other rank, the others connect to it with retries, all
  * within the timeout. Sets o->tp_rank, tp_world and comm. -1 with an error naming the flag,
  * the ranks and both values of anything that differs. */
-int muse_tp_join(const muse_tp_flags *f, const muse_model *m, muse_backend_opts *o,
-                 muse_comm **out, muse_err *e);
+int muse_tp_join(const muse_tp_flags *f, const muse_model *m, muse_backend_opts *o, muse_comm **out,
+                 muse_err *e);
 
 #endif

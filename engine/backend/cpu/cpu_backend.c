@@ -38,10 +38,10 @@ typedef struct {
     int n_acts;
     int n_ranks;
     cpu_rank rank[MUSE_MAX_RANKS];
-    muse_comm *comm;    /* a world of processes: the link to the other ranks; NULL: none */
-    int world;          /* ranks of the world: n_ranks, or the processes' --tp-world */
-    int first_rank;     /* the world's rank of this process's rank 0 */
-    float *head_parts;  /* rank 0 of a world: every rank's logits slice, [max_rows, head n] */
+    muse_comm *comm;   /* a world of processes: the link to the other ranks; NULL: none */
+    int world;         /* ranks of the world: n_ranks, or the processes' --tp-world */
+    int first_rank;    /* the world's rank of this process's rank 0 */
+    float *head_parts; /* rank 0 of a world: every rank's logits slice, [max_rows, head n] */
     /* staging, fixed at start: the round's batch padded to its bucket (rows), the wanted rows
      * padded the same way (wanted), the block tables of the round's sequences, sampling */
     long rows, real_rows, wanted, real_wanted;
@@ -630,8 +630,8 @@ static void head_world(cpu_backend *c, long n, float *logits)
     const muse_model *m = c->base.model;
     long V = (long)m->cfg.vocab_size;
     double mult = m->cfg.output_multiplier, cap = m->cfg.final_logit_softcapping;
-    size_t bytes[MUSE_MAX_RANKS];
-    long lo[MUSE_MAX_RANKS], w[MUSE_MAX_RANKS];
+    size_t bytes[MUSE_MAX_RANKS] = {0};
+    long lo[MUSE_MAX_RANKS] = {0}, w[MUSE_MAX_RANKS] = {0};
     for (int k = 0; k < c->world; k++) {
         int64_t a, b;
         muse_shard_range(m, &m->head, k, c->world, &a, &b);
@@ -685,7 +685,7 @@ static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
             }
         return;
     }
-    long lo[MUSE_MAX_RANKS], w[MUSE_MAX_RANKS];
+    long lo[MUSE_MAX_RANKS] = {0}, w[MUSE_MAX_RANKS] = {0};
     for (int k = 0; k < c->n_ranks; k++) {
         const muse_linear *v = view(c, &m->head, k);
         int64_t a, b;
