@@ -281,6 +281,7 @@ typedef struct {
     const serve_flags *f;
     const muse_model *model;
     const muse_memory_plan *plan;
+    const muse_comm *comm; /* --tp-world: the links to the other ranks, watched */
     double started;
     /* 0 starting, 1 ok, 2 down. The pointers above are set before state becomes 1 (release)
      * and read only after it is seen (acquire). */
@@ -326,6 +327,16 @@ static void *health_main(void *p)
 {
     health_ctx *h = p;
     while (!atomic_load(&h->quit)) {
+        muse_err e = {{0}};
+        /* a rank lost while no round runs: the same end as a round that meets it */
+        if (atomic_load(&h->state) == 1 && h->comm && muse_comm_watch(h->comm, &e)) {
+            fprintf(stderr,
+                    "muse-engine serve: %s; marking the segment FATAL and exiting (nothing is "
+                    "served from a half world)\n",
+                    e.msg);
+            muse_server_set_state(h->srv, MUSE_ENGINE_FATAL);
+            _exit(MUSE_EXIT_DEVICE_FATAL);
+        }
         publish_health(h);
         struct timespec ts = {0, 250000000L};
         nanosleep(&ts, NULL);
@@ -526,6 +537,7 @@ int muse_cmd_serve(int argc, char **argv)
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
     h.plan = &plan;
+    h.comm = comm;
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);

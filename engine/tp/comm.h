@@ -26,6 +26,9 @@ typedef struct {
     /* Rank 0 sends *len bytes of buf; the others receive at most cap into buf, *len set.
      * wait_ms bounds the wait for the start (-1: none, a follower between rounds). */
     int (*broadcast)(muse_comm *c, void *buf, size_t *len, size_t cap, int wait_ms);
+    /* Between rounds, from another thread: 0 while every peer's link is up, else -1 naming the
+     * first lost in e. Reads nothing and changes no state, so it may run beside a collective. */
+    int (*watch)(const muse_comm *c, muse_err *e);
     void (*destroy)(muse_comm *c);
 } muse_comm_ops;
 
@@ -59,6 +62,10 @@ static inline int muse_comm_error(const muse_comm *c, muse_err *e)
     if (!c->failed) return 0;
     if (e) *e = c->err;
     return -1;
+}
+static inline int muse_comm_watch(const muse_comm *c, muse_err *e)
+{
+    return c->ops->watch(c, e);
 }
 void muse_comm_destroy(muse_comm *c);
 

@@ -3,6 +3,7 @@
  * the float additions are those of one process holding every rank. Every message carries a
  * header (magic, operation, length) checked against what the receiver expects: ranks out of
  * step are an error, never a misread. Simplicity and exactness over speed. */
+#include <poll.h>
 #include <unistd.h>
 
 #include "tp/comm.h"
@@ -127,6 +128,25 @@ static int tcp_broadcast(muse_comm *c, void *buf, size_t *len, size_t cap, int w
     return 0;
 }
 
+/* A peer that exited or closed its end shows as a hang-up on the link, data or not. */
+static int tcp_watch(const muse_comm *c, muse_err *e)
+{
+    const tcp_comm *t = (const tcp_comm *)c;
+    struct pollfd p[MUSE_TP_MAX_WORLD];
+    int n = 0, rank_of[MUSE_TP_MAX_WORLD];
+    for (int k = 0; k < c->world; k++)
+        if (t->fd[k] >= 0) {
+            p[n] = (struct pollfd){.fd = t->fd[k], .events = POLLRDHUP};
+            rank_of[n++] = k;
+        }
+    if (poll(p, (nfds_t)n, 0) <= 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (p[i].revents & (POLLRDHUP | POLLHUP | POLLERR))
+            return muse_fail(e, "rank %d (%s) stopped: closed the connection", rank_of[i],
+                             c->peer[rank_of[i]]);
+    return 0;
+}
+
 static void tcp_destroy(muse_comm *c)
 {
     tcp_comm *t = (tcp_comm *)c;
@@ -141,6 +161,7 @@ static const muse_comm_ops tcp_ops = {
     .all_reduce_f32 = tcp_all_reduce,
     .gather = tcp_gather,
     .broadcast = tcp_broadcast,
+    .watch = tcp_watch,
     .destroy = tcp_destroy,
 };
 

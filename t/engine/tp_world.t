@@ -10,6 +10,7 @@ rank 0 within seconds with a line naming rank 1; rank 0 killed stops the followe
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -82,6 +83,7 @@ def main():
                     diag(f"want {want!r} got {got!r}; rank 0: {e0.strip()} rank 1: {e1.strip()}")
         refusals(tmp, packs["fp16"], packs["exl3-4"])
         failures(packs["fp16"])
+        bad_streams(packs["fp16"])
     return tap.done()
 
 
@@ -198,6 +200,64 @@ def failures(pack):
         ok(good, f"rank {victim} killed mid-run: rank {1 - victim} exits {other.returncode} within {took:.1f} s, "
            f"naming rank {victim}")
         diag(err.strip()[-300:])
+
+
+def fake_rank0(records):
+    """A listener that passes the rendezvous (it echoes the follower's own values back) and then
+    sends records: what a broken or hostile rank 0 could send. Returns (port, thread)."""
+    lsock = socket.socket()
+    lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+
+    def serve():
+        c, _ = lsock.accept()
+        hello = b""
+        while len(hello) < 104:
+            chunk = c.recv(104 - len(hello))
+            if not chunk:
+                return
+            hello += chunk
+        reply = b"muse-tp\n" + struct.pack("<III", 1, 0, 2) + b"\0" * 4 + hello[24:104] + os.urandom(128)
+        c.sendall(reply + records)
+        time.sleep(2)
+        c.close()
+        lsock.close()
+    th = threading.Thread(target=serve)
+    th.start()
+    return lsock.getsockname()[1], th
+
+
+def bad_streams(pack):
+    """A follower checks every header, length and index of rank 0's records: it exits with the
+    reason, never reads past a buffer (the sanitizer build where it exists)."""
+    asan = os.path.join(ROOT, BUILD, "t", "muse-engine-asan")
+    engine = asan if os.access(asan, os.X_OK) else ENGINE
+    head = lambda op, n: struct.pack("<IIQ", 0x4354504D, op, n)  # noqa: E731
+    rnd = lambda rows, wanted, tables: struct.pack("<iiqqq", 2, 0, rows, wanted, tables)  # noqa: E731
+    cases = [
+        ("a header of no muse magic", b"GARBAGE!" * 2, "out of step"),
+        ("a sum where a broadcast is due", head(1, 8) + b"\0" * 8, "out of step: sent a sum where a broadcast was due"),
+        ("a broadcast longer than any round", head(3, 1 << 40), "where at most"),
+        ("a round of 10^9 rows", head(3, 32) + rnd(10 ** 9, 0, 1), "does not hold 1000000000 rows"),
+        ("a record of no known kind", head(3, 8) + struct.pack("<ii", 77, 0), "no known kind (77)"),
+        ("a snapshot of a slot outside the pool", head(3, 24) + struct.pack("<iiiiq", 3, 1, 0, 99, 1),
+         "a snapshot record names slot 99"),
+        ("a round naming a KV slot outside the pool",
+         head(3, 32 + 17 + 24 + 8 + 4 + 4) + rnd(1, 1, 1) + struct.pack("<iqi", 1, 0, 0) + b"\1" + b"\0" * 32
+         + struct.pack("<ii", 5, 0), "names KV slot 5"),
+        ("rank 0 closing mid-record", head(3, 100) + b"\0" * 10, "rank 0 (127.0.0.1:"),
+    ]
+    for label, records, want in cases:
+        port, th = fake_rank0(records)
+        rc, _, err = run([engine, "generate", "--model", pack, "--tokens", "1", "--max-tokens", "1",
+                          "--tp-world", "2", "--tp-rank", "1", "--tp-master", f"127.0.0.1:{port}",
+                          "--tp-timeout-ms", "3000"], timeout=60)
+        th.join()
+        good = rc == 1 and want in err and "ERROR: AddressSanitizer" not in err and "runtime error" not in err
+        ok(good, f"follower given {label}: exit 1, '{want}'")
+        if not good:
+            diag(f"exit {rc}: {err.strip()[-800:]}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # rounds over TCP) on the tiny-tp pack: each request's token_sha equals the one-process
 # --ranks 2 engine's, greedy and seeded, and 4 streams at once equal each alone. Rank 1 killed
 # mid-stream: the stream ends with an error event, rank 0 exits 3 within seconds with a log
-# line naming rank 1, /health answers 503.
+# line naming rank 1, /health answers 503; killed while idle, the same within a second.
 use strict;
 use warnings;
 use FindBin;
@@ -125,4 +125,20 @@ waitpid($follower, 0);
 like($n->engine_log, qr/rank 1 \(127\.0\.0\.1:\d+\) stopped: .*FATAL/, 'rank 1 killed: rank 0 logs a line naming rank 1')
   or diag(substr($n->engine_log, -600));
 is($n->health->{status}, 503, 'rank 1 killed: /health 503');
+
+# rank 1 killed while no round runs: rank 0's watch sees the link close
+start_world('--context', 160);
+$pid = $n->engine_pid;
+is(sha(together([body($prompts[0])])->[0]), $one{greedy}[0], 'idle case: the world serves first');
+kill 'KILL', $follower;
+$t0 = time;
+$exited = MuseNginx::wait_until(5, sub { waitpid($pid, WNOHANG) == $pid ? [$?] : undef });
+$took = time - $t0;
+ok($exited && $exited->[0] >> 8 == 3, sprintf('rank 1 killed while idle: rank 0 exits 3 within %.1f s', $took));
+delete $n->{engine_pid};
+waitpid($follower, 0);
+like($n->engine_log, qr/rank 1 \(127\.0\.0\.1:\d+\) stopped: closed the connection; marking the segment FATAL/,
+     'rank 1 killed while idle: rank 0 logs a line naming rank 1') or diag(substr($n->engine_log, -600));
+my $after = together([body($prompts[0])])->[0];
+ok(!$after->{muse}, 'rank 1 killed while idle: no completion from a half world');
 done_testing();
