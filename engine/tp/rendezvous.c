@@ -281,8 +281,12 @@ static muse_comm *follow(const muse_tp_flags *f, const char *host, const char *p
     if (muse_net_write(fd, h, sizeof h, deadline, &ce) ||
         muse_net_read(fd, rep, 8, deadline, &ce)) {
         close(fd);
-        return muse_fail(e, "--tp-master %s answered but is not a muse rank 0 (%s within %d ms)",
-                         f->master, ce.msg, timeout),
+        /* rank 0 answers once every rank has joined, and closes on a rank it refuses */
+        return muse_fail(e,
+                         "--tp-master %s: connected, but no muse rank 0 answered within %d ms "
+                         "(%s); rank 0 answers once all %d ranks have joined, and says in its "
+                         "log why it refused one",
+                         f->master, timeout, ce.msg, world),
                NULL;
     }
     if (memcmp(rep, MAGIC, 8)) {

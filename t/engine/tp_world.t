@@ -97,6 +97,22 @@ def refusals(tmp, pack, other):
     ok(rc != 0 and f"--tp-master 127.0.0.1:{port}: no rank 0 answered within 1500 ms" in err and took < 3.5,
        f"unreachable master: refused within the timeout + 2 s ({took:.1f} s), naming it")
     diag(err.strip())
+    # rank 0 alone: the missing rank named within the timeout
+    t0 = time.monotonic()
+    rc, _, err = run([ENGINE] + gen + ["--tp-world", "2", "--tp-rank", "0", "--tp-master", f"127.0.0.1:{free_port()}",
+                                       "--tp-timeout-ms", "1000"])
+    took = time.monotonic() - t0
+    ok(rc != 0 and "rank 1 did not join within 1000 ms" in err and took < 3,
+       f"rank 0 alone: 'rank 1 did not join within 1000 ms' after {took:.1f} s")
+    # a listener that takes the connection and says nothing
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(1)
+    rc, _, err = run([ENGINE] + gen + ["--tp-world", "2", "--tp-rank", "1", "--tp-master",
+                                       f"127.0.0.1:{mute.getsockname()[1]}", "--tp-timeout-ms", "1000"])
+    mute.close()
+    ok(rc != 0 and "connected, but no muse rank 0 answered within 1000 ms" in err,
+       "a listener that says nothing: 'connected, but no muse rank 0 answered within 1000 ms'")
     # a listener that is not muse
     lsock = socket.socket()
     lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -176,7 +192,31 @@ def refusals(tmp, pack, other):
 
 
 def failures(pack):
-    """A rank killed mid-run stops the other within seconds, naming it."""
+    """A rank killed mid-run stops the other within seconds, naming it; a rank that hangs
+    (SIGSTOP) is named by the other after --tp-timeout-ms."""
+    gen = ["generate", "--model", pack, "--tokens", "1,2,3", "--max-tokens", "4000", "--threads", "1",
+           "--tp-timeout-ms", "1000"]
+    master = f"127.0.0.1:{free_port()}"
+    tp = lambda r: ["--tp-world", "2", "--tp-rank", str(r), "--tp-master", master]  # noqa: E731
+    p1 = subprocess.Popen([ENGINE] + gen + tp(1), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p0 = subprocess.Popen([ENGINE] + gen + tp(0), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p0.stdout.read(8)
+    p1.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        _, err = p0.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        p0.kill()
+        _, err = p0.communicate()
+    took = time.monotonic() - t0
+    p1.send_signal(signal.SIGKILL)
+    p1.send_signal(signal.SIGCONT)
+    p1.communicate()
+    err = err.decode(errors="replace")
+    ok(first and p0.returncode not in (0, None) and took < 3.5 and "rank 1 (127.0.0.1:" in err
+       and "no answer before the deadline" in err,
+       f"rank 1 hung (SIGSTOP): rank 0 exits {p0.returncode} after {took:.1f} s (--tp-timeout-ms 1000), naming rank 1")
+    diag(err.strip()[-300:])
     gen = ["generate", "--model", pack, "--tokens", "1,2,3", "--max-tokens", "4000", "--threads", "1"]
     for victim in (1, 0):
         master = f"127.0.0.1:{free_port()}"
