@@ -6,6 +6,10 @@
 #include <ctype.h>
 #include <errno.h>
 
+#include "tp/comm.h"
+
+_Static_assert(MUSE_TP_MAX_WORLD == MUSE_MAX_RANKS, "a world fits the rank tables");
+
 typedef muse_backend *(*create_fn)(const muse_model *m, const muse_backend_opts *o, muse_err *e);
 
 static const struct {
@@ -164,6 +168,12 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
     int ranks = o->ranks > 0 ? o->ranks : 1;
     if (ranks > MUSE_MAX_RANKS)
         return muse_fail(e, "--ranks %d: at most %d ranks in one process", ranks, MUSE_MAX_RANKS);
+    if (o->tp_world > 1 && (ranks != 1 || !o->comm || o->tp_rank < 0 || o->tp_rank >= o->tp_world))
+        return muse_fail(e,
+                         "backend: rank %d of a world of %d needs one rank a process and a "
+                         "communicator",
+                         o->tp_rank, o->tp_world);
+    int world = o->tp_world > 1 ? o->tp_world : ranks; /* the shares are of the whole world */
     be->model = m;
     be->opts = *o;
     be->opts.ranks = ranks;
@@ -177,8 +187,8 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
     muse_kv_pool_init(&be->kv, (int32_t)n_blocks, o->max_seqs, o->context);
     /* a rank holds its KV heads; when there are fewer heads than ranks each rank holds one */
     be->kv_block_bytes =
-        muse_kv_rank_bytes(cfg, muse_kv_full_bytes_per_token(cfg), ranks) * MUSE_KV_BLOCK;
-    be->snapshot_bytes = muse_kv_rank_bytes(cfg, muse_kv_snapshot_bytes(cfg), ranks);
+        muse_kv_rank_bytes(cfg, muse_kv_full_bytes_per_token(cfg), world) * MUSE_KV_BLOCK;
+    be->snapshot_bytes = muse_kv_rank_bytes(cfg, muse_kv_snapshot_bytes(cfg), world);
     for (int r = 0; r < ranks; r++) be->ranks[r].device = o->devices[r];
     return 0;
 }

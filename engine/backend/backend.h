@@ -54,6 +54,11 @@ typedef struct {
     int devices[MUSE_MAX_RANKS]; /* device of each rank (GPU ordinal; ignored by cpu) */
     int threads;                 /* CPU threads (<= 0: all cores) */
     int exact_rows;              /* 1: no padding of rows to buckets (tests compare both) */
+    /* A world of several processes (engine/tp/): this process holds rank tp_rank of tp_world
+     * (ranks must be 1) and sums and gathers across ranks through comm. 0, 0, NULL: one
+     * process holds every rank. */
+    int tp_rank, tp_world;
+    struct muse_comm *comm;
 } muse_backend_opts;
 
 /* Memory a rank holds, by term (bytes). */

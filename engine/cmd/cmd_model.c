@@ -12,12 +12,15 @@
 #include "serve/request.h"
 #include "model/forward.h"
 #include "text/sampler.h"
+#include "tp/follow.h"
+#include "tp/rendezvous.h"
 
 typedef struct {
     const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook, *backend, *gpus;
     long long max_tokens, chunk, threads, seed, top_k, ranks, synthetic, bits;
     double temperature, top_p, min_p;
     int devices[MUSE_MAX_RANKS]; /* --gpus: each rank's GPU */
+    muse_tp_flags tp;            /* --tp-*: one rank of a world of processes */
 } run_flags;
 
 static int bad(const char *cmd, const char *msg)
@@ -40,6 +43,7 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
                      .seed = 0,
                      .ranks = 0, /* not given: 1, or the count of --gpus */
                      .synthetic = -1,
+                     .tp = {.rank = -1},
                      .backend = "cpu"};
     const struct {
         unsigned cmds;
@@ -94,10 +98,13 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
         {RUN, MUSE_FLAG_L("threads", &f->threads, 0, 1024, "N", "threads for matrix products",
                           .def = "0: one per core")},
     };
-    muse_flag table[sizeof all / sizeof *all];
+    const muse_flag tp[] = {MUSE_TP_FLAG_ENTRIES(&f->tp)}; /* logits and generate */
+    muse_flag table[sizeof all / sizeof *all + sizeof tp / sizeof *tp];
     size_t n = 0;
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i].cmds & cmds) table[n++] = all[i].flag;
+    for (size_t i = 0; i < sizeof tp / sizeof *tp && (cmds & (LOGITS | GENERATE)); i++)
+        table[n++] = tp[i];
     char prog[64];
     snprintf(prog, sizeof prog, "muse-engine %s", cmd);
     const muse_flags set = {.prog = prog, .about = about, .flags = table, .n = n};
@@ -107,6 +114,10 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
     if (muse_model_flags_check(f->model, f->synthetic, f->config, f->bits, f->codebook, &we))
         return bad(cmd, we.msg);
     muse_err e = {{0}};
+    if (muse_tp_check_flags(&f->tp, f->ranks, &e)) return bad(cmd, e.msg);
+    if (muse_tp_on(&f->tp) && strcmp(f->backend, "cpu"))
+        return bad(cmd, "--tp-world goes with --backend cpu for now (on CUDA NCCL will carry the "
+                        "sums: not built yet)");
     muse_backend_opts o = {0};
     const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
     if (muse_backend_ranks(&names, f->backend, f->gpus, f->ranks, &o, &e)) return bad(cmd, e.msg);
@@ -119,6 +130,7 @@ typedef struct {
     muse_model model;
     muse_backend *be;
     muse_forward *fwd;
+    muse_comm *comm; /* --tp-world: the link to the other ranks */
     int32_t *ids;
     size_t n;
 } session;
@@ -127,6 +139,7 @@ static void session_close(session *s)
 {
     muse_forward_destroy(s->fwd);
     muse_backend_destroy(s->be);
+    muse_tp_close(s->comm); /* rank 0: the other ranks stop too */
     if (s->model.st) muse_model_free(&s->model);
     free(s->ids);
 }
@@ -165,6 +178,10 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
                            .ranks = (int)f->ranks,
                            .threads = (int)f->threads};
     memcpy(o.devices, f->devices, sizeof o.devices);
+    if (muse_tp_join(&f->tp, &s->model, &o, &s->comm, &e)) {
+        fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
+        return 2;
+    }
     s->be = muse_backend_create(f->backend, &s->model, &o, &e);
     if (!s->be) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);
@@ -172,6 +189,21 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
     }
     s->fwd = muse_forward_create(s->be);
     return -1;
+}
+
+/* A rank other than 0 of a world of processes: replays rank 0's rounds until it stops. */
+static int follow_rank0(const char *cmd, const run_flags *f, session *s)
+{
+    muse_err e = {{0}};
+    int rc = muse_tp_follow(s->comm, s->fwd, &e) ? 1 : 0;
+    if (rc) fprintf(stderr, "muse-engine %s: rank %lld: %s\n", cmd, f->tp.rank, e.msg);
+    session_close(s);
+    return rc;
+}
+
+static int is_follower(const run_flags *f)
+{
+    return muse_tp_on(&f->tp) && f->tp.rank > 0;
 }
 
 /* session_start with the prompt of --tokens. */
@@ -246,6 +278,7 @@ int muse_cmd_logits(int argc, char **argv)
         session_close(&s);
         return rc;
     }
+    if (is_follower(&f)) return follow_rank0("logits", &f, &s); /* rank 0 writes --out */
     FILE *out = fopen(f.out, "wb");
     muse_err e = {{0}};
     size_t V = (size_t)s.model.cfg.vocab_size;
@@ -325,6 +358,7 @@ int muse_cmd_generate(int argc, char **argv)
         session_close(&s);
         return rc;
     }
+    if (is_follower(&f)) return follow_rank0("generate", &f, &s); /* rank 0 prints */
     muse_err e = {{0}};
     /* the backend draws where the logits are: keyed by (seed, position of the token drawn) */
     gen_print gp = {&s.model.cfg, 0};

@@ -18,6 +18,8 @@
 #include "serve/memory_plan.h"
 #include "serve/prompt_cache.h"
 #include "serve/scheduler.h"
+#include "tp/follow.h"
+#include "tp/rendezvous.h"
 
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
@@ -34,6 +36,7 @@ typedef struct {
     char device_src[192];         /* where device_gib came from, for the refusal */
     muse_device_kind device_kind; /* by backend: the reserve's default follows it */
     gid_t gid;                    /* of --group; -1: none */
+    muse_tp_flags tp;             /* --tp-*: one rank of a world of processes */
 } serve_flags;
 
 static volatile sig_atomic_t stopping;
@@ -58,12 +61,13 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .drain_ms = 30000,
                        .request_kib = 4100,
                        .prompt_cache_gib = 1,
-                       .reserve_gib = -1};
+                       .reserve_gib = -1,
+                       .tp = {.rank = -1}};
     int backend = 0;
     const muse_flag table[] = {
         MUSE_FLAG_S("model", &f->model, "DIR", "the pack (not with --backend script)"),
-        MUSE_FLAG_S("listen", &f->listen, "SOCKET", "the doorbell socket nginx connects to",
-                    .required = true),
+        MUSE_FLAG_S("listen", &f->listen, "SOCKET",
+                    "the doorbell socket nginx connects to (required; not on --tp-rank > 0)"),
         MUSE_FLAG_S("shm", &f->shm, "NAME", "the shared-memory segment"),
         MUSE_FLAG_L("streams", &f->streams, 1, 4096, "N", "streams decoded together (lanes)"),
         MUSE_FLAG_L("queue", &f->queue, 0, 4096, "N",
@@ -133,6 +137,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         MUSE_FLAG_S("tokenizer", &f->tokenizer, "FILE", "the tokenizer",
                     .def = "DIR/tokenizer.json"),
         MUSE_FLAG_S("script", &f->script, "FILE", "the token ids --backend script replays"),
+        MUSE_TP_FLAG_ENTRIES(&f->tp),
         MUSE_FLAG_L("script-delay-ms", &f->script_delay_ms, 0, 10000, "N",
                     "--backend script: a pause before each token"),
 #ifdef MUSE_TEST_HOOKS
@@ -159,11 +164,24 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     if (rc != MUSE_FLAGS_RUN) return rc;
     f->backend = backends[backend];
     muse_err ge = {{0}};
+    if (muse_tp_check_flags(&f->tp, f->ranks, &ge)) return muse_flags_error(&set, "%s", ge.msg);
+    if (muse_tp_on(&f->tp) && backend != 0)
+        return muse_flags_error(&set, "--tp-world goes with --backend cpu for now (on CUDA NCCL "
+                                      "will carry the sums: not built yet)");
+    bool follower = muse_tp_on(&f->tp) && f->tp.rank > 0;
+    if (follower && f->listen)
+        return muse_flags_error(&set,
+                                "--listen goes with rank 0, which serves; rank %lld follows "
+                                "it (leave out --listen)",
+                                f->tp.rank);
+    if (!follower && !f->listen) return muse_flags_error(&set, "--listen SOCKET is required");
+    if (muse_tp_on(&f->tp)) f->ranks = f->tp.world; /* the plan is of the world's ranks */
     muse_backend_opts go = {0};
     const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
-    if (muse_backend_ranks(&names, f->backend, f->gpus, f->ranks, &go, &ge))
+    if (muse_backend_ranks(&names, f->backend, f->gpus, muse_tp_on(&f->tp) ? 1 : f->ranks, &go,
+                           &ge))
         return muse_flags_error(&set, "%s", ge.msg);
-    f->ranks = go.ranks;
+    f->ranks = muse_tp_on(&f->tp) ? f->tp.world : go.ranks;
     memcpy(f->devices, go.devices, sizeof f->devices);
     f->device_kind = backend == 2 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
     snprintf(f->device_src, sizeof f->device_src, "--device-gib %g", f->device_gib);
@@ -263,6 +281,7 @@ typedef struct {
     const serve_flags *f;
     const muse_model *model;
     const muse_memory_plan *plan;
+    const muse_comm *comm; /* --tp-world: the links to the other ranks, watched */
     double started;
     /* 0 starting, 1 ok, 2 down. The pointers above are set before state becomes 1 (release)
      * and read only after it is seen (acquire). */
@@ -308,6 +327,16 @@ static void *health_main(void *p)
 {
     health_ctx *h = p;
     while (!atomic_load(&h->quit)) {
+        muse_err e = {{0}};
+        /* a rank lost while no round runs: the same end as a round that meets it */
+        if (atomic_load(&h->state) == 1 && h->comm && muse_comm_watch(h->comm, &e)) {
+            fprintf(stderr,
+                    "muse-engine serve: %s; marking the segment FATAL and exiting (nothing is "
+                    "served from a half world)\n",
+                    e.msg);
+            muse_server_set_state(h->srv, MUSE_ENGINE_FATAL);
+            _exit(MUSE_EXIT_DEVICE_FATAL);
+        }
         publish_health(h);
         struct timespec ts = {0, 250000000L};
         nanosleep(&ts, NULL);
@@ -362,11 +391,55 @@ static int load_config(const serve_flags *f, muse_config *cfg, muse_err *e)
                     : muse_config_load_file("--config", f->config, cfg, e);
 }
 
+/* A rank other than 0 of a world of processes: the same plan and model as rank 0, no segment
+ * or socket; replays rank 0's rounds until it stops (0) or is lost (1, with a line naming it). */
+static int serve_follower(serve_flags *f)
+{
+    muse_err e = {{0}};
+    static muse_config cfg;
+    muse_memory_plan plan = {0};
+    muse_model model = {0};
+    muse_backend *be = NULL;
+    muse_forward *fwd = NULL;
+    muse_comm *comm = NULL;
+    int rc = 2;
+    if (load_config(f, &cfg, &e) || muse_config_context(&cfg, &f->context, &e)) goto out;
+    double bits = f->synthetic >= 0 ? (double)f->bits : cfg.quantized ? cfg.quant_bits : 0;
+    double head_bits = f->synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
+    if (make_plan(f, &cfg, bits, head_bits, &plan, &e)) goto out;
+    muse_synthetic syn = {f->config, (uint64_t)f->synthetic, (int)f->bits, f->codebook};
+    if (f->synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
+                          : muse_model_load(f->model, &model, &e))
+        goto out;
+    muse_backend_opts bo = {.max_rows = (long)f->max_rows,
+                            .max_seqs = (int)f->streams,
+                            .context = f->context,
+                            .threads = (int)f->threads,
+                            .ranks = 1,
+                            .kv_blocks = plan.ranks[0].kv_blocks,
+                            .snapshot_slots = plan.ranks[0].snapshot_slots};
+    if (muse_tp_join(&f->tp, &model, &bo, &comm, &e)) goto out;
+    if (!(be = muse_backend_create(f->backend, &model, &bo, &e))) goto out;
+    fwd = muse_forward_create(be);
+    fprintf(stderr, "muse-engine serve: rank %lld of %lld following rank 0 at %s\n", f->tp.rank,
+            f->tp.world, f->tp.master);
+    rc = muse_tp_follow(comm, fwd, &e) ? 1 : 0;
+    if (!rc) fprintf(stderr, "muse-engine serve: rank 0 stopped the world; shutting down\n");
+out:
+    if (rc) fprintf(stderr, "muse-engine serve: rank %lld: %s\n", f->tp.rank, e.msg);
+    muse_forward_destroy(fwd);
+    muse_backend_destroy(be);
+    muse_tp_close(comm);
+    if (model.st) muse_model_free(&model);
+    return rc;
+}
+
 int muse_cmd_serve(int argc, char **argv)
 {
     serve_flags f;
     int rc = parse_flags(argc, argv, &f);
     if (rc >= 0) return rc;
+    if (muse_tp_on(&f.tp) && f.tp.rank > 0) return serve_follower(&f);
     bool script = strcmp(f.backend, "script") == 0;
     muse_err e = {{0}};
     char tokpath[4096];
@@ -379,6 +452,7 @@ int muse_cmd_serve(int argc, char **argv)
     muse_memory_plan plan = {0};
     muse_backend *be = NULL;
     muse_forward *fwd = NULL;
+    muse_comm *comm = NULL;
     muse_tokenizer *tok = NULL;
     muse_server *srv = NULL;
     muse_sched *sched = NULL;
@@ -436,9 +510,11 @@ int muse_cmd_serve(int argc, char **argv)
                                 .kv_blocks = plan.ranks[0].kv_blocks,
                                 .snapshot_slots = plan.ranks[0].snapshot_slots};
         memcpy(bo.devices, f.devices, sizeof bo.devices);
+        if (muse_tp_on(&f.tp)) bo.ranks = 1; /* this process holds rank 0 of the world */
+        if (muse_tp_join(&f.tp, &model, &bo, &comm, &e)) goto fail;
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         fwd = muse_forward_create(be);
-        for (int r = 0; r < be->n_ranks; r++) { /* what each rank really holds */
+        for (int r = 0; r < be->n_ranks; r++) { /* what each rank really holds (here) */
             const muse_rank_mem *m = &be->ranks[r];
             muse_memory_plan_measured(&plan, r, m->weights, m->kv + m->sliding, m->kv,
                                       m->workspace + m->staging, m->snapshots);
@@ -461,6 +537,7 @@ int muse_cmd_serve(int argc, char **argv)
     if (!(sched = muse_sched_create(&o, fwd, script ? NULL : &model.cfg, tok, srv, &e))) goto fail;
     h.sched = sched;
     h.plan = &plan;
+    h.comm = comm;
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
@@ -490,6 +567,7 @@ fail:
     muse_sched_destroy(sched);
     muse_forward_destroy(fwd);
     muse_backend_destroy(be);
+    muse_tp_close(comm); /* the other ranks stop with rank 0 */
     if (model.st) muse_model_free(&model);
     muse_tokenizer_free(tok);
     for (size_t i = 0; i < n_script; i++) free(script_seqs[i]);

@@ -1,4 +1,8 @@
+/* The forward plan: the operations of one round in order; rank 0 of a world of processes
+ * publishes the round first so the other ranks run the same plan (tp/follow.h). */
 #include "model/forward.h"
+
+#include "tp/follow.h"
 
 struct muse_forward {
     muse_backend *be;
@@ -129,6 +133,8 @@ int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, 
     if (check_batch(f, r, e)) return -1;
     muse_backend *be = f->be;
     const muse_config *c = &f->m->cfg;
+    muse_comm *comm = be->opts.comm;
+    if (comm && comm->rank == 0 && muse_tp_lead_round(comm, be, r)) return muse_comm_error(comm, e);
     if (be->ops->begin_round(be, r, e)) return -1;
     be->ops->embed(be, f->h);
     for (int i = 0; i < (int)c->num_layers; i++) {
@@ -140,4 +146,13 @@ int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, 
     be->ops->head(be, f->a, f->logits);
     if (r->sampling) be->ops->sample(be, f->logits);
     return be->ops->end_round(be, out, e);
+}
+
+void muse_forward_snapshot(muse_forward *f, int save, int seq, int64_t end_pos, int slot)
+{
+    muse_backend *be = f->be;
+    muse_comm *comm = be->opts.comm;
+    /* a rank that stopped fails the next round, which names it */
+    if (comm && comm->rank == 0) muse_tp_lead_snapshot(comm, save, seq, end_pos, slot);
+    (save ? be->ops->snapshot_save : be->ops->snapshot_load)(be, seq, end_pos, slot);
 }

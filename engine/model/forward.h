@@ -17,4 +17,8 @@ muse_backend *muse_forward_backend(const muse_forward *f);
  * Refuses bad tokens, positions and slots by name; a device failure comes back as -1. */
 int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, muse_err *e);
 
+/* The prompt cache's snapshot save (save 1) or load through the plan, so every rank of a
+ * world of processes does it too. */
+void muse_forward_snapshot(muse_forward *f, int save, int seq, int64_t end_pos, int slot);
+
 #endif

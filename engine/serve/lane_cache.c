@@ -35,7 +35,7 @@ void muse_lane_cache_resume(muse_sched *s, lane *l, const char *scope, size_t sc
     if (hit) {
         muse_kv_share(&s->be->kv, seq, hit->blocks, hit->n_blocks);
         l->cached = l->fed = hit->n_blocks * MUSE_KV_BLOCK;
-        if (hit->slot >= 0) s->be->ops->snapshot_load(s->be, seq, l->cached, hit->slot);
+        if (hit->slot >= 0) muse_forward_snapshot(s->fwd, 0, seq, l->cached, hit->slot);
     }
     muse_lane_cache_plan(s, l);
 }
@@ -49,6 +49,6 @@ void muse_lane_cache_keep(muse_sched *s, lane *l)
         int seq = (int)(l - s->lanes);
         const muse_pcache_entry *kept = muse_pcache_insert(
             s->cache, l->keys[n_blocks - 1], n_blocks, muse_kv_table(&s->be->kv, seq));
-        if (kept && kept->slot >= 0) s->be->ops->snapshot_save(s->be, seq, cut, kept->slot);
+        if (kept && kept->slot >= 0) muse_forward_snapshot(s->fwd, 1, seq, cut, kept->slot);
     }
 }

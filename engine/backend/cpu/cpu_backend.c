@@ -2,13 +2,16 @@
  * fixed order, so a row's result never depends on the batch, the chunking or the threads.
  * With --ranks N it holds N ranks in one process, each with only its shard of the weights,
  * its KV heads and its own activations, run one after another; sums across ranks go in rank
- * order, as they would between devices. */
+ * order, as they would between devices. In a world of several processes (--tp-world) it holds
+ * one rank and does its sums and the head's gather through the communicator (tp/comm.h), in the
+ * same rank order, so the bits equal one process holding every rank. */
 #include <math.h>
 
 #include "backend/backend.h"
 #include "base/clock.h"
 #include "base/threadpool.h"
 #include "model/shard.h"
+#include "tp/comm.h"
 
 /* One rank: its shard views of the weights (by linear id), heads, KV cache and snapshots. */
 typedef struct {
@@ -35,6 +38,10 @@ typedef struct {
     int n_acts;
     int n_ranks;
     cpu_rank rank[MUSE_MAX_RANKS];
+    muse_comm *comm;   /* a world of processes: the link to the other ranks; NULL: none */
+    int world;         /* ranks of the world: n_ranks, or the processes' --tp-world */
+    int first_rank;    /* the world's rank of this process's rank 0 */
+    float *head_parts; /* rank 0 of a world: every rank's logits slice, [max_rows, head n] */
     /* staging, fixed at start: the round's batch padded to its bucket (rows), the wanted rows
      * padded the same way (wanted), the block tables of the round's sequences, sampling */
     long rows, real_rows, wanted, real_wanted;
@@ -207,6 +214,7 @@ static int cpu_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
     MUSE_CHECK(c->in_round);
     c->in_round = 0;
     memset(out, 0, sizeof *out);
+    if (c->comm && muse_comm_error(c->comm, e)) return -1; /* a rank of the world stopped */
     if (be->fault_pending) /* test hooks force the device-failure path */
         return muse_fail(e, "device error on rank 0 (cpu): injected by a test hook; the "
                             "context cannot be used again");
@@ -538,6 +546,11 @@ static void run_mlp(cpu_backend *c, const muse_mlp *mlp, int rank, const float *
 /* z[n, H] = the ranks' partial outputs of an MLP, summed in rank order. */
 static void mlp_sum(cpu_backend *c, const muse_mlp *mlp, const float *x, long n, long H, float *z)
 {
+    if (c->comm) { /* this process's rank, then the world's sum in rank order */
+        run_mlp(c, mlp, 0, x, n, c->eg, c->eu, c->ea, z);
+        muse_comm_all_reduce_f32(c->comm, z, (size_t)(n * H));
+        return;
+    }
     for (int k = 0; k < c->n_ranks; k++) {
         float *zk = k ? c->zr : z;
         run_mlp(c, mlp, k, x, n, c->eg, c->eu, c->ea, zk);
@@ -596,14 +609,51 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_a
 static void cpu_all_reduce(muse_backend *be, muse_act x, long width)
 {
     cpu_backend *c = cpu(be);
-    if (c->n_ranks == 1) return; /* one rank holds the whole sum */
     float *sum = act(c, x);
     long n = c->rows * width;
+    if (c->comm) { /* the ranks of other processes; a failure shows at end_round */
+        muse_comm_all_reduce_f32(c->comm, sum, (size_t)n);
+        return;
+    }
+    if (c->n_ranks == 1) return; /* one rank holds the whole sum */
     for (int k = 1; k < c->n_ranks; k++) {
         const float *xk = act_r(c, x, k);
         for (long i = 0; i < n; i++) sum[i] += xk[i];
     }
     for (int k = 1; k < c->n_ranks; k++) memcpy(act_r(c, x, k), sum, (size_t)n * sizeof *sum);
+}
+
+/* A world of processes: this rank's vocabulary slice goes to rank 0, which lays every rank's
+ * side by side in rank order (as one process does below), then the multiplier and softcap. */
+static void head_world(cpu_backend *c, long n, float *logits)
+{
+    const muse_model *m = c->base.model;
+    long V = (long)m->cfg.vocab_size;
+    double mult = m->cfg.output_multiplier, cap = m->cfg.final_logit_softcapping;
+    size_t bytes[MUSE_MAX_RANKS] = {0};
+    long lo[MUSE_MAX_RANKS] = {0}, w[MUSE_MAX_RANKS] = {0};
+    for (int k = 0; k < c->world; k++) {
+        int64_t a, b;
+        muse_shard_range(m, &m->head, k, c->world, &a, &b);
+        lo[k] = (long)a;
+        w[k] = (long)(b - a);
+        bytes[k] = (size_t)(n * w[k]) * sizeof(float);
+    }
+    const muse_linear *v = view(c, &m->head, 0);
+    MUSE_CHECK((long)v->n == w[c->first_rank]);
+    linear_rows(c, v, c->xsel, n, 0, logits);
+    if (muse_comm_gather(c->comm, logits, bytes, c->head_parts) || c->comm->rank) return;
+    const float *part = c->head_parts;
+    for (int k = 0; k < c->world; k++) {
+        long keep = lo[k] + w[k] > V ? V - lo[k] : w[k]; /* padding past the vocabulary drops */
+        for (long r = 0; r < n && keep > 0; r++)
+            memcpy(logits + r * V + lo[k], part + r * w[k], (size_t)keep * sizeof *logits);
+        part += n * w[k];
+    }
+    for (long i = 0; i < n * V; i++) {
+        double z = (double)logits[i] * mult;
+        logits[i] = (float)(cap > 0 ? cap * tanh(z / cap) : z);
+    }
 }
 
 /* Each rank computes its vocabulary slice; the slices are laid side by side in rank order in
@@ -622,6 +672,10 @@ static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
         memcpy(c->xsel + i * H, x + (long)c->want_rows[i] * H, (size_t)H * sizeof(float));
     if (!n) return;
     double mult = cfg->output_multiplier, cap = cfg->final_logit_softcapping;
+    if (c->comm) {
+        head_world(c, n, logits);
+        return;
+    }
     if (c->n_ranks == 1) {
         linear_rows(c, &m->head, c->xsel, n, 0, logits);
         for (long r = 0; r < n; r++)
@@ -631,7 +685,7 @@ static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
             }
         return;
     }
-    long lo[MUSE_MAX_RANKS], w[MUSE_MAX_RANKS];
+    long lo[MUSE_MAX_RANKS] = {0}, w[MUSE_MAX_RANKS] = {0};
     for (int k = 0; k < c->n_ranks; k++) {
         const muse_linear *v = view(c, &m->head, k);
         int64_t a, b;
@@ -675,6 +729,7 @@ static void cpu_sample(muse_backend *be, muse_act logits)
 {
     cpu_backend *c = cpu(be);
     c->logits = logits;
+    if (c->comm && c->comm->rank) return; /* rank 0 draws from the gathered logits */
     /* every draw depends only on its own logits, seed and position: the split cannot matter */
     muse_pool_run_t(c->pool, draw_rows, c, c->wanted);
 }
@@ -855,7 +910,9 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     if (ranks > MUSE_MAX_RANKS)
         return muse_fail(e, "--ranks %d: at most %d ranks in one process", ranks, MUSE_MAX_RANKS),
                NULL;
-    if (muse_shard_check(cfg, ranks, e)) return NULL;
+    int tp = o->tp_world > 1 && o->comm; /* one rank of a world of processes */
+    int world = tp ? o->tp_world : ranks, first = tp ? o->tp_rank : 0;
+    if (muse_shard_check(cfg, world, e)) return NULL;
     if (cfg->head_dim > 512)
         return muse_fail(e, "config.json: head_dim %lld exceeds the CPU backend's limit of 512",
                          (long long)cfg->head_dim),
@@ -874,11 +931,14 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
         return NULL;
     }
     c->n_ranks = ranks;
+    c->world = world;
+    c->first_rank = first;
+    c->comm = tp ? o->comm : NULL;
     /* each rank: only its shard of the weights (views of the mmap'd tensors), its KV heads */
     for (int r = 0; r < ranks; r++) {
         cpu_rank *rk = &c->rank[r];
         rk->views = MUSE_CALLOC((size_t)m->n_linears, sizeof *rk->views);
-        view_job vj = {m, rk, r, ranks, 0, 0, 0, e};
+        view_job vj = {m, rk, first + r, world, 0, 0, 0, e};
         muse_model_each_linear(m, make_view, &vj);
         if (vj.failed) {
             for (int q = 0; q <= r; q++) free(c->rank[q].views);
@@ -888,7 +948,7 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
         }
         /* the replicated tensors (embeddings, norms, router) on every rank, plus its shard */
         c->base.ranks[r].weights = muse_st_total_bytes(m->st) - vj.full_bytes + vj.view_bytes;
-        muse_shard_heads(cfg, r, ranks, &rk->heads);
+        muse_shard_heads(cfg, first + r, world, &rk->heads);
         rk->kv_width = (long)((rk->heads.kv1 - rk->heads.kv0) * cfg->head_dim);
     }
     muse_rank_mem *mem = &c->base.ranks[0];
@@ -953,6 +1013,10 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     c->zg = MUSE_MALLOC((size_t)(R * H) * sizeof(float));
     c->zr = MUSE_MALLOC((size_t)(R * H) * sizeof(float));
     c->xsel = MUSE_MALLOC((size_t)(R * H) * sizeof(float));
+    if (c->comm && c->comm->rank == 0) {
+        c->head_parts = MUSE_MALLOC((size_t)R * (size_t)m->head.n * sizeof(float));
+        mem->workspace += (size_t)R * (size_t)m->head.n * sizeof(float);
+    }
     c->eg = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     c->eu = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     c->ea = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
@@ -1011,6 +1075,7 @@ static void cpu_destroy(muse_backend *be)
     free(c->zg);
     free(c->zr);
     free(c->xsel);
+    free(c->head_parts);
     free(c->eg);
     free(c->eu);
     free(c->ea);
