@@ -84,7 +84,8 @@ sub conversation {
     for my $turn (0 .. 2) {
         my $r = together('/v1/completions', [completion_body($history, temperature => 0.7, seed => 9 + $turn, max => 6)])->[0];
         push @shas, sha($r);
-        diag("conversation turn $turn failed: status $r->{status}: " . substr($r->{body} // '', 0, 400))
+        diag("conversation turn $turn failed: status " . ($r->{status} // 200) . ": "
+             . substr($r->{body} // $JSON->encode($r), 0, 400))
             unless $r->{muse};
         push @cached, $r->{usage}{prompt_tokens_details}{cached_tokens} // -1;
         my $ids = MuseNginx::tokenize($r->{choices}[0]{text} // '', MuseNginx::tiny_pack() . '/tokenizer.json');
