@@ -95,7 +95,7 @@ typedef struct {
     muse_rank_heads heads;
     long kv_width; /* (kv1 - kv0) * head_dim: what its cache holds a position */
     /* the replicated weights of its GPU (the owner's allocations) */
-    uint8_t *wdev;       /* every tensor of the pack, found by host address */
+    uint8_t *wdev; /* the pack's tensors (alone: those it reads), found by host address */
     /* alone on its GPU among several ranks: wdev holds tensor i at toff[i] (NOT_UP: not there)
      * and linear id packed at pack_at + pack_off[id] (NOT_UP: read through toff); both NULL
      * where wdev is the whole pack at the shared offsets (one rank, or ranks sharing a GPU) */
