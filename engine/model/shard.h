@@ -39,8 +39,8 @@ void muse_shard_range_cfg(const muse_config *c, muse_lin_role role, muse_linear_
  * scales and bias, each part at a 256-byte boundary of dst. The same weights at the same
  * indices, so every linear computes the same bits from it. */
 size_t muse_shard_packed_bytes(const muse_linear *v);
-/* Writes v's bytes into dst (muse_shard_packed_bytes(v) long, 256-byte aligned) and sets *p to
- * v reading dst; a dense *p reads through *t (v's tensor, data = dst), which must outlive it. */
+/* Writes v's bytes into dst (muse_shard_packed_bytes(v) long; parts at 256-byte offsets from it)
+ * and sets *p to v reading dst; a dense *p reads through *t (v's tensor, data = dst). */
 void muse_shard_pack(const muse_linear *v, void *dst, muse_tensor *t, muse_linear *p);
 
 /* Bytes of the weight data a view reads (trellis and scales, or fp16 rows). */
