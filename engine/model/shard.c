@@ -1,6 +1,8 @@
 /* Tensor parallelism's rules (shard.h): admission, each rank's heads and weight views. */
 #include "model/shard.h"
 
+#include <string.h>
+
 #define SPLIT_ALIGN 128 /* EXL3 tiles are 16 wide and Hadamard blocks 128: splits fall here */
 
 static int width_ok(int64_t width, int ranks)
@@ -147,6 +149,86 @@ int muse_shard_view(const muse_linear *l, int64_t lo, int64_t hi, int keep_bias,
         w->k = v->k = hi - lo;
     }
     return 0;
+}
+
+#define PACK_ALIGN 256 /* where each part of a packed view starts: as the device upload aligns */
+
+static size_t pack_up(size_t b)
+{
+    return (b + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
+}
+
+/* The parts of a packed EXL3 view in order: trellis, suh, svh, su, sv, bias (0 when absent). */
+static void exl3_parts(const muse_exl3_weight *w, size_t bytes[6])
+{
+    size_t k = (size_t)w->k, n = (size_t)w->n, h = sizeof(uint16_t);
+    bytes[0] = k / 16 * (n / 16) * 16 * (size_t)w->bits * h;
+    bytes[1] = w->suh ? k * h : 0;
+    bytes[2] = w->svh ? n * h : 0;
+    bytes[3] = w->su ? k / 16 * h : 0;
+    bytes[4] = w->sv ? n / 16 * h : 0;
+    bytes[5] = w->bias ? n * h : 0;
+}
+
+size_t muse_shard_packed_bytes(const muse_linear *v)
+{
+    if (v->kind == MUSE_LIN_DENSE)
+        return pack_up((size_t)v->k * (size_t)v->n * muse_dtype_size(v->w->dtype));
+    size_t bytes[6], all = 0;
+    exl3_parts(&v->exl3, bytes);
+    for (int i = 0; i < 6; i++) all += pack_up(bytes[i]);
+    return all;
+}
+
+/* Row after row of the view's k columns: the strided column band becomes rows k long. */
+static void pack_dense(const muse_linear *v, uint8_t *dst, muse_tensor *t, muse_linear *p)
+{
+    size_t es = muse_dtype_size(v->w->dtype), row = (size_t)v->k * es;
+    int64_t ld = v->ld ? v->ld : v->k;
+    const uint8_t *src = v->w->data;
+    for (int64_t r = 0; r < v->n; r++)
+        memcpy(dst + (size_t)r * row, src + (size_t)((v->row0 + r) * ld + v->col0) * es, row);
+    *t = *v->w;
+    t->data = dst;
+    t->ndim = 2;
+    t->shape[0] = v->n;
+    t->shape[1] = v->k;
+    t->numel = v->n * v->k;
+    t->nbytes = (size_t)t->numel * es;
+    p->w = t;
+    p->row0 = p->col0 = 0;
+    p->ld = v->k;
+}
+
+/* Each tile row's n/16 tiles from the view's trellis (its tiles_ld apart), then the scales. */
+static void pack_exl3(const muse_exl3_weight *w, uint8_t *dst, muse_exl3_weight *q)
+{
+    size_t bytes[6], at = 0;
+    exl3_parts(w, bytes);
+    int64_t tile_len = 16 * w->bits, tiles = w->n / 16, ld = w->tiles_ld ? w->tiles_ld : tiles;
+    size_t row = (size_t)(tiles * tile_len) * sizeof(uint16_t);
+    for (int64_t tk = 0; tk < w->k / 16; tk++)
+        memcpy(dst + (size_t)tk * row, w->trellis + tk * ld * tile_len, row);
+    q->trellis = (const uint16_t *)dst;
+    q->tiles_ld = tiles;
+    const uint16_t *src[6] = {w->trellis, w->suh, w->svh, w->su, w->sv, w->bias};
+    const uint16_t **out[6] = {NULL, &q->suh, &q->svh, &q->su, &q->sv, &q->bias};
+    at = pack_up(bytes[0]);
+    for (int i = 1; i < 6; i++) {
+        if (!src[i]) continue;
+        memcpy(dst + at, src[i], bytes[i]);
+        *out[i] = (const uint16_t *)(dst + at);
+        at += pack_up(bytes[i]);
+    }
+}
+
+void muse_shard_pack(const muse_linear *v, void *dst, muse_tensor *t, muse_linear *p)
+{
+    *p = *v;
+    if (v->kind == MUSE_LIN_DENSE)
+        pack_dense(v, dst, t, p);
+    else
+        pack_exl3(&v->exl3, dst, &p->exl3);
 }
 
 uint64_t muse_linear_bytes(const muse_linear *l)

@@ -34,6 +34,15 @@ void muse_shard_range(const muse_model *m, const muse_linear *l, int rank, int r
 void muse_shard_range_cfg(const muse_config *c, muse_lin_role role, muse_linear_kind kind,
                           int64_t width, int rank, int ranks, int64_t *lo, int64_t *hi);
 
+/* A view packed compactly (a device backend uploads only its shard): dense rows exactly k long
+ * (row0 = col0 = 0, ld = k), an EXL3 trellis of the view's tiles alone (tiles_ld = n/16) and its
+ * scales and bias, each part at a 256-byte boundary of dst. The same weights at the same
+ * indices, so every linear computes the same bits from it. */
+size_t muse_shard_packed_bytes(const muse_linear *v);
+/* Writes v's bytes into dst (muse_shard_packed_bytes(v) long; parts at 256-byte offsets from it)
+ * and sets *p to v reading dst; a dense *p reads through *t (v's tensor, data = dst). */
+void muse_shard_pack(const muse_linear *v, void *dst, muse_tensor *t, muse_linear *p);
+
 /* Bytes of the weight data a view reads (trellis and scales, or fp16 rows). */
 uint64_t muse_linear_bytes(const muse_linear *l);
 

@@ -9,7 +9,9 @@
  * (MUSE_CUDA_GRAPHS=0: eager launches; the bits are the same).
  * With --ranks N / --gpus LIST each rank holds its shard's descriptors (model/shard.h, the CPU
  * backend's rules), its activations, workspaces, KV heads and snapshot slots, and runs every
- * operation on its own stream; ranks on one GPU read one upload of the pack. Sums across ranks
+ * operation on its own stream. A GPU holding one rank of several uploads only what that rank
+ * reads: the tensors it reads whole and its shard of each split linear, packed compactly
+ * (muse_shard_pack); ranks sharing a GPU read one whole upload of the pack. Sums across ranks
  * go in rank order through kernels/all_reduce.cu, reading every rank's partial (one GPU, or
  * peers over NVLink), or after an NCCL all-gather where GPUs lack peer access. */
 #include <math.h>
@@ -75,16 +77,30 @@ typedef struct {
     size_t bytes, off;
 } dev_tensor;
 
+/* The upload's progress line: bytes really sent to one GPU, of all it will get. */
+typedef struct {
+    double t0, shown;
+    size_t sent, all;
+    int device;
+} upload_meter;
+
+#define NOT_UP SIZE_MAX /* a tensor not on the rank's GPU, or a linear not packed for it */
+
 /* One rank: its GPU and stream, its shard, its buffers. */
 typedef struct {
     int device;
-    int owner; /* the rank whose upload of the pack it reads: the first rank on its GPU */
+    int owner; /* the rank whose upload it reads: the first rank on its GPU (itself if alone) */
     cudaStream_t st;
     cudaEvent_t ev_ready, ev_done, ev_join; /* the all-reduce's two barriers; graph fork/join */
     muse_rank_heads heads;
     long kv_width; /* (kv1 - kv0) * head_dim: what its cache holds a position */
     /* the replicated weights of its GPU (the owner's allocations) */
-    uint8_t *wdev;       /* every tensor of the pack, found by host address */
+    uint8_t *wdev; /* the pack's tensors (alone: those it reads), found by host address */
+    /* alone on its GPU among several ranks: wdev holds tensor i at toff[i] (NOT_UP: not there)
+     * and linear id packed at pack_at + pack_off[id] (NOT_UP: read through toff); both NULL
+     * where wdev is the whole pack at the shared offsets (one rank, or ranks sharing a GPU) */
+    size_t *toff, *pack_off, pack_at;
+    upload_meter up;
     float **vec;         /* [n_vecs] device copies of the fp32 weight vectors */
     float *vec_block;    /* their storage */
     float **router_bias; /* [layers] or NULL entries */
@@ -233,11 +249,9 @@ static void *dalloc(cuda_backend *c, size_t bytes, uint64_t *account)
     return p;
 }
 
-/* The device address of host bytes inside an uploaded tensor, in rank's GPU copy. */
-static const void *dev_ptr(const cuda_backend *c, const cuda_rank *rk, const void *host)
+/* The index of the pack's tensor holding host bytes h (c->tensors is sorted by host). */
+static size_t tensor_at(const cuda_backend *c, const uint8_t *h)
 {
-    if (!host) return NULL;
-    const uint8_t *h = host;
     size_t lo = 0, hi = c->n_tensors;
     while (lo < hi) { /* the last tensor starting at or below h */
         size_t mid = (lo + hi) / 2;
@@ -249,7 +263,17 @@ static const void *dev_ptr(const cuda_backend *c, const cuda_rank *rk, const voi
     MUSE_CHECK(lo > 0);
     const dev_tensor *t = &c->tensors[lo - 1];
     MUSE_CHECK(h < t->host + (t->bytes ? t->bytes : 1));
-    return rk->wdev + t->off + (size_t)(h - t->host);
+    return lo - 1;
+}
+
+/* The device address of host bytes inside an uploaded tensor, in rank's GPU copy. */
+static const void *dev_ptr(const cuda_backend *c, const cuda_rank *rk, const void *host)
+{
+    if (!host) return NULL;
+    const uint8_t *h = host;
+    size_t i = tensor_at(c, h), off = rk->toff ? rk->toff[i] : c->tensors[i].off;
+    MUSE_CHECK(off != NOT_UP); /* a GPU alone uploads every tensor it reads through here */
+    return rk->wdev + off + (size_t)(h - c->tensors[i].host);
 }
 
 static int kdtype(muse_dtype dt)
@@ -288,30 +312,156 @@ static void lay_out_tensors(cuda_backend *c)
     }
 }
 
+static void meter_start(upload_meter *u, int device, size_t all)
+{
+    u->t0 = u->shown = muse_now_s();
+    u->sent = 0;
+    u->all = all;
+    u->device = device;
+}
+
+/* bytes more sent; last: the final line (shown when any line was) */
+static void meter_add(upload_meter *u, size_t bytes, int last)
+{
+    u->sent += bytes;
+    double now = muse_now_s();
+    if (now - u->shown >= 1.0 || (u->shown > u->t0 && last)) {
+        /* a large pack takes minutes: say how far, how fast and how long is left */
+        double rate = (double)u->sent / (now - u->t0);
+        fprintf(stderr,
+                "muse-engine: uploading weights to GPU %d: %.2f of %.2f GB, %.2f GB/s, %.0f s "
+                "left\n",
+                u->device, (double)u->sent / 1e9, (double)u->all / 1e9, rate / 1e9,
+                rate > 0 ? (double)(u->all - u->sent) / rate : 0.0);
+        u->shown = now;
+    }
+}
+
+/* The whole pack at the shared offsets: one rank, or the first of the ranks sharing a GPU. */
 static int upload_weights(cuda_backend *c, int r)
 {
     cuda_rank *rk = &c->rank[r];
     rk->wdev = dalloc(c, c->pack_bytes, &c->base.ranks[r].weights);
-    double t0 = muse_now_s(), shown = t0;
-    size_t sent = 0, all = 0;
+    size_t all = 0;
     for (size_t i = 0; i < c->n_tensors; i++) all += c->tensors[i].bytes;
+    meter_start(&rk->up, rk->device, all);
     for (size_t i = 0; i < c->n_tensors && !c->failed; i++) {
         CHECK(c, cudaMemcpy(rk->wdev + c->tensors[i].off, c->tensors[i].host, c->tensors[i].bytes,
                             cudaMemcpyHostToDevice));
-        sent += c->tensors[i].bytes;
-        double now = muse_now_s();
-        if (now - shown >= 1.0 || (shown > t0 && i + 1 == c->n_tensors)) {
-            /* a large pack takes minutes: say how far, how fast and how long is left */
-            double rate = (double)sent / (now - t0);
-            fprintf(stderr,
-                    "muse-engine: uploading weights to GPU %d: %.2f of %.2f GB, %.2f GB/s, %.0f s "
-                    "left\n",
-                    rk->device, (double)sent / 1e9, (double)all / 1e9, rate / 1e9,
-                    rate > 0 ? (double)(all - sent) / rate : 0.0);
-            shown = now;
-        }
+        meter_add(&rk->up, c->tensors[i].bytes, i + 1 == c->n_tensors);
     }
     return c->failed ? -1 : 0;
+}
+
+/* ---- a GPU holding one rank of several: only what the rank reads ---- */
+
+/* Rank r is the only rank on its GPU, and there are others: it uploads its shard alone.
+ * Ranks sharing a GPU keep one whole upload (their shards together are the whole pack). */
+static int alone(const cuda_backend *c, int r)
+{
+    if (c->n_ranks < 2) return 0;
+    for (int q = 0; q < c->n_ranks; q++)
+        if (q != r && c->rank[q].device == c->rank[r].device) return 0;
+    return 1;
+}
+
+typedef struct {
+    cuda_backend *c;
+    int r;
+    uint8_t *whole; /* [n_tensors] read whole through dev_ptr: uploaded as they are */
+    size_t packed;  /* bytes of the packed linears so far */
+    int failed;
+    muse_err *e;
+} shard_job;
+
+static void mark(shard_job *j, const void *host)
+{
+    if (host) j->whole[tensor_at(j->c, host)] = 1;
+}
+
+/* Every tensor linear l reads (its descriptor points into them through dev_ptr). */
+static void mark_linear(shard_job *j, const muse_linear *l)
+{
+    if (l->kind == MUSE_LIN_DENSE) {
+        mark(j, l->w->data);
+        return;
+    }
+    const muse_exl3_weight *w = &l->exl3;
+    const void *parts[] = {w->trellis, w->suh, w->svh, w->su, w->sv, w->bias};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) mark(j, parts[i]);
+}
+
+/* The rank's view of l is all of it (replicated, or a split the rules leave whole). */
+static int view_whole(const shard_job *j, const muse_linear *l)
+{
+    int64_t lo, hi;
+    muse_shard_range(j->c->base.model, l, j->r, j->c->n_ranks, &lo, &hi);
+    return l->shard == MUSE_SHARD_REPLICATED ||
+           (lo == 0 && hi == (l->shard == MUSE_SHARD_INPUT ? l->k : l->n));
+}
+
+static void mark_whole_view(void *ctx, const muse_linear *l)
+{
+    shard_job *j = ctx;
+    if (view_whole(j, l)) mark_linear(j, l);
+}
+
+/* A split view is packed, unless its weight is uploaded whole anyway (a tied head reads the
+ * embeddings): then it reads that upload as the shared path does. */
+static void place_packed(void *ctx, const muse_linear *l)
+{
+    shard_job *j = ctx;
+    cuda_rank *rk = &j->c->rank[j->r];
+    if (j->failed || view_whole(j, l)) return;
+    const void *w = l->kind == MUSE_LIN_DENSE ? l->w->data : (const void *)l->exl3.trellis;
+    if (j->whole[tensor_at(j->c, w)]) {
+        mark_linear(j, l);
+        return;
+    }
+    int64_t lo, hi;
+    muse_linear v;
+    muse_shard_range(j->c->base.model, l, j->r, j->c->n_ranks, &lo, &hi);
+    if (muse_shard_view(l, lo, hi, j->r == 0, &v, j->e)) {
+        j->failed = 1;
+        return;
+    }
+    rk->pack_off[l->id] = j->packed;
+    j->packed += muse_shard_packed_bytes(&v); /* a multiple of 256: the next stays aligned */
+}
+
+/* Which tensors go whole and where each packed linear goes; then the whole tensors' upload.
+ * The packed linears follow in upload_linears, where their descriptors are made. */
+static int upload_shard(cuda_backend *c, int r, muse_err *e)
+{
+    cuda_rank *rk = &c->rank[r];
+    const muse_model *m = c->base.model;
+    size_t nl = (size_t)(m->n_linears > 0 ? m->n_linears : 1), nt = c->n_tensors ? c->n_tensors : 1;
+    shard_job j = {c, r, MUSE_CALLOC(nt, 1), 0, 0, e};
+    rk->pack_off = MUSE_CALLOC(nl, sizeof *rk->pack_off);
+    rk->toff = MUSE_CALLOC(nt, sizeof *rk->toff);
+    for (size_t i = 0; i < nl; i++) rk->pack_off[i] = NOT_UP;
+    mark(&j, m->embed->data); /* the embeddings and routers every rank reads whole */
+    for (int64_t i = 0; i < m->cfg.num_layers; i++)
+        if (m->cfg.mlp_kind[i] == MUSE_MLP_MOE) mark(&j, m->layers[i].router->data);
+    muse_model_each_linear(m, mark_whole_view, &j);
+    muse_model_each_linear(m, place_packed, &j);
+    size_t at = 0, all = j.packed;
+    for (size_t i = 0; i < c->n_tensors; i++) {
+        rk->toff[i] = j.whole[i] ? at : NOT_UP;
+        if (j.whole[i]) at += (c->tensors[i].bytes + 255) / 256 * 256; /* as the shared layout */
+        if (j.whole[i]) all += c->tensors[i].bytes;
+    }
+    rk->pack_at = at;
+    if (!j.failed) rk->wdev = dalloc(c, at + j.packed, &c->base.ranks[r].weights);
+    meter_start(&rk->up, rk->device, all);
+    for (size_t i = 0; i < c->n_tensors && !j.failed && !c->failed; i++) {
+        if (!j.whole[i]) continue;
+        CHECK(c, cudaMemcpy(rk->wdev + rk->toff[i], c->tensors[i].host, c->tensors[i].bytes,
+                            cudaMemcpyHostToDevice));
+        meter_add(&rk->up, c->tensors[i].bytes, rk->up.sent + c->tensors[i].bytes >= all);
+    }
+    free(j.whole);
+    return j.failed || c->failed ? -1 : 0;
 }
 
 static void upload_vec(cuda_backend *c, cuda_rank *rk, const muse_vec *v, size_t *at)
@@ -391,7 +541,79 @@ typedef struct {
     int r;
     int failed;
     muse_err *e;
+    uint8_t *stage; /* a packed view on the host before its upload (GPU alone), cap bytes */
+    size_t cap;
 } rank_job;
+
+/* Where descriptor pointers point: into the rank's upload of the pack (stage NULL), or into
+ * one packed view at dev, staged at stage on the host. */
+typedef struct {
+    const cuda_backend *c;
+    const cuda_rank *rk;
+    const uint8_t *stage;
+    uint8_t *dev;
+} addr_map;
+
+static const void *addr(const addr_map *a, const void *host)
+{
+    if (!a->stage) return dev_ptr(a->c, a->rk, host);
+    return host ? a->dev + ((const uint8_t *)host - a->stage) : NULL;
+}
+
+/* The device descriptor of view l, its pointers through a. */
+static void fill_desc(const addr_map *a, const muse_linear *l, muse_k_lin *d)
+{
+    memset(d, 0, sizeof *d);
+    if (l->kind == MUSE_LIN_DENSE) {
+        d->kind = MUSE_K_DENSE;
+        d->dtype = kdtype(l->w->dtype);
+        d->k = l->k;
+        d->n = l->n;
+        d->w = addr(a, l->w->data);
+        d->row0 = l->row0;
+        d->col0 = l->col0;
+        d->ld = l->ld;
+        return;
+    }
+    const muse_exl3_weight *w = &l->exl3;
+    d->kind = MUSE_K_EXL3;
+    d->path = muse_k_exl3_path_env(); /* MUSE_EXL3_PATH, read at start: checks force a path */
+    d->bits = w->bits;
+    d->k = w->k;
+    d->n = w->n;
+    d->trellis = addr(a, w->trellis);
+    d->tiles_ld = w->tiles_ld ? w->tiles_ld : w->n / 16;
+    d->suh = addr(a, w->suh);
+    d->svh = addr(a, w->svh);
+    d->su = addr(a, w->su);
+    d->sv = addr(a, w->sv);
+    d->bias = addr(a, w->bias);
+    d->table = a->rk->cb_tables[w->cb];
+}
+
+/* A GPU alone: view l packed on the host, uploaded to its place, described there (the same
+ * weights at the same indices: dense rows k long, a trellis row of the view's tiles alone). */
+static void describe_packed(rank_job *j, const muse_linear *l, muse_k_lin *d)
+{
+    cuda_backend *c = j->c;
+    cuda_rank *rk = &c->rank[j->r];
+    size_t bytes = muse_shard_packed_bytes(l);
+    if (bytes > j->cap) {
+        free(j->stage);
+        j->stage = MUSE_MALLOC(bytes);
+        j->cap = bytes;
+    }
+    muse_tensor t;
+    muse_linear p;
+    muse_shard_pack(l, j->stage, &t, &p);
+    addr_map a = {c, rk, j->stage, rk->wdev + rk->pack_at + rk->pack_off[l->id]};
+    if (CHECK(c, cudaMemcpy(a.dev, j->stage, bytes, cudaMemcpyHostToDevice))) {
+        j->failed = 1;
+        return;
+    }
+    meter_add(&rk->up, bytes, rk->up.sent + bytes >= rk->up.all);
+    fill_desc(&a, &p, d);
+}
 
 /* Rank r's view of one linear (the CPU backend's rules) and its device descriptor. */
 static void describe(void *ctx, const muse_linear *whole)
@@ -407,32 +629,12 @@ static void describe(void *ctx, const muse_linear *whole)
         return;
     }
     muse_k_lin *d = &rk->lin[l->id];
-    memset(d, 0, sizeof *d);
-    if (l->kind == MUSE_LIN_DENSE) {
-        d->kind = MUSE_K_DENSE;
-        d->dtype = kdtype(l->w->dtype);
-        d->k = l->k;
-        d->n = l->n;
-        d->w = dev_ptr(c, rk, l->w->data);
-        d->row0 = l->row0;
-        d->col0 = l->col0;
-        d->ld = l->ld;
+    if (rk->pack_off && rk->pack_off[l->id] != NOT_UP) {
+        describe_packed(j, l, d);
         return;
     }
-    const muse_exl3_weight *w = &l->exl3;
-    d->kind = MUSE_K_EXL3;
-    d->path = muse_k_exl3_path_env(); /* MUSE_EXL3_PATH, read at start: checks force a path */
-    d->bits = w->bits;
-    d->k = w->k;
-    d->n = w->n;
-    d->trellis = dev_ptr(c, rk, w->trellis);
-    d->tiles_ld = w->tiles_ld ? w->tiles_ld : w->n / 16;
-    d->suh = dev_ptr(c, rk, w->suh);
-    d->svh = dev_ptr(c, rk, w->svh);
-    d->su = dev_ptr(c, rk, w->su);
-    d->sv = dev_ptr(c, rk, w->sv);
-    d->bias = dev_ptr(c, rk, w->bias);
-    d->table = rk->cb_tables[w->cb];
+    addr_map a = {c, rk, NULL, NULL};
+    fill_desc(&a, l, d);
 }
 
 typedef struct {
@@ -458,8 +660,9 @@ static int upload_linears(cuda_backend *c, int r, muse_err *e)
     size_t nl = (size_t)(m->n_linears > 0 ? m->n_linears : 1);
     rk->views = MUSE_CALLOC(nl, sizeof *rk->views);
     rk->lin = MUSE_CALLOC(nl, sizeof *rk->lin);
-    rank_job j = {c, r, 0, e};
+    rank_job j = {c, r, 0, e, NULL, 0};
     muse_model_each_linear(m, describe, &j);
+    free(j.stage);
     if (j.failed) return -1;
     if (c->failed) return -1;
     rk->lin_dev = dalloc(c, (size_t)m->n_linears * sizeof *rk->lin, acct);
@@ -1417,8 +1620,10 @@ static int setup_nccl(cuda_backend *c, muse_err *e)
     return 0;
 }
 
-/* Rank r's stream, events and weights: its GPU's upload of the pack (the first rank on a GPU
- * uploads, the others read it) and its shard's descriptors. */
+/* Rank r's stream, events and weights and its shard's descriptors. Alone on its GPU among
+ * several ranks it uploads only what it reads; ranks sharing a GPU read one whole upload of the
+ * pack, made by the first of them: the simplest rule that is right, since together they read
+ * most of it (the union of their shards is not worked out). */
 static int start_rank(cuda_backend *c, int r, muse_err *e)
 {
     cuda_rank *rk = on(c, r);
@@ -1428,7 +1633,8 @@ static int start_rank(cuda_backend *c, int r, muse_err *e)
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_join, cudaEventDisableTiming)))
         return -1;
     if (rk->owner == r) {
-        if (upload_weights(c, r) || upload_vectors(c, r) || upload_codebooks(c, r)) return -1;
+        int up = alone(c, r) ? upload_shard(c, r, e) : upload_weights(c, r);
+        if (up || upload_vectors(c, r) || upload_codebooks(c, r)) return -1;
     } else {
         const cuda_rank *ow = &c->rank[rk->owner];
         rk->wdev = ow->wdev;
@@ -1543,6 +1749,8 @@ static void free_rank(cuda_backend *c, int r)
     free(rk->v_cache);
     free(rk->views);
     free(rk->lin);
+    free(rk->toff);
+    free(rk->pack_off);
 }
 
 static void cuda_destroy(muse_backend *be)
