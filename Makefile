@@ -46,9 +46,10 @@ CUDA_OBJS    := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(CUDA_SRCS)) $(KERNEL_OB
 LDLIBS       += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(CUDA_SRCS)): CFLAGS += -I. -isystem $(CUDA_HOME)/include -DMUSE_CUDA_ARCHS='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"'
 $(BUILD)/obj/backend/backend.o: CFLAGS += -DMUSE_HAVE_CUDA -DMUSE_CUDA_ARCHS='"$(foreach a,$(CUDA_ARCHS),sm_$(a))"'
-$(BUILD)/obj/kernels/%.o: kernels/%.cu $(wildcard kernels/*.cuh kernels/*.h)
+# -MMD -MP: a kernel rebuilds when any header it includes changes, engine/ ones too
+$(BUILD)/obj/kernels/%.o: kernels/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC_BIN) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC_BIN) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 endif
 LIB       := $(BUILD)/libmuse.a
 ENGINE_H  := $(shell find engine -name '*.h')

@@ -26,8 +26,8 @@ __global__ void k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld
     int64_t at = k_kv_offset(&kv, seq, positions[r]);
     if (at < 0) return;
     for (long d = threadIdx.x; d < kv.kv_width; d += blockDim.x) {
-        kv.k[at + d] = k_f32_f16(k[r * ld + d]);
-        kv.v[at + d] = k_f32_f16(v[r * ld + d]);
+        kv.k[at + d] = muse_f32_to_f16(k[r * ld + d]);
+        kv.v[at + d] = muse_f32_to_f16(v[r * ld + d]);
     }
 }
 
@@ -101,7 +101,7 @@ __global__ void k_attention(muse_k_kv kv, const float *qa, const float *ga, floa
 #pragma unroll
             for (int m = 0; m < AT_MAX_DIM / AT_THREADS; m++) {
                 long d = t + m * AT_THREADS;
-                if (d < hd) acc[m] += w * (double)k_f16_f32(vr[d]);
+                if (d < hd) acc[m] += w * (double)muse_f16_to_f32(vr[d]);
             }
         }
         __syncthreads();
@@ -110,7 +110,7 @@ __global__ void k_attention(muse_k_kv kv, const float *qa, const float *ga, floa
 #pragma unroll
     for (int m = 0; m < AT_MAX_DIM / AT_THREADS; m++) {
         long d = t + m * AT_THREADS;
-        if (d < hd) o[d] = k_round_f16(__fmul_rn((float)acc[m], k_sigmoid(g[d])));
+        if (d < hd) o[d] = muse_round_f16(__fmul_rn((float)acc[m], k_sigmoid(g[d])));
     }
 }
 

@@ -1,4 +1,4 @@
-/* Device helpers every kernel shares: the CPU's fp16/bf16 conversions bit for bit, and the
+/* Device helpers every kernel shares: the CPU's fp16/bf16 conversions (base/f16.h), and the
  * CPU reference's fixed-order double sums (4 lanes, then a fixed tree, then the tail), so a
  * kernel's result equals engine/backend/cpu/cpu_backend.c's exactly. Included by .cu files only.
  * Everything here is compiled with -fmad=false: no contraction the CPU does not do. */
@@ -7,72 +7,14 @@
 
 #include <stdint.h>
 
+#include "base/f16.h" /* the CPU's own conversions, compiled for the device too */
 #include "launch.h"
-
-__device__ __forceinline__ float k_bits_f32(uint32_t u)
-{
-    return __uint_as_float(u);
-}
-
-__device__ __forceinline__ uint32_t k_f32_bits(float f)
-{
-    return __float_as_uint(f);
-}
-
-/* muse_f16_to_f32 */
-__device__ __forceinline__ float k_f16_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1Fu;
-    uint32_t mant = h & 0x3FFu;
-    if (exp == 0x1F) return k_bits_f32(sign | 0x7F800000u | (mant << 13));
-    if (exp == 0) {
-        float v = __fmul_rn((float)mant, 5.9604644775390625e-08f);
-        return sign ? -v : v;
-    }
-    return k_bits_f32(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-/* muse_f32_to_f16: round to nearest even, NaN keeps its sign and becomes quiet */
-__device__ __forceinline__ uint16_t k_f32_f16(float f)
-{
-    uint32_t x = k_f32_bits(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t ax = x & 0x7FFFFFFFu;
-    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0));
-    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);
-    if (ax < 0x38800000u) {
-        if (ax < 0x33000000u) return (uint16_t)sign;
-        uint32_t e = ax >> 23;
-        uint32_t m = (ax & 0x7FFFFFu) | 0x800000u;
-        uint32_t shift = 126u - e;
-        uint32_t q = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (q & 1u))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t q = ((ax >> 13) - (112u << 10));
-    uint32_t rem = ax & 0x1FFFu;
-    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;
-    return (uint16_t)(sign | q);
-}
-
-__device__ __forceinline__ float k_round_f16(float f)
-{
-    return k_f16_f32(k_f32_f16(f));
-}
-
-__device__ __forceinline__ float k_bf16_f32(uint16_t b)
-{
-    return k_bits_f32((uint32_t)b << 16);
-}
 
 /* Element i of a float tensor of dtype (MUSE_K_F16, MUSE_K_BF16, MUSE_K_F32) as fp32. */
 __device__ __forceinline__ float k_load(const void *p, int dtype, int64_t i)
 {
-    if (dtype == MUSE_K_F16) return k_f16_f32(((const uint16_t *)p)[i]);
-    if (dtype == MUSE_K_BF16) return k_bf16_f32(((const uint16_t *)p)[i]);
+    if (dtype == MUSE_K_F16) return muse_f16_to_f32(((const uint16_t *)p)[i]);
+    if (dtype == MUSE_K_BF16) return muse_bf16_to_f32(((const uint16_t *)p)[i]);
     return ((const float *)p)[i];
 }
 

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(128)
         tail += (double)xr[i] * (double)k_load(d->w, d->dtype, (d->row0 + col) * ld + d->col0 + i);
     double sum = ((lanes[t] + lanes[t + 1]) + (lanes[t + 2] + lanes[t + 3])) + tail;
     float v = (float)sum;
-    y[r * y_stride + col] = round16 ? k_round_f16(v) : v;
+    y[r * y_stride + col] = round16 ? muse_round_f16(v) : v;
 }
 
 /* The 128-point Sylvester Hadamard in double on v (shared), 64 threads: the butterflies of
@@ -91,13 +91,13 @@ __device__ __forceinline__ void k_hadamard128(double *v)
 
 __device__ __forceinline__ float k_in_scale(const muse_k_lin *d, int64_t i)
 {
-    if (d->suh) return k_f16_f32(d->suh[i]);
+    if (d->suh) return muse_f16_to_f32(d->suh[i]);
     return (d->su[i >> 4] >> (i & 15)) & 1 ? -1.0f : 1.0f;
 }
 
 __device__ __forceinline__ float k_out_scale(const muse_k_lin *d, int64_t j)
 {
-    if (d->svh) return k_f16_f32(d->svh[j]);
+    if (d->svh) return muse_f16_to_f32(d->svh[j]);
     return (d->sv[j >> 4] >> (j & 15)) & 1 ? -1.0f : 1.0f;
 }
 
@@ -115,7 +115,7 @@ __global__ void k_exl3_prepare(const muse_k_lin *descs, const int32_t *row_desc,
     __syncthreads();
     k_hadamard128(v);
     float *ar = a + r * d->k;
-    for (int i = threadIdx.x; i < HAD; i += 64) ar[i0 + i] = k_round_f16((float)v[i]);
+    for (int i = threadIdx.x; i < HAD; i += 64) ar[i0 + i] = muse_round_f16((float)v[i]);
 }
 
 /* The state of tile element (row i, column c): the 16-bit window of the tile's bit stream
@@ -254,9 +254,9 @@ __global__ void k_exl3_finish(const muse_k_lin *descs, const int32_t *row_desc, 
     for (int i = threadIdx.x; i < HAD; i += 64) {
         int64_t j = j0 + i;
         double s = v[i] * (double)k_out_scale(d, j);
-        if (d->bias) s += (double)k_f16_f32(d->bias[j]);
+        if (d->bias) s += (double)muse_f16_to_f32(d->bias[j]);
         float f = (float)s;
-        y[r * y_stride + j] = round16 ? k_round_f16(f) : f;
+        y[r * y_stride + j] = round16 ? muse_round_f16(f) : f;
     }
 }
 

@@ -15,7 +15,7 @@ __global__ void k_norm(const float *x, long width, const float *w, long w_stride
         float v = (float)((double)xr[j] * s);
         if (mode == MUSE_K_NORM_PLUS1) v = __fmul_rn(v, __fadd_rn(1.0f, wr[j]));
         if (mode == MUSE_K_NORM_PLAIN) v = __fmul_rn(v, wr[j]);
-        o[j] = round16 ? k_round_f16(v) : v;
+        o[j] = round16 ? muse_round_f16(v) : v;
     }
 }
 

@@ -23,7 +23,7 @@ __global__ void k_qk_norm_rope(float *x, long heads, long hd, const int64_t *pos
         }
         __syncthreads();
     }
-    for (long d = threadIdx.x; d < hd; d += blockDim.x) v[d] = k_round_f16(v[d]);
+    for (long d = threadIdx.x; d < hd; d += blockDim.x) v[d] = muse_round_f16(v[d]);
 }
 
 MUSE_K_API int muse_k_qk_norm_rope(float *x, long rows, long heads, long head_dim,

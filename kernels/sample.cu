@@ -33,7 +33,7 @@ __device__ __forceinline__ float k_weight(float x, float max, float inv_t, int w
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     int k = (int)kf;
-    float scale = k_bits_f32((uint32_t)(k + (127 + wb)) << 23);
+    float scale = muse_bits_to_f32((uint32_t)(k + (127 + wb)) << 23);
     float q = __fmul_rn(p, scale);
     if (q < two23) q = __fsub_rn(__fadd_rn(q, two23), two23);
     float top = (float)((uint64_t)1 << wb);
@@ -43,7 +43,7 @@ __device__ __forceinline__ float k_weight(float x, float max, float inv_t, int w
 
 __device__ __forceinline__ uint64_t k_key(const float *wts, long i)
 {
-    return muse_sx_key(k_f32_bits(wts[i]), i);
+    return muse_sx_key(muse_f32_to_bits(wts[i]), i);
 }
 
 /* Sum over the block of v (every thread gets it). */

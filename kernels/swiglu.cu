@@ -8,7 +8,7 @@ __global__ void k_swiglu(const float *gate, const float *up, long n, float *out)
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     double gv = gate[i];
-    out[i] = k_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up[i]));
+    out[i] = muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up[i]));
 }
 
 MUSE_K_API int muse_k_swiglu(const float *gate, const float *up, long n, float *out,

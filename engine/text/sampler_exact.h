@@ -10,14 +10,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
-#define MUSE_SX static __host__ __device__ __forceinline__
-#else
-#define MUSE_SX static inline
-#endif
+#include "base/host_device.h"
 
 /* The SplitMix64 finalizer. */
-MUSE_SX uint64_t muse_sx_mix(uint64_t z)
+MUSE_HD uint64_t muse_sx_mix(uint64_t z)
 {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -25,7 +21,7 @@ MUSE_SX uint64_t muse_sx_mix(uint64_t z)
 }
 
 /* muse_rand_bits (sampler.h): the finalizer chained over seed, position and stream. */
-MUSE_SX uint64_t muse_sx_rand_bits(uint64_t seed, uint64_t position, uint64_t stream)
+MUSE_HD uint64_t muse_sx_rand_bits(uint64_t seed, uint64_t position, uint64_t stream)
 {
     const uint64_t golden = 0x9e3779b97f4a7c15ull; /* odd: multiplying by it is a bijection */
     uint64_t h = muse_sx_mix(seed + golden);
@@ -34,7 +30,7 @@ MUSE_SX uint64_t muse_sx_rand_bits(uint64_t seed, uint64_t position, uint64_t st
 }
 
 /* The exact 128-bit product a * b as hi:lo (the device has an instruction for the high half). */
-MUSE_SX void muse_sx_mul_u64(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo)
+MUSE_HD void muse_sx_mul_u64(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo)
 {
 #ifdef __CUDA_ARCH__
     *hi = __umul64hi(a, b);
@@ -49,7 +45,7 @@ MUSE_SX void muse_sx_mul_u64(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo)
 }
 
 /* floor(a * b / 2^shift), or the ceiling when round_up; shift in [1, 127]; result < 2^64. */
-MUSE_SX uint64_t muse_sx_mul_shift(uint64_t a, uint64_t b, int shift, int round_up)
+MUSE_HD uint64_t muse_sx_mul_shift(uint64_t a, uint64_t b, int shift, int round_up)
 {
     uint64_t hi, lo, q, rest;
     muse_sx_mul_u64(a, b, &hi, &lo);
@@ -63,14 +59,14 @@ MUSE_SX uint64_t muse_sx_mul_shift(uint64_t a, uint64_t b, int shift, int round_
     return q + (round_up && rest != 0);
 }
 
-MUSE_SX uint32_t muse_sx_float_bits(float f)
+MUSE_HD uint32_t muse_sx_float_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
-MUSE_SX float muse_sx_bits_float(uint32_t u)
+MUSE_HD float muse_sx_bits_float(uint32_t u)
 {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -78,7 +74,7 @@ MUSE_SX float muse_sx_bits_float(uint32_t u)
 }
 
 /* ceil(f * w) exactly, for a float f in (0, 1): f's 24-bit mantissa times w, shifted. */
-MUSE_SX uint64_t muse_sx_ceil_float_times(float f, uint64_t w)
+MUSE_HD uint64_t muse_sx_ceil_float_times(float f, uint64_t w)
 {
     int exponent;
     float mant = frexpf(f, &exponent);             /* f = mant * 2^exponent, mant in [0.5, 1) */
@@ -89,7 +85,7 @@ MUSE_SX uint64_t muse_sx_ceil_float_times(float f, uint64_t w)
 }
 
 /* The key cut-off for min_p: weights q >= ceil(min_p * 2^S), never above the top weight. */
-MUSE_SX uint64_t muse_sx_min_p_cut(float min_p, int weight_bits)
+MUSE_HD uint64_t muse_sx_min_p_cut(float min_p, int weight_bits)
 {
     double top = (double)((uint64_t)1 << weight_bits);
     double least = ceil((double)min_p * top); /* exact: a float times a power of two */
@@ -101,12 +97,12 @@ MUSE_SX uint64_t muse_sx_min_p_cut(float min_p, int weight_bits)
 
 /* A candidate's key: (float bits of its weight q) << 32 | ~id, so keys in descending order
  * are weights descending, ties to the lower id, and every key is unique. */
-MUSE_SX uint64_t muse_sx_key(uint32_t weight_bits_of_float, int64_t id)
+MUSE_HD uint64_t muse_sx_key(uint32_t weight_bits_of_float, int64_t id)
 {
     return ((uint64_t)weight_bits_of_float << 32) | (0xffffffffu - (uint32_t)id);
 }
 
-MUSE_SX int64_t muse_sx_key_id(uint64_t key)
+MUSE_HD int64_t muse_sx_key_id(uint64_t key)
 {
     return (int64_t)(0xffffffffu - (uint32_t)key);
 }
