@@ -743,6 +743,17 @@ sub drained {
     });
 }
 
+# POSTs every body to path at once (parallel); each reply's JSON where the status is 200, else
+# {status, body}.
+sub together {
+    my ($self, $path, $bodies, %h) = @_;
+    my $res = $self->parallel([map { post_bytes($path, $_, %h) } @$bodies], 60);
+    return [map { $_->{status} == 200 ? $_->{json} : { status => $_->{status}, body => $_->{body} } } @$res];
+}
+
+# The token_sha of a non-streamed reply (together's), or 'none' where it has none.
+sub token_sha { $_[0] && $_[0]{muse} ? $_[0]{muse}{token_sha} : 'none' }
+
 # The concatenated content deltas of an SSE chat response.
 sub content_of {
     my ($res) = @_;

@@ -36,13 +36,8 @@ sub completion_body {
 }
 
 # Sends the bodies together; returns each response's JSON (or undef).
-sub together {
-    my ($path, $bodies, %h) = @_;
-    my $res = $n->parallel([map { MuseNginx::post_bytes($path, $_, %h) } @$bodies], 60);
-    return [map { $_->{status} == 200 ? $_->{json} : { status => $_->{status}, body => $_->{body} } } @$res];
-}
-
-sub sha { $_[0] && $_[0]{muse} ? $_[0]{muse}{token_sha} : 'none' }
+sub together { $n->together(@_) }
+*sha = \&MuseNginx::token_sha;
 
 # eight prompts of different lengths; eot ids make prefix points for the cache
 my @prompts = map {

@@ -46,12 +46,8 @@ sub body {
     $b{seed} = $o{seed} if defined $o{seed};
     return $JSON->encode(\%b);
 }
-sub together {
-    my ($bodies) = @_;
-    my $res = $n->parallel([map { MuseNginx::post_bytes('/v1/completions', $_) } @$bodies], 60);
-    return [map { $_->{status} == 200 ? $_->{json} : { status => $_->{status} } } @$res];
-}
-sub sha { $_[0] && $_[0]{muse} ? $_[0]{muse}{token_sha} : 'none' }
+sub together { $n->together('/v1/completions', @_) }
+*sha = \&MuseNginx::token_sha;
 
 my @prompts = map { my $i = $_; [map { ($i * 131 + $_ * 17) % 990 } 0 .. 9 + 7 * $i] } 0 .. 3;
 start('--max-rows', 24);

@@ -66,12 +66,8 @@ sub body {
     $b{stream} = JSON::PP::true if $o{stream};
     return $JSON->encode(\%b);
 }
-sub together {
-    my ($bodies) = @_;
-    my $res = $n->parallel([map { MuseNginx::post_bytes('/v1/completions', $_) } @$bodies], 60);
-    return [map { $_->{status} == 200 ? $_->{json} : { status => $_->{status} } } @$res];
-}
-sub sha { $_[0] && $_[0]{muse} ? $_[0]{muse}{token_sha} : 'none' }
+sub together { $n->together('/v1/completions', @_) }
+*sha = \&MuseNginx::token_sha;
 sub streamed_sha {
     my ($b) = @_;
     my $res = $n->parallel([MuseNginx::post_bytes('/v1/completions', $b)], 60)->[0];
