@@ -40,9 +40,11 @@ step() {
 if want setup; then
     note "== setup $(date -u +%FT%TZ) backend $B"
     if [ -d build/gpu ]; then
+        # -u: a carried binary replaces an older one only (where build/ is newer, as on the
+        # machine that built them, its own binaries are the ones to test)
         mkdir -p build/t build/nginx
-        cp build/gpu/muse-engine build/gpu/muse-pack build/gpu/muse-bench build/
-        cp build/gpu/t/* build/t/ && cp build/gpu/nginx/ngx_muse_module.so build/nginx/
+        cp -u build/gpu/muse-engine build/gpu/muse-pack build/gpu/muse-bench build/
+        cp -u build/gpu/t/* build/t/ && cp -u build/gpu/nginx/ngx_muse_module.so build/nginx/
         deb=/tmp/muse-debs
         for f in build/gpu/debs/*.deb; do dpkg -x "$f" "$deb"; done
         export LD_LIBRARY_PATH="$deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -115,16 +117,18 @@ if want medium; then
 fi
 
 want serve && MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
-want fault && [ -f t/stack/serve_gpu_fault.t ] && MUSE_TEST_BACKEND=$B step fault 60 prove -v t/stack/serve_gpu_fault.t
+want fault && step fault 60 prove -v t/stack/serve_gpu_fault.t
 
+# the first tables, with the copy bandwidth of the same run; their JSON comes back in the logs
 if want bench; then
-    if build/muse-bench kernels --help >/dev/null 2>&1; then
-        step bench-kernels 90 build/muse-bench kernels --backend "$B" --model "$packs/q4-mul1"
-        [ -d "$packs/medium" ] &&
-            step bench-medium 90 build/muse-bench kernels --backend "$B" --model "$packs/medium"
+    step bench-kernels 90 build/muse-bench kernels --backend "$B" --model "$packs/q4-mul1" \
+        --json "$logs/kernels-tiny.json"
+    if [ -d "$packs/medium" ]; then
+        step bench-medium 90 build/muse-bench kernels --backend "$B" --model "$packs/medium" \
+            --rows 1,16,256 --context 4096 --json "$logs/kernels-medium.json"
+        step bench-decode 90 build/muse-bench decode --backend "$B" --model "$packs/medium" \
+            --json "$logs/decode-medium.json"
     fi
-    [ -d "$packs/medium" ] &&
-        step bench-decode 90 build/muse-bench decode --backend "$B" --model "$packs/medium"
 fi
 
 rm -rf "$packs"
