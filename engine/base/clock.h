@@ -13,6 +13,12 @@ static inline int64_t muse_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The same clock in whole milliseconds: deadlines of socket waits. */
+static inline int64_t muse_now_ms_int(void)
+{
+    return muse_now_ns() / 1000000;
+}
+
 /* The same clock in milliseconds and in seconds. */
 static inline double muse_now_ms(void)
 {

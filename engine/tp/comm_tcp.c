@@ -23,7 +23,7 @@ typedef struct {
 
 static int64_t deadline(const tcp_comm *t)
 {
-    return muse_net_now_ms() + t->base.timeout_ms;
+    return muse_now_ms_int() + t->base.timeout_ms;
 }
 
 static int send_msg(tcp_comm *t, int k, uint32_t op, const void *buf, size_t len)
@@ -46,7 +46,7 @@ static int recv_head(tcp_comm *t, int k, uint32_t op, size_t want, int exact, si
 {
     uint8_t h[16];
     muse_err e = {{0}};
-    int64_t d = wait_ms < 0 ? -1 : muse_net_now_ms() + wait_ms;
+    int64_t d = wait_ms < 0 ? -1 : muse_now_ms_int() + wait_ms;
     if (muse_net_read(t->fd[k], h, sizeof h, d, &e)) return muse_comm_fail(&t->base, k, e.msg);
     uint32_t got = muse_get32(h + 4);
     uint64_t n = muse_get64(h + 8);

@@ -12,27 +12,20 @@
 #include <time.h>
 #include <unistd.h>
 
-int64_t muse_net_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Waits for events on fd until deadline: 1 ready, 0 timed out, -1 error (errno). */
 static int wait_fd(int fd, short events, int64_t deadline_ms)
 {
     for (;;) {
         int left = -1;
         if (deadline_ms >= 0) {
-            int64_t d = deadline_ms - muse_net_now_ms();
+            int64_t d = deadline_ms - muse_now_ms_int();
             left = d > 0 ? (d > 1000000 ? 1000000 : (int)d) : 0;
         }
         struct pollfd p = {.fd = fd, .events = events};
         int n = poll(&p, 1, left);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) return -1;
-        if (n == 0 && deadline_ms >= 0 && muse_net_now_ms() < deadline_ms) continue;
+        if (n == 0 && deadline_ms >= 0 && muse_now_ms_int() < deadline_ms) continue;
         return n;
     }
 }

@@ -6,10 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/clock.h" /* deadlines are muse_now_ms_int() plus a timeout */
 #include "base/muse_common.h"
-
-/* Milliseconds on a monotonic clock: deadlines are these plus a timeout. */
-int64_t muse_net_now_ms(void);
 
 /* Exactly len bytes to or from fd before deadline_ms (-1: no deadline). -1 with the reason
  * ("closed the connection", "no answer within 3000 ms", strerror) in e. */

@@ -189,7 +189,7 @@ static muse_comm *lead(const muse_tp_flags *f, const char *host, const char *por
     if (getrandom(id, sizeof id, 0) != (ssize_t)sizeof id) memset(id, 0, sizeof id);
     int lfd = muse_net_listen(host, port, e);
     if (lfd < 0) return muse_fail(e, "--tp-master %s: %s", f->master, e->msg), NULL;
-    int64_t deadline = muse_net_now_ms() + timeout;
+    int64_t deadline = muse_now_ms_int() + timeout;
     for (int joined = 1; joined < world;) {
         char peer[96];
         muse_err ae = {{0}};
@@ -206,7 +206,7 @@ static muse_comm *lead(const muse_tp_flags *f, const char *host, const char *por
         }
         muse_net_tune(fd);
         uint8_t h[HELLO_LEN];
-        int64_t hd = muse_net_now_ms() + 5000; /* a stranger may not hold the door */
+        int64_t hd = muse_now_ms_int() + 5000; /* a stranger may not hold the door */
         if (muse_net_read(fd, h, sizeof h, hd < deadline ? hd : deadline, &ae) ||
             memcmp(h, MAGIC, 8)) {
             fprintf(stderr,
@@ -222,7 +222,7 @@ static muse_comm *lead(const muse_tp_flags *f, const char *host, const char *por
         if (st != ST_OK) {
             uint8_t rep[REPLY_LEN];
             put_reply(rep, st, world, a, id);
-            muse_net_write(fd, rep, sizeof rep, muse_net_now_ms() + 1000, &ae);
+            muse_net_write(fd, rep, sizeof rep, muse_now_ms_int() + 1000, &ae);
             close(fd);
             muse_fail(e, "--tp-master %s: the process at %s does not fit this world: %s", f->master,
                       peer, why);
@@ -265,11 +265,11 @@ static muse_comm *follow(const muse_tp_flags *f, const char *host, const char *p
                          muse_err *e)
 {
     int world = (int)f->world, rank = (int)f->rank, timeout = (int)f->timeout_ms;
-    int64_t deadline = muse_net_now_ms() + timeout;
+    int64_t deadline = muse_now_ms_int() + timeout;
     muse_err ce = {{0}};
     int fd;
     while ((fd = muse_net_connect(host, port, deadline, &ce)) < 0) { /* rank 0 may start later */
-        if (muse_net_now_ms() + 100 >= deadline)
+        if (muse_now_ms_int() + 100 >= deadline)
             return muse_fail(e, "--tp-master %s: no rank 0 answered within %d ms: %s", f->master,
                              timeout, ce.msg),
                    NULL;
