@@ -1,46 +1,11 @@
-/* The kernel registry's table (kernels/registry.h): one entry a seam operation. */
+/* The kernel registry's table (kernels/registry.h), made from the one list in backend/ops.h. */
 #include "kernels/registry.h"
 
 static const muse_kernel_entry table[] = {
-    {MUSE_K_EMBED, "embed", "embed", "kernels/embed.cu", "cpu embed: rms(embed[tokens]), fp32",
-     "hidden", 1e-6},
-    {MUSE_K_NORM, "norm", "norm", "kernels/norm.cu",
-     "cpu norm: rms(x) * (1 | 1+w | w), fp32 or fp16 out", "hidden, each weight mode, fp32/fp16",
-     1e-6},
-    {MUSE_K_ADD_NORM, "add_norm", "add_norm", "kernels/norm.cu", "cpu add_norm: h += (1+w) rms(y)",
-     "hidden", 1e-6},
-    {MUSE_K_LINEAR_DENSE, "linear dense", "linear", "kernels/linear.cu",
-     "cpu linear, fp16/bf16 weights: fp32 sums in the CPU order",
-     "q, k, o, dense gate/down, expert up/down of the pack", 1e-6},
-    {MUSE_K_LINEAR_EXL3, "linear exl3", "linear", "kernels/linear.cu",
-     "cpu linear, EXL3 trellis weights decoded the CPU's way",
-     "q, k, o, dense gate/down, expert up/down of the pack", 1e-6},
-    {MUSE_K_LINEAR_EXL3_TILES, "linear exl3 tiles path", "linear",
-     "kernels/linear.cu (k_exl3_product_tiles)",
-     "the small-M path bitwise (MUSE_EXL3_PATH=tiles vs small); each within the cpu's bound",
-     "the EXL3 linears and the moe experts of the pack", 0},
-    {MUSE_K_QK_NORM_ROPE, "qk_norm_rope", "qk_norm_rope", "kernels/qk_rope.cu",
-     "cpu qk_norm_rope: per-head rms, RoPE NEOX (theta 0: none), fp16",
-     "Q and KV widths, a RoPE and a NoPE layer", 1e-6},
-    {MUSE_K_ATTN_SLIDING, "kv write + attention sliding", "attention", "kernels/attention.cu",
-     "cpu attention: cache write, causal softmax within the window, sigmoid gate",
-     "Q, KV of the first sliding layer; prompt and decode", 1e-6},
-    {MUSE_K_ATTN_FULL, "kv write + attention full", "attention", "kernels/attention.cu",
-     "cpu attention: paged cache write, causal softmax, sigmoid gate",
-     "Q, KV of the first full layer; prompt and decode", 1e-6},
-    {MUSE_K_SWIGLU, "swiglu", "swiglu", "kernels/swiglu.cu", "cpu swiglu: fp16(silu(g) * u)",
-     "dense and expert widths", 1e-6},
-    {MUSE_K_MOE, "moe + router", "moe", "kernels/moe.cu",
-     "cpu moe: router, top-k (ties to the lower expert), weights, experts, shared experts",
-     "hidden of the first moe layer", 1e-6},
-    {MUSE_K_HEAD, "head", "head", "kernels/head.cu",
-     "cpu head: lm_head, output multiplier, softcap", "hidden x vocab", 1e-6},
-    {MUSE_K_SAMPLE, "sample", "sample", "kernels/sample.cu",
-     "cpu sample = the host muse_sample (ties to the lower id, NaN never, +inf wins)", "vocab", 0},
-    {MUSE_K_ALL_REDUCE, "all_reduce", "all_reduce", "kernels/all_reduce.cu",
-     "cpu all_reduce: ranks summed in rank order", "hidden", 0},
-    {MUSE_K_FORWARD, "forward plan", "begin_round..end_round", "(every kernel)",
-     "the same backend unpadded (exact_rows) and, with graphs, eager launches", "vocab logits", 0},
+#define MUSE_K_ROW(id, name, op, cuda, fast, ref, widths, tol, tol_fast, check)                    \
+    {MUSE_K_##id, name, op, cuda, fast, ref, widths, tol, tol_fast},
+    MUSE_KERNELS(MUSE_K_ROW)
+#undef MUSE_K_ROW
 };
 
 const muse_kernel_entry *muse_kernel_registry(size_t *n)
@@ -56,11 +21,60 @@ const muse_kernel_entry *muse_kernel_entry_of(muse_kernel_id id)
     return NULL;
 }
 
-int muse_kernel_rows(long max_rows, long rows[4])
+double muse_kernel_tol_fast(const muse_kernel_entry *k, int round16)
 {
-    rows[0] = 1;
-    rows[1] = 16;
-    rows[2] = 17;
-    rows[3] = max_rows;
-    return 4;
+    if (k->tol_fast != MUSE_TOL_BY_OUTPUT) return k->tol_fast;
+    return round16 ? 5e-4 : 2e-5;
+}
+
+int muse_kernel_rows(long max_rows, int fast, long rows[MUSE_KERNEL_MAX_ROW_COUNTS])
+{
+    static const long exact[] = {1, 16, 17}, fastr[] = {1, 4, 16, 17, 64, 256};
+    const long *base = fast ? fastr : exact;
+    int nb = fast ? 6 : 3, n = 0;
+    for (int i = 0; i < nb; i++)
+        if (base[i] < max_rows) rows[n++] = base[i];
+    rows[n++] = max_rows;
+    return n;
+}
+
+static const char *tol_text(double tol, char *buf, size_t len)
+{
+    if (tol == 0) return "bitwise";
+    if (tol == MUSE_TOL_BY_OUTPUT) return "rel L2 5e-4 (fp16 out), 2e-5 (fp32 out)";
+    snprintf(buf, len, "rel L2 %.0e", tol);
+    return buf;
+}
+
+/* s with markdown's cell separator escaped */
+static void cell(FILE *out, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '|') fputc('\\', out);
+        fputc(*s, out);
+    }
+}
+
+void muse_kernel_contract_table(FILE *out)
+{
+    fprintf(out, "| kernel | operation | exact path: must equal (CPU) | exact bound | fast path "
+                 "kernel | fast bound (against exact) | widths |\n");
+    fprintf(out, "|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+        const muse_kernel_entry *k = &table[i];
+        char a[32], b[32];
+        const char *cells[] = {k->name,
+                               k->op,
+                               k->reference,
+                               k->cuda,
+                               tol_text(k->tol, a, sizeof a),
+                               k->fast ? k->fast : "the exact kernel",
+                               tol_text(k->tol_fast, b, sizeof b),
+                               k->widths};
+        for (size_t c = 0; c < sizeof cells / sizeof *cells; c++) {
+            fputs(c == 0 ? "| " : c == 3 ? " (" : c == 4 ? ") | " : " | ", out);
+            cell(out, cells[c]);
+        }
+        fputs(" |\n", out);
+    }
 }

@@ -174,6 +174,7 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
                          "communicator",
                          o->tp_rank, o->tp_world);
     int world = o->tp_world > 1 ? o->tp_world : ranks; /* the shares are of the whole world */
+    if (muse_kernels_resolve(o->kernels, &be->kernels, e)) return -1;
     be->model = m;
     be->opts = *o;
     be->opts.ranks = ranks;
@@ -191,4 +192,61 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
     be->snapshot_bytes = muse_kv_rank_bytes(cfg, muse_kv_snapshot_bytes(cfg), world);
     for (int r = 0; r < ranks; r++) be->ranks[r].device = o->devices[r];
     return 0;
+}
+
+const char *muse_kernels_name(muse_kernels k)
+{
+    return k == MUSE_KERNELS_FAST ? "fast" : k == MUSE_KERNELS_EXACT ? "exact" : "default";
+}
+
+int muse_kernels_parse(const char *flag, const char *text, muse_kernels *k, muse_err *e)
+{
+    *k = MUSE_KERNELS_DEFAULT;
+    if (!text) return 0;
+    if (!strcmp(text, "exact"))
+        *k = MUSE_KERNELS_EXACT;
+    else if (!strcmp(text, "fast"))
+        *k = MUSE_KERNELS_FAST;
+    else
+        return muse_fail(e,
+                         "%s %s: the kernel path is exact (equal to the CPU bit for bit) or fast "
+                         "(tensor cores, within the contract's bound of exact)",
+                         flag, text);
+    return 0;
+}
+
+int muse_kernels_resolve(muse_kernels want, muse_kernels *k, muse_err *e)
+{
+    *k = want;
+    if (want != MUSE_KERNELS_DEFAULT) return 0;
+    const char *env = getenv("MUSE_CUDA_PATH");
+    if (env && *env) {
+        if (muse_kernels_parse("MUSE_CUDA_PATH", env, k, e)) return -1;
+        return 0;
+    }
+    *k = MUSE_KERNELS_EXACT; /* the default until the fast kernels have run on the GPU */
+    return 0;
+}
+
+void muse_backend_linears_parts(muse_backend *be, int n, const muse_linear *const *ls, muse_act x,
+                                int round16, const muse_act *ys)
+{
+    for (int i = 0; i < n; i++) be->ops->linear(be, ls[i], x, round16, ys[i]);
+}
+
+void muse_backend_swiglu_linear_parts(muse_backend *be, const muse_linear *gate,
+                                      const muse_linear *up, muse_act x, muse_act g, muse_act u,
+                                      muse_act out)
+{
+    be->ops->linear(be, gate, x, 1, g);
+    be->ops->linear(be, up, x, 1, u);
+    be->ops->swiglu(be, g, u, (long)gate->n, out);
+}
+
+void muse_backend_add_norm_norm_parts(muse_backend *be, muse_act h, muse_act y, long width,
+                                      const muse_vec *w, float eps, const muse_vec *next_w,
+                                      muse_norm_weight next_mode, float next_eps, muse_act out)
+{
+    be->ops->add_norm(be, h, y, width, w, eps);
+    be->ops->norm(be, h, width, next_w, next_mode, next_eps, 1, out);
 }

@@ -12,11 +12,15 @@
 #include "model/model.h"
 #include "text/sampler.h"
 
-#define MUSE_MAX_RANKS   8
-#define MUSE_MAX_BUCKETS 16
-
+typedef enum { MUSE_NORM_NONE, MUSE_NORM_PLUS1, MUSE_NORM_PLAIN } muse_norm_weight;
+typedef struct muse_backend muse_backend;
 /* An activation buffer [max_rows, width] fp32 that the backend allocated at start. */
 typedef int32_t muse_act;
+
+#include "backend/ops.h"
+
+#define MUSE_MAX_RANKS   8
+#define MUSE_MAX_BUCKETS 16
 
 /* One round's batch. Rows of one sequence are consecutive positions, ascending; the caller has
  * reserved KV blocks for them (muse_kv_ensure on be->kv). Wanted rows are numbered in row
@@ -39,9 +43,11 @@ typedef struct {
     const float *logits;   /* [wanted, vocab_size], when the round asked for them */
 } muse_round_out;
 
-typedef enum { MUSE_NORM_NONE, MUSE_NORM_PLUS1, MUSE_NORM_PLAIN } muse_norm_weight;
-
-typedef struct muse_backend muse_backend;
+/* The kernel path of a device backend (kernels/CONTRACT.md): exact (equal to the CPU bit for
+ * bit, the on-device reference) or fast (within a stated bound of exact, batch-invariant
+ * bitwise; an operation without a fast kernel runs its exact one). DEFAULT: MUSE_CUDA_PATH,
+ * else exact. The CPU backend is the reference: it has one path and takes either. */
+typedef enum { MUSE_KERNELS_DEFAULT, MUSE_KERNELS_EXACT, MUSE_KERNELS_FAST } muse_kernels;
 
 /* Sizes fixed at start: every workspace, staging buffer and the KV cache come from these. */
 typedef struct {
@@ -54,6 +60,7 @@ typedef struct {
     int devices[MUSE_MAX_RANKS]; /* device of each rank (GPU ordinal; ignored by cpu) */
     int threads;                 /* CPU threads (<= 0: all cores) */
     int exact_rows;              /* 1: no padding of rows to buckets (tests compare both) */
+    muse_kernels kernels;        /* the kernel path (DEFAULT: MUSE_CUDA_PATH, else exact) */
     /* A world of several processes (engine/tp/): this process holds rank tp_rank of tp_world
      * (ranks must be 1) and sums and gathers across ranks through comm. 0, 0, NULL: one
      * process holds every rank. */
@@ -82,33 +89,10 @@ typedef struct {
     int (*begin_round)(muse_backend *be, const muse_round *r, muse_err *e);
     int (*end_round)(muse_backend *be, muse_round_out *out, muse_err *e);
 
-    /* out[R,H] = rms(embed[tokens], eps), fp32 (the residual stream) */
-    void (*embed)(muse_backend *be, muse_act out);
-    /* out[R,W] = rms(x, eps) * (w | 1+w | 1), rounded to fp16 when round16 */
-    void (*norm)(muse_backend *be, muse_act x, long width, const muse_vec *w, muse_norm_weight mode,
-                 float eps, int round16, muse_act out);
-    /* h[R,H] += (1 + w) * rms(y, eps) */
-    void (*add_norm)(muse_backend *be, muse_act h, muse_act y, long width, const muse_vec *w,
-                     float eps);
-    /* y[R,n] = x[R,k] W, fp32 sums; rounded to fp16 when round16. A rank's shard of W. */
-    void (*linear)(muse_backend *be, const muse_linear *l, muse_act x, int round16, muse_act y);
-    /* Per head: unweighted rms (eps), RoPE NEOX at each row's position (theta 0: none), fp16 */
-    void (*qk_norm_rope)(muse_backend *be, muse_act x, long heads, long head_dim, double theta,
-                         float eps);
-    /* Writes k, v [R,KV] of layer to the cache, then o[R,Q] = softmax(q k^T * scale) v,
-     * causal, sliding when window > 0, then o = fp16(o * sigmoid(g)). Padding rows skip both. */
-    void (*attention)(muse_backend *be, int layer, muse_act q, muse_act k, muse_act v, muse_act g,
-                      muse_act o);
-    /* out[R,W] = fp16(silu(gate) * up) */
-    void (*swiglu)(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out);
-    /* y[R,H] = routed experts (router, selection, weights, outputs) + shared experts */
-    void (*moe)(muse_backend *be, const muse_layer *ly, muse_act b, muse_act y);
-    /* x[R,W] = the sum over ranks of every rank's x, in rank order (one rank: nothing) */
-    void (*all_reduce)(muse_backend *be, muse_act x, long width);
-    /* logits[N, V] of the wanted rows of x[R,H] (already normed): head, multiplier, softcap */
-    void (*head)(muse_backend *be, muse_act x, muse_act logits);
-    /* Draws wanted row i's token from logits row i with the round's sampling[i] */
-    void (*sample)(muse_backend *be, muse_act logits);
+    /* The round operations, one slot each (ops.h says what each computes). */
+#define MUSE_OP_SLOT(name, params, doc) void(*name) params;
+    MUSE_ROUND_OPS(MUSE_OP_SLOT)
+#undef MUSE_OP_SLOT
 
     /* Prompt cache: the sliding layers' K and V of the last W positions before end_pos, what a
      * sequence needs back to resume at end_pos, kept in snapshot slots 0 .. snapshot_slots-1
@@ -137,6 +121,7 @@ struct muse_backend {
     muse_rank_mem ranks[MUSE_MAX_RANKS];
     int n_buckets;
     long buckets[MUSE_MAX_BUCKETS]; /* row counts a round is padded up to, ascending */
+    muse_kernels kernels;           /* the path resolved at start: EXACT or FAST */
     int fault_pending; /* test hooks only: the next end_round fails as a sticky device error */
 };
 
@@ -163,6 +148,32 @@ typedef struct {
  * what is accepted. The config's rank rules (shard.h) are checked later by the backend. */
 int muse_backend_ranks(const muse_rank_flags *names, const char *backend, const char *gpus,
                        long long ranks, muse_backend_opts *o, muse_err *e);
+
+/* The --kernels entry of a command's flag table (base/flags.h), into a const char *. */
+#define MUSE_KERNELS_FLAG(p)                                                                       \
+    MUSE_FLAG_S("kernels", p, "exact|fast",                                                        \
+                "the kernel path of --backend cuda: exact (equal to the CPU bit for bit)\n"        \
+                "or fast (tensor cores, within kernels/CONTRACT.md's bound of exact)",             \
+                .def = "MUSE_CUDA_PATH, else exact")
+
+/* "exact", "fast" (DEFAULT: "default"). */
+const char *muse_kernels_name(muse_kernels k);
+/* --kernels TEXT (flag names the flag in errors): "exact" or "fast"; NULL: DEFAULT. */
+int muse_kernels_parse(const char *flag, const char *text, muse_kernels *k, muse_err *e);
+/* DEFAULT to MUSE_CUDA_PATH (exact | fast), else EXACT; a bad MUSE_CUDA_PATH is an error. */
+int muse_kernels_resolve(muse_kernels want, muse_kernels *k, muse_err *e);
+
+/* The fused operations built from the plain ones, bit for bit what the plan did before they
+ * were fused: a backend without a fused kernel for one (cpu, the exact path) puts these in its
+ * table. */
+void muse_backend_linears_parts(muse_backend *be, int n, const muse_linear *const *ls, muse_act x,
+                                int round16, const muse_act *ys);
+void muse_backend_swiglu_linear_parts(muse_backend *be, const muse_linear *gate,
+                                      const muse_linear *up, muse_act x, muse_act g, muse_act u,
+                                      muse_act out);
+void muse_backend_add_norm_norm_parts(muse_backend *be, muse_act h, muse_act y, long width,
+                                      const muse_vec *w, float eps, const muse_vec *next_w,
+                                      muse_norm_weight next_mode, float next_eps, muse_act out);
 
 /* For backends: fills be's common fields (buckets, KV pool, byte counts of one rank). */
 int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_backend_opts *o,

@@ -27,6 +27,9 @@ int bench_parse_flags(const char *cmd, const char *about, const muse_flag *flags
 
 /* Prints "muse-bench CMD: MSG (see muse-bench CMD --help)" and returns 2. */
 int bench_usage_error(const char *cmd, const char *msg);
+/* --kernels TEXT (NULL: not given) into MUSE_CUDA_PATH, which every backend the command makes
+ * reads; 0, or the usage error's exit code. */
+int bench_kernels_flag(const char *cmd, const char *text);
 
 /* The EXL3 codebooks' names in muse_codebook order, for an ENUM flag. */
 extern const char *const bench_codebooks[];

@@ -104,7 +104,7 @@ static double decode_step_median(engine_ctx *c, int steps)
 }
 
 typedef struct {
-    const char *backend, *json, *baseline;
+    const char *backend, *json, *baseline, *kernels;
     bench_weights w;
     long long tokens, prompt, threads, copy_mib;
 } decode_flags;
@@ -166,6 +166,7 @@ int bench_cmd_decode(int argc, char **argv)
     muse_err e = {{0}};
     const muse_flag table[] = {
         MUSE_FLAG_S("backend", &f.backend, "cpu|cuda", "the backend to measure", .def = "cpu"),
+        MUSE_KERNELS_FLAG(&f.kernels),
         MUSE_FLAG_R("model", dirs, &ndirs, 4, "DIR", "a pack to measure (or --synthetic-weights)"),
         BENCH_SYNTHETIC_FLAGS(f.w),
         MUSE_FLAG_L("tokens", &f.tokens, 1, 100000, "N", "decode steps"),
@@ -181,6 +182,7 @@ int bench_cmd_decode(int argc, char **argv)
         "decode", "Forward tokens/s on a backend: prompt in rows of 64, decode 1 row.\n", table,
         sizeof table / sizeof *table, argc, argv);
     if (prc != MUSE_FLAGS_RUN) return prc;
+    if ((prc = bench_kernels_flag("decode", f.kernels))) return prc;
     if (!ndirs && f.w.synthetic < 0)
         return bench_usage_error("decode", "--model DIR (or --synthetic-weights SEED --config "
                                            "FILE) is required");

@@ -77,6 +77,19 @@ double bench_op_bytes(const muse_model *m, const muse_op_case *k, long R, int64_
         return (k->param % 3 ? W * 4 : 0) + 2.0 * r * W * 4;
     case MUSE_K_ADD_NORM:
         return W * 4 + 3.0 * r * W * 4;
+    case MUSE_K_ADD_NORM_NORM:
+        return 2.0 * W * 4 + 4.0 * r * W * 4;
+    case MUSE_K_LINEARS: {
+        const muse_layer *l0 = k->arg;
+        return linear_weight_bytes(&l0->q) + linear_weight_bytes(&l0->k) +
+               linear_weight_bytes(&l0->v) + linear_weight_bytes(&l0->gate) +
+               4.0 * r * (W + (double)k->out_width);
+    }
+    case MUSE_K_SWIGLU_LINEAR: {
+        const muse_mlp *p = k->arg;
+        return linear_weight_bytes(&p->gate) + linear_weight_bytes(&p->up) +
+               4.0 * r * (W + (double)k->out_width);
+    }
     case MUSE_K_LINEAR_DENSE:
     case MUSE_K_LINEAR_EXL3:
     case MUSE_K_HEAD:
@@ -129,6 +142,7 @@ int bench_copy_head(muse_backend *be, long copy_mib, bench_table *t, double *byt
     char device[256] = "?";
     if (be->ops->copy_bandwidth(be, mib << 20, bytes_per_s, device, sizeof device, e)) return -1;
     bench_table_head(t, "backend", be->ops->name);
+    bench_table_head(t, "kernels", muse_kernels_name(be->kernels));
     bench_table_head(t, "device", device);
     char line[200];
     snprintf(line, sizeof line,
@@ -173,8 +187,18 @@ static void prepare(bench_run *b, const muse_op_case *k)
         muse_op_write_inputs(a, slot(b, W, 0), 11, ids, R, W, 1);
         break;
     case MUSE_K_ADD_NORM:
+    case MUSE_K_ADD_NORM_NORM:
         muse_op_write_inputs(a, slot(b, W, 0), 12, ids, R, W, 0);
         muse_op_write_inputs(a, slot(b, W, 1), 13, ids, R, W, 0);
+        slot(b, W, 2);
+        break;
+    case MUSE_K_LINEARS:
+        muse_op_write_inputs(a, slot(b, W, 0), 14, ids, R, W, 1);
+        slot(b, Q, 2), slot(b, Q, 3), slot(b, KV, 2), slot(b, KV, 3);
+        break;
+    case MUSE_K_SWIGLU_LINEAR:
+        muse_op_write_inputs(a, slot(b, W, 0), 14, ids, R, W, 1);
+        for (int s = 2; s < 5; s++) slot(b, k->out_width, s);
         break;
     case MUSE_K_LINEAR_DENSE:
     case MUSE_K_LINEAR_EXL3:
@@ -222,6 +246,25 @@ static void call(bench_run *b, const muse_op_case *k)
     case MUSE_K_ADD_NORM:
         o->add_norm(be, slot(b, W, 0), slot(b, W, 1), W, k->arg, (float)c->post_norm_eps);
         break;
+    case MUSE_K_ADD_NORM_NORM:
+        o->add_norm_norm(be, slot(b, W, 0), slot(b, W, 1), W, k->arg, (float)c->post_norm_eps,
+                         &b->m->layers[0].pre_ff_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps,
+                         slot(b, W, 2));
+        break;
+    case MUSE_K_LINEARS: {
+        const muse_layer *l0 = k->arg;
+        const muse_linear *ls[4] = {&l0->q, &l0->k, &l0->v, &l0->gate};
+        const muse_act ys[4] = {slot(b, Q, 2), slot(b, KV, 2), slot(b, KV, 3), slot(b, Q, 3)};
+        o->linears(be, 4, ls, slot(b, W, 0), 1, ys);
+        break;
+    }
+    case MUSE_K_SWIGLU_LINEAR: {
+        const muse_mlp *p = k->arg;
+        long I = k->out_width;
+        o->swiglu_linear(be, &p->gate, &p->up, slot(b, W, 0), slot(b, I, 2), slot(b, I, 3),
+                         slot(b, I, 4));
+        break;
+    }
     case MUSE_K_LINEAR_DENSE:
     case MUSE_K_LINEAR_EXL3:
         o->linear(be, k->arg, slot(b, W, 0), (int)k->param, slot(b, k->out_width, 2));
@@ -317,6 +360,16 @@ static void shape_of(const muse_model *m, const muse_op_case *k, int64_t ctx, ch
                  (long long)c->n_kv_heads, (long long)c->head_dim, (long long)ctx,
                  k->kid == MUSE_K_ATTN_SLIDING ? " (window)" : "");
         break;
+    case MUSE_K_LINEARS:
+        snprintf(out, len, "%ldx(%lld+%lld+%lld+%lld)", k->in_width,
+                 (long long)((const muse_layer *)k->arg)->q.n,
+                 (long long)((const muse_layer *)k->arg)->k.n,
+                 (long long)((const muse_layer *)k->arg)->v.n,
+                 (long long)((const muse_layer *)k->arg)->gate.n);
+        break;
+    case MUSE_K_SWIGLU_LINEAR:
+        snprintf(out, len, "%ldx%ld x2", k->in_width, k->out_width);
+        break;
     case MUSE_K_MOE:
         snprintf(out, len, "%lld of %lld, %lldx%lld", (long long)c->num_experts_per_tok,
                  (long long)c->num_experts, (long long)c->hidden_size,
@@ -341,7 +394,7 @@ static int wanted_case(const muse_op_case *k)
 /* ---- the command ---- */
 
 typedef struct {
-    const char *backend, *rows_s, *json, *baseline;
+    const char *backend, *rows_s, *json, *baseline, *kernels;
     bench_weights w;
     long long ctx, threads, copy_mib, device;
     double min_ms;
@@ -497,6 +550,7 @@ int bench_cmd_kernels(int argc, char **argv)
         .backend = "cpu", .rows_s = "1,256", .ctx = 1024, .min_ms = 100, .w = {.synthetic = -1}};
     const muse_flag table[] = {
         MUSE_FLAG_S("backend", &f.backend, "cpu|cuda", "the backend to measure", .def = "cpu"),
+        MUSE_KERNELS_FLAG(&f.kernels),
         MUSE_FLAG_S("model", &f.w.dir, "DIR", "the pack (or --synthetic-weights)"),
         BENCH_SYNTHETIC_FLAGS(f.w),
         MUSE_FLAG_S("rows", &f.rows_s, "M,M,...", "rows a round (1: decode; more: a prompt)",
@@ -516,6 +570,7 @@ int bench_cmd_kernels(int argc, char **argv)
                                 "bytes floor.\n",
                                 table, sizeof table / sizeof *table, argc, argv);
     if (prc != MUSE_FLAGS_RUN) return prc;
+    if ((prc = bench_kernels_flag("kernels", f.kernels))) return prc;
     long long rows[MAX_ROW_COUNTS];
     char why[160];
     int n_rows =

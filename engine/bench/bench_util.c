@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "bench.h"
 #include "base/flags.h"
 #include "base/muse_common.h"
@@ -18,6 +19,15 @@ int bench_parse_flags(const char *cmd, const char *about, const muse_flag *flags
     snprintf(prog, sizeof prog, "muse-bench %s", cmd);
     const muse_flags set = {.prog = prog, .about = about, .flags = flags, .n = n};
     return muse_flags_parse(&set, argc, argv);
+}
+
+int bench_kernels_flag(const char *cmd, const char *text)
+{
+    muse_kernels k;
+    muse_err e = {{0}};
+    if (muse_kernels_parse("--kernels", text, &k, &e)) return bench_usage_error(cmd, e.msg);
+    if (text) setenv("MUSE_CUDA_PATH", text, 1);
+    return 0;
 }
 
 int bench_usage_error(const char *cmd, const char *msg)

@@ -118,7 +118,24 @@ int muse_op_cases(const muse_model *m, muse_op_case *cs)
         n = add_case(cs, n, name, MUSE_K_NORM, H, H, &m->layers[0].input_norm, mode);
     }
     n = add_case(cs, n, "add_norm", MUSE_K_ADD_NORM, H, H, &m->layers[0].post_attn_norm, 0);
+    n = add_case(cs, n, "add_norm + norm (1+w, fp16)", MUSE_K_ADD_NORM_NORM, H, 2 * H,
+                 &m->layers[0].post_attn_norm, 0);
     const muse_layer *l0 = &m->layers[0];
+    long qkvg = (long)(l0->q.n + l0->k.n + l0->v.n + l0->gate.n);
+    n = add_case(cs, n, "linears q, k, v, gate of layer 0", MUSE_K_LINEARS, (long)l0->q.k, qkvg, l0,
+                 0);
+    const muse_mlp *first = NULL; /* the first dense MLP, else the first expert */
+    for (int i = 0; i < (int)c->num_layers && !first; i++)
+        if (c->mlp_kind[i] == MUSE_MLP_DENSE) first = &m->layers[i].dense;
+    for (int i = 0; i < (int)c->num_layers && !first; i++)
+        if (c->mlp_kind[i] == MUSE_MLP_MOE) first = &m->layers[i].experts[0];
+    if (first) {
+        char name[96];
+        snprintf(name, sizeof name, "gate/up %lldx%lld + swiglu", (long long)first->gate.k,
+                 (long long)first->gate.n);
+        n = add_case(cs, n, name, MUSE_K_SWIGLU_LINEAR, (long)first->gate.k, (long)first->gate.n,
+                     first, 0);
+    }
     const muse_linear *attn[] = {&l0->q, &l0->k, &l0->v, &l0->gate};
     for (int i = 0; i < 4; i++) n = linear_case(cs, n, attn[i], 1);
     n = linear_case(cs, n, &l0->o, 0);

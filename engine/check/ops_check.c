@@ -216,6 +216,74 @@ static void case_head(side *s, const op_case *k, const int64_t *ids, long M, flo
     read_out(s, lg, M, k->out_width, out);
 }
 
+/* add_norm then the next norm (1+w, fp16 out): the normed output, then h, side by side */
+static void case_add_norm_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    long W = k->in_width;
+    muse_act h = muse_op_act(s, W, 0), y = muse_op_act(s, W, 1), o = muse_op_act(s, W, 2);
+    muse_op_write_inputs(s, h, 12, ids, M, W, 0);
+    muse_op_write_inputs(s, y, 13, ids, M, W, 0);
+    poison(s, o, W, M);
+    const muse_layer *l0 = &s->be->model->layers[0];
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->add_norm_norm(s->be, h, y, W, k->arg, 1e-6f, &l0->pre_ff_norm, MUSE_NORM_PLUS1,
+                              1e-5f, o);
+    round_end(s);
+    float *t = MUSE_MALLOC((size_t)(M * W) * sizeof *t),
+          *hh = MUSE_MALLOC((size_t)(M * W) * sizeof *hh);
+    read_out(s, o, M, W, t);
+    read_out(s, h, M, W, hh);
+    for (long r = 0; r < M; r++) { /* row r: [normed | h], so each row of out depends on r alone */
+        memcpy(out + r * 2 * W, t + r * W, (size_t)W * sizeof *t);
+        memcpy(out + r * 2 * W + W, hh + r * W, (size_t)W * sizeof *t);
+    }
+    free(t);
+    free(hh);
+}
+
+/* The linears of one input (q, k, v, gate of layer 0): each row's outputs side by side. */
+static void case_linears(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    const muse_layer *l0 = k->arg;
+    const muse_linear *ls[4] = {&l0->q, &l0->k, &l0->v, &l0->gate};
+    long K = (long)l0->q.k;
+    muse_act x = muse_op_act(s, K, 0), ys[4];
+    for (int i = 0; i < 4; i++) {
+        ys[i] = muse_op_act(s, (long)ls[i]->n, i + 1 < MUSE_OP_SLOTS ? i + 1 : 0);
+        for (int j = 0; j < i; j++) MUSE_CHECK(ys[i] != ys[j] && ys[i] != x);
+    }
+    muse_op_write_inputs(s, x, 14, ids, M, K, 1);
+    for (int i = 0; i < 4; i++) poison(s, ys[i], (long)ls[i]->n, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->linears(s->be, 4, ls, x, 1, ys);
+    round_end(s);
+    long at = 0;
+    for (int i = 0; i < 4; i++) {
+        long n = (long)ls[i]->n;
+        float *t = MUSE_MALLOC((size_t)(M * n) * sizeof *t);
+        read_out(s, ys[i], M, n, t);
+        for (long r = 0; r < M; r++)
+            memcpy(out + r * k->out_width + at, t + r * n, (size_t)n * sizeof *t);
+        at += n;
+        free(t);
+    }
+}
+
+/* gate and up with the swiglu epilogue, of the MLP in arg */
+static void case_swiglu_linear(side *s, const op_case *k, const int64_t *ids, long M, float *out)
+{
+    const muse_mlp *p = k->arg;
+    long K = (long)p->gate.k, I = (long)p->gate.n;
+    muse_act x = muse_op_act(s, K, 0);
+    muse_act g = muse_op_act(s, I, 1), u = muse_op_act(s, I, 2), o = muse_op_act(s, I, 3);
+    muse_op_write_inputs(s, x, 25, ids, M, K, 1);
+    poison(s, o, I, M);
+    round_begin(s, ids, M, 0, NULL);
+    s->be->ops->swiglu_linear(s->be, &p->gate, &p->up, x, g, u, o);
+    round_end(s);
+    read_out(s, o, M, I, out);
+}
+
 /* Attention over one sequence: M rows at positions 0 .. M-1 of a fresh slot, or (param2) the
  * same rows as M one-row rounds, the decode path. */
 static void attention_rows(side *s, const op_case *k, long M, int seq, int one_by_one, float *out)
@@ -460,7 +528,8 @@ static void run_case(tally *t, side *test, side *ref, const op_case *k, long M)
     char what[160];
     snprintf(what, sizeof what, "outputs written (no poison left)");
     check(t, !nan, "", k->name, M, what);
-    snprintf(what, sizeof what, "relative L2 %.2e against the reference (bound %.0e)", err, k->tol);
+    snprintf(what, sizeof what, "relative L2 %.2e against the %s (bound %.0e)", err,
+             opts_g->kernels == MUSE_KERNELS_FAST ? "exact path" : "reference", k->tol);
     check(t, !nan && err <= k->tol, "", k->name, M, what);
     k->fn(test, k, ids, M, again);
     check(t, memcmp(a, again, (size_t)(M * W) * sizeof *a) == 0, "", k->name, M,
@@ -477,6 +546,15 @@ static void run_case(tally *t, side *test, side *ref, const op_case *k, long M)
             same &= memcmp(one, a + rows[i] * W, (size_t)W * sizeof *one) == 0;
         }
         check(t, same, "", k->name, M, "rows 0, M/2, M-1 equal the 1-row call bitwise");
+        if (opts_g->kernels == MUSE_KERNELS_FAST) { /* the fast path: every place in the batch */
+            int64_t rev[4096];
+            for (long r = 0; r < M; r++) rev[r] = ids[M - 1 - r];
+            k->fn(test, k, rev, M, again);
+            same = 1;
+            for (long r = 0; r < M; r++)
+                same &= memcmp(again + r * W, a + (M - 1 - r) * W, (size_t)W * sizeof *a) == 0;
+            check(t, same, "", k->name, M, "the batch reversed gives every row its bits");
+        }
     }
     free(a);
     free(b);
@@ -485,36 +563,39 @@ static void run_case(tally *t, side *test, side *ref, const op_case *k, long M)
 }
 
 /* ---- the cases of a model (op_cases.c), each with the function that runs it here ---- */
+#define case_NULL NULL
+static const case_fn case_fns[MUSE_K_COUNT] = {
+#define MUSE_K_CASE(id, name, op, cuda, fast, ref, widths, tol, tol_fast, check)                   \
+    [MUSE_K_##id] = case_##check,
+    MUSE_KERNELS(MUSE_K_CASE)
+#undef MUSE_K_CASE
+};
+#undef case_NULL
+
 static case_fn case_fn_of(muse_kernel_id kid)
 {
-    switch (kid) {
-    case MUSE_K_EMBED:
-        return case_embed;
-    case MUSE_K_NORM:
-        return case_norm;
-    case MUSE_K_ADD_NORM:
-        return case_add_norm;
+    MUSE_CHECK(case_fns[kid] != NULL); /* a registry entry without a case */
+    return case_fns[kid];
+}
+
+/* Whether a case's output is rounded to fp16 (its fast path bound; add_norm_norm's normed half
+ * is, its h is not: the fp16 bound over both). */
+static int case_round16(const op_case *k)
+{
+    switch (k->kid) {
     case MUSE_K_LINEAR_DENSE:
     case MUSE_K_LINEAR_EXL3:
-        return case_linear;
-    case MUSE_K_QK_NORM_ROPE:
-        return case_qk;
-    case MUSE_K_ATTN_SLIDING:
-    case MUSE_K_ATTN_FULL:
-        return case_attention;
-    case MUSE_K_SWIGLU:
-        return case_swiglu;
+        return (int)k->param;
+    case MUSE_K_NORM:
+        return k->param >= 3;
+    case MUSE_K_EMBED:
+    case MUSE_K_ADD_NORM:
     case MUSE_K_MOE:
-        return case_moe;
-    case MUSE_K_ALL_REDUCE:
-        return case_all_reduce;
     case MUSE_K_HEAD:
-        return case_head;
-    case MUSE_K_SAMPLE:
-        return case_sample;
+    case MUSE_K_ALL_REDUCE:
+        return 0;
     default:
-        MUSE_CHECK(!"a registry entry without a case");
-        return NULL;
+        return 1;
     }
 }
 
@@ -532,7 +613,9 @@ static int make_cases(const muse_model *m, op_case *cs)
         k->fn = case_fn_of(oc[i].kid);
         k->arg = oc[i].arg;
         k->param = oc[i].param;
-        k->tol = muse_kernel_entry_of(oc[i].kid)->tol;
+        const muse_kernel_entry *ke = muse_kernel_entry_of(oc[i].kid);
+        k->tol = opts_g->kernels == MUSE_KERNELS_FAST ? muse_kernel_tol_fast(ke, case_round16(k))
+                                                      : ke->tol;
         k->rows_related = k->fn == case_attention;
     }
     return n;
@@ -571,6 +654,21 @@ static void ctl_linear_order_by_m(muse_backend *be, const muse_linear *l, muse_a
     float *t = MUSE_MALLOC((size_t)(be->opts.max_rows * l->n) * sizeof *t);
     real_ops->read(be, y, t, round_rows);
     for (long j = 0; j < l->n; j++) t[j] = muse_bits_to_f32(muse_f32_to_bits(t[j]) ^ 1u);
+    real_ops->write(be, y, t, round_rows);
+    free(t);
+}
+
+/* a fast kernel that switches variants at 17 rows: every result's last bit moves from there
+ * on, well inside the fast path's bound, so only batch invariance can see it */
+static void ctl_linear_variant_at_17(muse_backend *be, const muse_linear *l, muse_act x,
+                                     int round16, muse_act y)
+{
+    real_ops->linear(be, l, x, round16, y);
+    if (round_rows < 17) return;
+    float *t = MUSE_MALLOC((size_t)(be->opts.max_rows * l->n) * sizeof *t);
+    real_ops->read(be, y, t, round_rows);
+    for (long j = 0; j < round_rows * l->n; j++)
+        t[j] = muse_bits_to_f32(muse_f32_to_bits(t[j]) ^ 1u);
     real_ops->write(be, y, t, round_rows);
     free(t);
 }
@@ -637,6 +735,10 @@ static void plant_linear(muse_backend_ops *o)
 {
     o->linear = ctl_linear_order_by_m;
 }
+static void plant_linear_variant(muse_backend_ops *o)
+{
+    o->linear = ctl_linear_variant_at_17;
+}
 static void plant_swiglu(muse_backend_ops *o)
 {
     o->swiglu = ctl_swiglu_racy;
@@ -653,33 +755,46 @@ static void plant_sample(muse_backend_ops *o)
 static const control controls[] = {
     {"norm: a row off by one", "norm", plant_norm},
     {"linear: a sum order that depends on M", "linear", plant_linear},
+    {"linear: a variant switched at 17 rows (inside the fast bound)", "linear",
+     plant_linear_variant},
     {"swiglu: a racy, order-dependent reduction", "swiglu", plant_swiglu},
     {"embed: a row left unwritten", "embed", plant_embed},
     {"sample: a wrong tie order in top-k (higher id first)", "sample", plant_sample},
 };
 
-static muse_backend *make(const char *name, const muse_model *m, long max_rows, muse_err *e)
+/* A backend of the check: kernels the path (the tested side: the checked one; references:
+ * exact). */
+static muse_backend *make_path(const char *name, const muse_model *m, long max_rows,
+                               muse_kernels kernels, muse_err *e)
 {
     muse_backend_opts o = {.max_rows = max_rows,
                            .max_seqs = MAX_SEQS,
                            .context = max_rows + 8,
                            .threads = 2,
                            .snapshot_slots = 1,
-                           .ranks = opts_g->ranks};
+                           .ranks = opts_g->ranks,
+                           .kernels = kernels};
     memcpy(o.devices, opts_g->devices, sizeof o.devices);
     return muse_backend_create(name, m, &o, e);
 }
 
-/* A forward over a 17-row prompt then 3 one-row decode rounds; logits of every row into lg. */
-static int forward_logits(muse_backend *be, float *lg, muse_err *e)
+/* The tested path of the backend under check. */
+static muse_backend *make(const char *name, const muse_model *m, long max_rows, muse_err *e)
+{
+    return make_path(name, m, max_rows, opts_g->kernels, e);
+}
+
+/* A forward over a 17-row prompt (in rounds of chunk rows; 0: one round) then 3 one-row
+ * decode rounds; logits of every row into lg. */
+static int forward_logits(muse_backend *be, long chunk, float *lg, muse_err *e)
 {
     long V = (long)be->model->cfg.vocab_size;
     muse_forward *f = muse_forward_create(be);
     int32_t tok[17], seq[17] = {0};
     int64_t pos[17];
-    for (long r = 0; r < 20; r++) {
-        long at = r < 17 ? 0 : r, rows = r < 17 ? 17 : 1;
-        if (r > 0 && r < 17) continue;
+    if (chunk <= 0) chunk = 17;
+    for (long at = 0; at < 20;) {
+        long rows = at < 17 ? (17 - at < chunk ? 17 - at : chunk) : 1;
         for (long i = 0; i < rows; i++)
             tok[i] = (int32_t)(((at + i) * 37 + 5) % V), pos[i] = at + i, seq[i] = 0;
         MUSE_CHECK(muse_kv_ensure(&be->kv, 0, at + rows) == 0);
@@ -691,14 +806,16 @@ static int forward_logits(muse_backend *be, float *lg, muse_err *e)
             return -1;
         }
         memcpy(lg + at * V, out.logits, (size_t)(rows * V) * sizeof *lg);
+        at += rows;
     }
     muse_forward_destroy(f);
     return 0;
 }
 
 /* The whole plan: 17 rows padded up to a bucket give the real rows the bits of an unpadded
- * round; and where the backend replays rounds as graphs (cuda), replay equals eager launches
- * (MUSE_CUDA_GRAPHS=0). */
+ * round (exact path: of the CPU's; fast path: of the same path unpadded); the prompt read in
+ * chunks of 5 gives the bits of one round; and where the backend replays rounds as graphs
+ * (cuda), replay equals eager launches (MUSE_CUDA_GRAPHS=0). */
 static void check_forward(tally *t, const muse_model *m, const char *name, long max_rows)
 {
     muse_err e = {{0}};
@@ -707,19 +824,25 @@ static void check_forward(tally *t, const muse_model *m, const char *name, long 
                            .max_seqs = 1,
                            .context = max_rows + 8,
                            .threads = 2,
-                           .ranks = opts_g->ranks};
+                           .ranks = opts_g->ranks,
+                           .kernels = opts_g->kernels};
     memcpy(o.devices, opts_g->devices, sizeof o.devices);
+    int fast = opts_g->kernels == MUSE_KERNELS_FAST;
     long V = (long)m->cfg.vocab_size, n = 20 * V;
-    float *lg[3];
-    for (int i = 0; i < 3; i++) lg[i] = MUSE_CALLOC((size_t)n, sizeof(float));
+    float *lg[4];
+    for (int i = 0; i < 4; i++) lg[i] = MUSE_CALLOC((size_t)n, sizeof(float));
     muse_backend *padded = muse_backend_create(name, m, &o, &e);
     o.exact_rows = 1;
-    muse_backend *exact = muse_backend_create("cpu", m, &o, &e);
+    muse_backend *exact = muse_backend_create(fast ? name : "cpu", m, &o, &e);
     MUSE_CHECK(padded && exact);
-    int ok = forward_logits(padded, lg[0], &e) == 0 && forward_logits(exact, lg[1], &e) == 0;
+    int ok = forward_logits(padded, 0, lg[0], &e) == 0 && forward_logits(exact, 0, lg[1], &e) == 0;
     check(t, ok && muse_backend_bucket(padded, 17) > 17 && !memcmp(lg[0], lg[1], 17 * V * 4), "",
           "forward, 17 rows padded to a bucket", 17,
-          "the real rows' logits equal an unpadded round bitwise");
+          fast ? "the real rows' logits equal an unpadded round of the same path bitwise"
+               : "the real rows' logits equal an unpadded round bitwise");
+    ok = forward_logits(padded, 5, lg[3], &e) == 0;
+    check(t, ok && !memcmp(lg[0], lg[3], (size_t)n * 4), "", "forward, prompt in chunks of 5", 17,
+          "every row's logits equal the prompt read in one round, bitwise");
     muse_backend_destroy(padded);
     muse_backend_destroy(exact);
     if (strcmp(name, "cuda")) {
@@ -737,13 +860,13 @@ static void check_forward(tally *t, const muse_model *m, const char *name, long 
             unsetenv("MUSE_CUDA_GRAPHS");
         free(keep);
         MUSE_CHECK(eager);
-        ok = forward_logits(eager, lg[2], &e) == 0;
+        ok = forward_logits(eager, 0, lg[2], &e) == 0;
         check(t, ok && !memcmp(lg[0], lg[2], (size_t)n * 4), "",
               "forward, prompt then 3 decode rounds", 17,
               "graph replay equals eager launches (MUSE_CUDA_GRAPHS=0) bitwise");
         muse_backend_destroy(eager);
     }
-    for (int i = 0; i < 3; i++) free(lg[i]);
+    for (int i = 0; i < 4; i++) free(lg[i]);
 }
 
 /* The sampler against the host's muse_sample: rows random rows (sample_logits, sample_params,
@@ -932,15 +1055,20 @@ int muse_ops_check(const char *prog, const muse_ops_check_opts *o)
     static op_case cs[MUSE_OP_MAX_CASES];
     int n = make_cases(&m, cs);
     side test = {0}, ref = {0};
+    int fast = o->kernels == MUSE_KERNELS_FAST;
+    /* the exact path is held to the CPU, the fast path to the exact path on the same device */
+    const char *ref_name = fast ? o->backend : "cpu";
     if (!(test.be = make(o->backend, &m, o->max_rows, &e)) ||
-        !(ref.be = make("cpu", &m, o->max_rows, &e))) {
+        !(ref.be = make_path(ref_name, &m, o->max_rows, MUSE_KERNELS_EXACT, &e))) {
         fprintf(stderr, "%s: %s\n", prog, e.msg);
         if (test.be) muse_backend_destroy(test.be);
         muse_model_free(&m);
         return 2;
     }
-    long shapes[4];
-    int n_shapes = muse_kernel_rows(o->max_rows, shapes);
+    long shapes[MUSE_KERNEL_MAX_ROW_COUNTS];
+    int n_shapes = muse_kernel_rows(o->max_rows, fast, shapes);
+    fprintf(out_f, "# backend %s, kernels %s (against %s %s)\n", o->backend,
+            muse_kernels_name(test.be->kernels), ref_name, fast ? "exact" : "reference");
     if (test.be->n_ranks > 1) /* both sides hold the same ranks; cases read rank 0's share */
         fprintf(out_f, "# ranks %d on both sides (the reference: cpu at %d ranks)\n",
                 test.be->n_ranks, test.be->n_ranks);
@@ -949,11 +1077,20 @@ int muse_ops_check(const char *prog, const muse_ops_check_opts *o)
     const muse_kernel_entry *reg = muse_kernel_registry(&n_reg);
     for (size_t r = 0; r < n_reg; r++) {
         t.kid = reg[r].id;
-        char tol[32];
-        snprintf(tol, sizeof tol, reg[r].tol > 0 ? "rel L2 <= %.0e" : "bitwise", reg[r].tol);
-        fprintf(out_f, "# kernel %s (%s, %s): equals %s; %s; rows %ld, %ld, %ld, %ld; widths: %s\n",
-                reg[r].name, reg[r].op, reg[r].cuda, reg[r].reference, tol, shapes[0], shapes[1],
-                shapes[2], shapes[3], reg[r].widths);
+        char tol[64], rows[96];
+        int at = 0;
+        for (int i = 0; i < n_shapes; i++)
+            at += snprintf(rows + at, sizeof rows - (size_t)at, "%s%ld", i ? ", " : "", shapes[i]);
+        if (fast && reg[r].tol_fast == MUSE_TOL_BY_OUTPUT)
+            snprintf(tol, sizeof tol, "rel L2 <= 5e-4 (fp16 out) or 2e-5 (fp32 out) of exact");
+        else if (fast)
+            snprintf(tol, sizeof tol, reg[r].tol_fast > 0 ? "rel L2 <= %.0e of exact" : "bitwise",
+                     reg[r].tol_fast);
+        else
+            snprintf(tol, sizeof tol, reg[r].tol > 0 ? "rel L2 <= %.0e" : "bitwise", reg[r].tol);
+        fprintf(out_f, "# kernel %s (%s, %s): equals %s; %s; rows %s; widths: %s\n", reg[r].name,
+                reg[r].op, fast && reg[r].fast ? reg[r].fast : reg[r].cuda,
+                fast ? "the exact path" : reg[r].reference, tol, rows, reg[r].widths);
         for (int i = 0; i < n; i++)
             if (cs[i].kid == reg[r].id)
                 for (int s = 0; s < n_shapes; s++) run_case(&t, &test, &ref, &cs[i], shapes[s]);

@@ -13,6 +13,7 @@ typedef struct {
     long max_rows;               /* 17 .. 4096 */
     long sample_rows;            /* random rows the sampler is checked on (0: 10000) */
     int ranks;                   /* tensor-parallel ranks of both sides (0 or 1: one) */
+    muse_kernels kernels;        /* EXACT: held to the cpu; FAST: to the exact path */
     int devices[MUSE_MAX_RANKS]; /* each rank's GPU (cuda) */
     FILE *out;                   /* the TAP lines and the SUMMARY line */
 } muse_ops_check_opts;

@@ -11,7 +11,8 @@
 #define PROG "muse-engine compare"
 
 typedef struct {
-    const char *model, *backend, *gpus;
+    const char *model, *backend, *gpus, *kernels_text;
+    muse_kernels kernels;                       /* --kernels-a / --kernels-b, else --kernels */
     long long ranks;                            /* 0 until resolved: not given */
     const char *flag, *ranks_flag, *model_flag; /* "--b", "--ranks-b", "--model-b": errors */
     const char *gpus_flag;                      /* "--gpus-b" */
@@ -31,6 +32,8 @@ static struct {
     double min;
     int layer;
     int64_t at;
+    double *pos_min; /* [positions] the smallest gap of each position over the layers */
+    int64_t n_pos;
 } rm;
 
 static int rm_begin(muse_backend *be, const muse_round *r, muse_err *e)
@@ -68,6 +71,9 @@ static void rm_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_ac
         for (long r = 0; r < rm.rows; r++) {
             qsort(key + r * E, (size_t)E, sizeof *key, desc);
             double gap = key[r * E + K - 1] - key[r * E + K];
+            int64_t pos = rm.pos0 + r;
+            if (rm.pos_min && pos >= 0 && pos < rm.n_pos && gap < rm.pos_min[pos])
+                rm.pos_min[pos] = gap;
             if (rm.layer < 0 || gap < rm.min) {
                 rm.min = gap;
                 rm.layer = (int)(ly - be->model->layers);
@@ -113,7 +119,8 @@ static int side_logits(const side_spec *s, const int32_t *ids, size_t n, long ch
                            .max_seqs = 1,
                            .context = (int64_t)n,
                            .ranks = (int)s->ranks,
-                           .threads = threads};
+                           .threads = threads,
+                           .kernels = s->kernels};
     memcpy(o.devices, s->devices, sizeof o.devices);
     muse_backend *be = muse_backend_create(s->backend, &m, &o, &e);
     if (!be) {
@@ -204,7 +211,7 @@ int muse_cmd_compare(int argc, char **argv)
                    .ranks_flag = "--ranks-b",
                    .gpus_flag = "--gpus-b",
                    .model_flag = "--model-b"};
-    const char *tokens = NULL;
+    const char *tokens = NULL, *kernels = NULL;
     long long chunk = 0, threads = 0;
     double min_agree = 99.5, max_rel = 2e-3;
     const muse_flag table[] = {
@@ -213,6 +220,11 @@ int muse_cmd_compare(int argc, char **argv)
         MUSE_FLAG_S("tokens", &tokens, "1,2,3", "the prompt's token ids", .required = true),
         MUSE_FLAG_S("a", &a.backend, "cpu|cuda", "side a's backend"),
         MUSE_FLAG_S("b", &b.backend, "cpu|cuda", "side b's backend"),
+        MUSE_KERNELS_FLAG(&kernels),
+        MUSE_FLAG_S("kernels-a", &a.kernels_text, "exact|fast", "side a's kernel path",
+                    .def = "--kernels"),
+        MUSE_FLAG_S("kernels-b", &b.kernels_text, "exact|fast", "side b's kernel path",
+                    .def = "--kernels"),
         MUSE_FLAG_L("ranks-a", &a.ranks, 1, MUSE_MAX_RANKS, "N", "side a's tensor-parallel ranks",
                     .def = "1, or the count of --gpus-a"),
         MUSE_FLAG_L("ranks-b", &b.ranks, 1, MUSE_MAX_RANKS, "N", "side b's tensor-parallel ranks",
@@ -242,6 +254,10 @@ int muse_cmd_compare(int argc, char **argv)
             return muse_flags_error(&set, "%s", e.msg);
         sd->ranks = o.ranks;
         memcpy(sd->devices, o.devices, sizeof sd->devices);
+        const char *kt = sd->kernels_text ? sd->kernels_text : kernels;
+        if (muse_kernels_parse(i ? "--kernels-b" : "--kernels-a", kt, &sd->kernels, &e) ||
+            muse_kernels_resolve(sd->kernels, &sd->kernels, &e))
+            return muse_flags_error(&set, "%s", e.msg);
     }
     a.router_margin = !strcmp(a.backend, "cpu");
     rm.layer = -1;
@@ -251,6 +267,9 @@ int muse_cmd_compare(int argc, char **argv)
         return muse_flags_error(&set, "%s", e.msg);
     float *la = NULL, *lb = NULL;
     int64_t Va = 0, Vb = 0;
+    rm.n_pos = (int64_t)n;
+    rm.pos_min = MUSE_MALLOC((n ? n : 1) * sizeof *rm.pos_min);
+    for (size_t p = 0; p < n; p++) rm.pos_min[p] = INFINITY;
     rc = side_logits(&a, ids, n, (long)chunk, (int)threads, &Va, &la);
     if (!rc) rc = side_logits(&b, ids, n, (long)chunk, (int)threads, &Vb, &lb);
     if (!rc && Va != Vb) {
@@ -262,11 +281,13 @@ int muse_cmd_compare(int argc, char **argv)
         free(la);
         free(lb);
         free(ids);
+        free(rm.pos_min);
         return rc;
     }
-    printf("# a: %s ranks %lld%s%s %s; b: %s ranks %lld%s%s %s; %zu positions, vocab %lld\n",
-           a.backend, a.ranks, a.gpus ? " gpus " : "", a.gpus ? a.gpus : "", a.model, b.backend,
-           b.ranks, b.gpus ? " gpus " : "", b.gpus ? b.gpus : "", b.model, n, (long long)Va);
+    printf("# a: %s %s ranks %lld%s%s %s; b: %s %s ranks %lld%s%s %s; %zu positions, vocab %lld\n",
+           a.backend, muse_kernels_name(a.kernels), a.ranks, a.gpus ? " gpus " : "",
+           a.gpus ? a.gpus : "", a.model, b.backend, muse_kernels_name(b.kernels), b.ranks,
+           b.gpus ? " gpus " : "", b.gpus ? b.gpus : "", b.model, n, (long long)Va);
     double rel_max = 0, rel_sum = 0;
     size_t agree = 0;
     for (size_t p = 0; p < n; p++) {
@@ -299,15 +320,24 @@ int muse_cmd_compare(int argc, char **argv)
         printf("router margin: not measured (side a is not cpu)\n");
     else if (rm.layer < 0)
         printf("router margin: none (no moe layer)\n");
-    else
+    else {
         printf("router margin: min %.3e at layer %d position %lld (gap between the k-th and "
                "(k+1)-th selection keys, side a)\n",
                rm.min, rm.layer, (long long)rm.at);
+        size_t near = 0; /* where a fast path may pick another expert within its bound */
+        for (size_t p = 0; p < n; p++) near += rm.pos_min[p] < 1e-3;
+        printf("router margin under 1e-3: %zu positions", near);
+        size_t shown = 0;
+        for (size_t p = 0; p < n && shown < 64; p++)
+            if (rm.pos_min[p] < 1e-3) printf("%s%zu", shown++ ? "," : " (", p);
+        printf("%s\n", near > shown ? ", ...)" : shown ? ")" : "");
+    }
     int ok = pct >= min_agree && rel_max <= max_rel;
     printf("%s: agreement %s %.2f%%, rel L2 %s %.1e\n", ok ? "PASS" : "FAIL",
            pct >= min_agree ? ">=" : "<", min_agree, rel_max <= max_rel ? "<=" : ">", max_rel);
     free(la);
     free(lb);
     free(ids);
+    free(rm.pos_min);
     return ok ? 0 : 1;
 }

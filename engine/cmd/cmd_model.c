@@ -17,6 +17,8 @@
 
 typedef struct {
     const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook, *backend, *gpus;
+    const char *kernels_text;
+    muse_kernels kernels;
     long long max_tokens, chunk, threads, seed, top_k, ranks, synthetic, bits;
     double temperature, top_p, min_p;
     int devices[MUSE_MAX_RANKS]; /* --gpus: each rank's GPU */
@@ -63,6 +65,7 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
         {RUN,
          MUSE_FLAG_S("backend", &f->backend, "cpu|cuda",
                      "where the model runs (cuda: in binaries built with nvcc)", .def = "cpu")},
+        {RUN, MUSE_KERNELS_FLAG(&f->kernels_text)},
         {RUN, MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
                           "tensor-parallel ranks in this process (sums in rank order);\n"
                           "the config must allow it (heads divisible, splits of 128)",
@@ -121,6 +124,7 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
     muse_backend_opts o = {0};
     const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
     if (muse_backend_ranks(&names, f->backend, f->gpus, f->ranks, &o, &e)) return bad(cmd, e.msg);
+    if (muse_kernels_parse("--kernels", f->kernels_text, &f->kernels, &e)) return bad(cmd, e.msg);
     f->ranks = o.ranks;
     memcpy(f->devices, o.devices, sizeof f->devices);
     return rc;
@@ -176,7 +180,8 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
                            .max_seqs = 1,
                            .context = context > 0 ? context : 1,
                            .ranks = (int)f->ranks,
-                           .threads = (int)f->threads};
+                           .threads = (int)f->threads,
+                           .kernels = f->kernels};
     memcpy(o.devices, f->devices, sizeof o.devices);
     if (muse_tp_join(&f->tp, &s->model, &o, &s->comm, &e)) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);

@@ -25,8 +25,10 @@ typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
     const char *config, *codebook; /* --synthetic-weights: the shape, the EXL3 codebook */
     const char *gpus;              /* --gpus LIST */
-    int devices[MUSE_MAX_RANKS];   /* each rank's GPU, from --gpus */
-    long long synthetic, bits;     /* the seed (-1: none), EXL3 bits (0: fp16) */
+    const char *kernels_text;      /* --kernels */
+    muse_kernels kernels;
+    int devices[MUSE_MAX_RANKS]; /* each rank's GPU, from --gpus */
+    long long synthetic, bits;   /* the seed (-1: none), EXL3 bits (0: fp16) */
     long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms, ranks;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
@@ -80,6 +82,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                     "tensor-parallel ranks in this process (sums in rank order); the config\n"
                     "must allow it (heads divisible, split widths multiples of 128)",
                     .def = "1, or the count of --gpus"),
+        MUSE_KERNELS_FLAG(&f->kernels_text),
         MUSE_FLAG_S("gpus", &f->gpus, "LIST",
                     "--backend cuda: the GPU of each rank, comma-separated (0, 0,0, 0,1);\n"
                     "sets --ranks to the count",
@@ -180,6 +183,8 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
     const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
     if (muse_backend_ranks(&names, f->backend, f->gpus, muse_tp_on(&f->tp) ? 1 : f->ranks, &go,
                            &ge))
+        return muse_flags_error(&set, "%s", ge.msg);
+    if (muse_kernels_parse("--kernels", f->kernels_text, &f->kernels, &ge))
         return muse_flags_error(&set, "%s", ge.msg);
     f->ranks = muse_tp_on(&f->tp) ? f->tp.world : go.ranks;
     memcpy(f->devices, go.devices, sizeof f->devices);
@@ -416,6 +421,7 @@ static int serve_follower(serve_flags *f)
                             .context = f->context,
                             .threads = (int)f->threads,
                             .ranks = 1,
+                            .kernels = f->kernels,
                             .kv_blocks = plan.ranks[0].kv_blocks,
                             .snapshot_slots = plan.ranks[0].snapshot_slots};
     if (muse_tp_join(&f->tp, &model, &bo, &comm, &e)) goto out;
@@ -507,6 +513,7 @@ int muse_cmd_serve(int argc, char **argv)
                                 .context = f.context,
                                 .threads = (int)f.threads,
                                 .ranks = (int)f.ranks,
+                                .kernels = f.kernels,
                                 .kv_blocks = plan.ranks[0].kv_blocks,
                                 .snapshot_slots = plan.ranks[0].snapshot_slots};
         memcpy(bo.devices, f.devices, sizeof bo.devices);

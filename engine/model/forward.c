@@ -86,6 +86,17 @@ static int check_batch(muse_forward *f, const muse_round *b, muse_err *e)
     return 0;
 }
 
+/* The norm after layer i's attention (its feed-forward's input norm) or after its feed-forward
+ * (the next layer's input norm, or the final norm after the last layer), fused with add_norm. */
+static void add_norm_then(muse_forward *f, const muse_vec *post, float post_eps,
+                          const muse_vec *next, muse_norm_weight mode)
+{
+    const muse_config *c = &f->m->cfg;
+    f->be->ops->add_norm_norm(f->be, f->h, f->y, (long)c->hidden_size, post, post_eps, next, mode,
+                              (float)c->rms_norm_eps, f->a);
+}
+
+/* f->a holds the layer's normed input on entry and the feed-forward's normed input on exit. */
 static void attention_block(muse_forward *f, int i)
 {
     muse_backend *be = f->be;
@@ -94,20 +105,21 @@ static void attention_block(muse_forward *f, int i)
     const muse_layer *ly = &f->m->layers[i];
     long H = (long)c->hidden_size;
     float eps = (float)c->rms_norm_eps;
-    ops->norm(be, f->h, H, &ly->input_norm, MUSE_NORM_PLUS1, eps, 1, f->a);
-    ops->linear(be, &ly->q, f->a, 1, f->q);
-    ops->linear(be, &ly->k, f->a, 1, f->k);
-    ops->linear(be, &ly->v, f->a, 1, f->v);
-    ops->linear(be, &ly->gate, f->a, 1, f->g);
+    const muse_linear *qkvg[4] = {&ly->q, &ly->k, &ly->v, &ly->gate};
+    const muse_act outs[4] = {f->q, f->k, f->v, f->g};
+    ops->linears(be, 4, qkvg, f->a, 1, outs);
     ops->qk_norm_rope(be, f->q, (long)c->n_heads, (long)c->head_dim, c->rope_theta_layer[i], eps);
     ops->qk_norm_rope(be, f->k, (long)c->n_kv_heads, (long)c->head_dim, c->rope_theta_layer[i],
                       eps);
     ops->attention(be, i, f->q, f->k, f->v, f->g, f->o);
     ops->linear(be, &ly->o, f->o, 0, f->y);
     ops->all_reduce(be, f->y, H); /* o is split by its input: ranks hold partial sums */
-    ops->add_norm(be, f->h, f->y, H, &ly->post_attn_norm, (float)c->post_norm_eps);
+    add_norm_then(f, &ly->post_attn_norm, (float)c->post_norm_eps, &ly->pre_ff_norm,
+                  MUSE_NORM_PLUS1);
 }
 
+/* f->a holds the feed-forward's normed input on entry and the next one's (layer i+1's input
+ * norm, or the final norm) on exit. */
 static void feed_forward_block(muse_forward *f, int i)
 {
     muse_backend *be = f->be;
@@ -115,17 +127,18 @@ static void feed_forward_block(muse_forward *f, int i)
     const muse_config *c = &f->m->cfg;
     const muse_layer *ly = &f->m->layers[i];
     long H = (long)c->hidden_size;
-    ops->norm(be, f->h, H, &ly->pre_ff_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps, 1, f->a);
     if (c->mlp_kind[i] == MUSE_MLP_DENSE) {
-        ops->linear(be, &ly->dense.gate, f->a, 1, f->mlp_gate);
-        ops->linear(be, &ly->dense.up, f->a, 1, f->mlp_up);
-        ops->swiglu(be, f->mlp_gate, f->mlp_up, (long)c->intermediate_size, f->mlp_act);
+        ops->swiglu_linear(be, &ly->dense.gate, &ly->dense.up, f->a, f->mlp_gate, f->mlp_up,
+                           f->mlp_act);
         ops->linear(be, &ly->dense.down, f->mlp_act, 0, f->y);
         ops->all_reduce(be, f->y, H); /* down is split by its input */
     } else {
         ops->moe(be, ly, f->a, f->y); /* sums its ranks' partials itself (expert output norm) */
     }
-    ops->add_norm(be, f->h, f->y, H, &ly->post_ff_norm, (float)c->post_norm_eps);
+    int last = i + 1 == (int)c->num_layers;
+    add_norm_then(f, &ly->post_ff_norm, (float)c->post_norm_eps,
+                  last ? &f->m->final_norm : &f->m->layers[i + 1].input_norm,
+                  last ? MUSE_NORM_PLAIN : MUSE_NORM_PLUS1);
 }
 
 int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, muse_err *e)
@@ -137,13 +150,13 @@ int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, 
     if (comm && comm->rank == 0 && muse_tp_lead_round(comm, be, r)) return muse_comm_error(comm, e);
     if (be->ops->begin_round(be, r, e)) return -1;
     be->ops->embed(be, f->h);
+    be->ops->norm(be, f->h, (long)c->hidden_size, &f->m->layers[0].input_norm, MUSE_NORM_PLUS1,
+                  (float)c->rms_norm_eps, 1, f->a);
     for (int i = 0; i < (int)c->num_layers; i++) {
         attention_block(f, i);
         feed_forward_block(f, i);
     }
-    be->ops->norm(be, f->h, (long)c->hidden_size, &f->m->final_norm, MUSE_NORM_PLAIN,
-                  (float)c->rms_norm_eps, 1, f->a);
-    be->ops->head(be, f->a, f->logits);
+    be->ops->head(be, f->a, f->logits); /* f->a: the final norm of the last add_norm_norm */
     if (r->sampling) be->ops->sample(be, f->logits);
     return be->ops->end_round(be, out, e);
 }
