@@ -174,6 +174,15 @@ static inline float *act_r(cuda_backend *c, muse_act a, int r)
     return c->acts[a][r];
 }
 
+/* Rank rk's launch context (kernels/launch.h) for a launch over rows rows: its stream and the
+ * round's staged arrays on its GPU. */
+static inline muse_k_ctx kctx(const cuda_rank *rk, long rows)
+{
+    muse_k_ctx k = {rk->st,          rows,       rk->d_tokens,   rk->d_seqs,
+                    rk->d_positions, rk->d_want, rk->d_sampling, rk->d_draw_pos};
+    return k;
+}
+
 /* cuda_upload.c: placement and upload */
 size_t tensor_at(const cuda_backend *c, const uint8_t *h);
 const void *dev_ptr(const cuda_backend *c, const cuda_rank *rk, const void *host);

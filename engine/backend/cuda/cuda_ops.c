@@ -25,8 +25,9 @@ static void cuda_embed(muse_backend *be, muse_act out)
     long H = (long)m->cfg.hidden_size;
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
-        CHECK(c, muse_k_embed(dev_ptr(c, rk, m->embed->data), kdtype(m->embed->dtype), rk->d_tokens,
-                              c->rows, H, m->cfg.rms_norm_eps, act_r(c, out, r), rk->st));
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_embed(&kc, dev_ptr(c, rk, m->embed->data), kdtype(m->embed->dtype), H,
+                              m->cfg.rms_norm_eps, act_r(c, out, r)));
         c->act_cols[out][r] = H;
     }
     prof_end(c, PROF_EMBED);
@@ -50,9 +51,10 @@ static void cuda_norm(muse_backend *be, muse_act x, long width, const muse_vec *
                                           : MUSE_K_NORM_NONE;
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
-        CHECK(c, muse_k_norm(act_r(c, x, r), c->rows, width,
-                             mode == MUSE_NORM_NONE ? NULL : vec(c, rk, w), 0, NULL, kmode,
-                             (double)eps, round16, act_r(c, out, r), rk->st));
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c,
+              muse_k_norm(&kc, act_r(c, x, r), width, mode == MUSE_NORM_NONE ? NULL : vec(c, rk, w),
+                          0, NULL, kmode, (double)eps, round16, act_r(c, out, r)));
         c->act_cols[out][r] = width;
     }
     prof_end(c, PROF_NORM);
@@ -66,8 +68,9 @@ static void cuda_add_norm(muse_backend *be, muse_act h, muse_act y, long width, 
     prof_begin(c);
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
-        CHECK(c, muse_k_add_norm(act_r(c, h, r), act_r(c, y, r), c->rows, width, vec(c, rk, w),
-                                 (double)eps, rk->st));
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_add_norm(&kc, act_r(c, h, r), act_r(c, y, r), width, vec(c, rk, w),
+                                 (double)eps));
     }
     prof_end(c, PROF_ADD_NORM);
 }
@@ -78,8 +81,9 @@ static void run_linear(cuda_backend *c, cuda_rank *rk, const muse_linear *l, con
                        long rows, int round16, float *y, long y_stride)
 {
     const muse_k_lin *d = &rk->lin[l->id];
-    CHECK(c, muse_k_linear(rk->lin_dev + l->id, d, NULL, NULL, x, (long)d->k, rows, round16, y,
-                           y_stride, rk->ws_a, rk->ws_t, rk->st));
+    muse_k_ctx kc = kctx(rk, rows);
+    CHECK(c, muse_k_linear(&kc, rk->lin_dev + l->id, d, NULL, NULL, x, (long)d->k, round16, y,
+                           y_stride, rk->ws_a, rk->ws_t));
 }
 
 static void cuda_linear(muse_backend *be, const muse_linear *l, muse_act x, int round16, muse_act y)
@@ -106,8 +110,9 @@ static void cuda_qk_norm_rope(muse_backend *be, muse_act x, long heads, long hea
     prof_begin(c);
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
-        CHECK(c, muse_k_qk_norm_rope(act_r(c, x, r), c->rows, c->act_cols[x][r] / head_dim,
-                                     head_dim, rk->d_positions, theta, (double)eps, rk->st));
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_qk_norm_rope(&kc, act_r(c, x, r), c->act_cols[x][r] / head_dim, head_dim,
+                                     theta, (double)eps));
     }
     prof_end(c, PROF_QK);
 }
@@ -138,11 +143,10 @@ static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, 
         long off = kw == KV ? 0 : (long)rk->heads.kv0 * hd; /* a whole k: its heads from there */
         long hq = (long)(rk->heads.q1 - rk->heads.q0);
         muse_k_kv kv = layer_kv(c, rk, layer);
-        CHECK(c, muse_k_kv_write(kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw, c->rows,
-                                 rk->d_seqs, rk->d_positions, rk->st));
-        CHECK(c,
-              muse_k_attention(kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), c->rows, hq, hd,
-                               Hq / Hkv, window, scale, rk->d_seqs, rk->d_positions, rk->st));
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_kv_write(&kc, kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw));
+        CHECK(c, muse_k_attention(&kc, kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), hq, hd,
+                                  Hq / Hkv, window, scale));
         c->act_cols[o][r] = hq * hd;
     }
     prof_end(c, PROF_ATTENTION);
@@ -156,9 +160,9 @@ static void cuda_swiglu(muse_backend *be, muse_act gate, muse_act up, long width
     prof_begin(c);
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
-        long w = c->act_cols[gate][r]; /* the rank's share of the intermediate width */
-        CHECK(c, muse_k_swiglu(act_r(c, gate, r), act_r(c, up, r), c->rows * w, act_r(c, out, r),
-                               rk->st));
+        long w = c->act_cols[gate][r];     /* the rank's share of the intermediate width */
+        muse_k_ctx kc = kctx(rk, c->rows); /* c->rows * w elements */
+        CHECK(c, muse_k_swiglu(&kc, act_r(c, gate, r), act_r(c, up, r), w, act_r(c, out, r)));
         c->act_cols[out][r] = w;
     }
     prof_end(c, PROF_SWIGLU);
@@ -171,13 +175,14 @@ static void run_mlp(cuda_backend *c, cuda_rank *rk, const muse_k_lin *descs[3],
                     const float *x, long x_stride, long rows, float *out)
 {
     long I = (long)shape[0]->n, H = (long)shape[2]->n;
-    CHECK(c, muse_k_linear(descs[0], shape[0], row_desc, row_src, x, x_stride, rows, 1, rk->eg, I,
-                           rk->ws_a, rk->ws_t, rk->st));
-    CHECK(c, muse_k_linear(descs[1], shape[1], row_desc, row_src, x, x_stride, rows, 1, rk->eu, I,
-                           rk->ws_a, rk->ws_t, rk->st));
-    CHECK(c, muse_k_swiglu(rk->eg, rk->eu, rows * I, rk->ea, rk->st));
-    CHECK(c, muse_k_linear(descs[2], shape[2], row_desc, NULL, rk->ea, I, rows, 0, out, H, rk->ws_a,
-                           rk->ws_t, rk->st));
+    muse_k_ctx kc = kctx(rk, rows);
+    CHECK(c, muse_k_linear(&kc, descs[0], shape[0], row_desc, row_src, x, x_stride, 1, rk->eg, I,
+                           rk->ws_a, rk->ws_t));
+    CHECK(c, muse_k_linear(&kc, descs[1], shape[1], row_desc, row_src, x, x_stride, 1, rk->eu, I,
+                           rk->ws_a, rk->ws_t));
+    CHECK(c, muse_k_swiglu(&kc, rk->eg, rk->eu, I, rk->ea)); /* rows * I elements */
+    CHECK(c, muse_k_linear(&kc, descs[2], shape[2], row_desc, NULL, rk->ea, I, 0, out, H, rk->ws_a,
+                           rk->ws_t));
 }
 
 /* Router and selection per row (every rank the same), then every (row, slot) pair through the
@@ -198,10 +203,12 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         const float *b = act_r(c, b_a, r);
-        CHECK(c, muse_k_router(b, R, H, dev_ptr(c, rk, ly->router->data), kdtype(ly->router->dtype),
-                               E, rk->router_logits, rk->st));
-        CHECK(c, muse_k_select(rk->router_logits, R, E, K, rk->router_bias[i], cfg->norm_topk_prob,
-                               (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w, rk->st));
+        muse_k_ctx kc = kctx(rk, R);
+        CHECK(c, muse_k_router(&kc, b, H, dev_ptr(c, rk, ly->router->data),
+                               kdtype(ly->router->dtype), E, rk->router_logits));
+        CHECK(c,
+              muse_k_select(&kc, rk->router_logits, E, K, rk->router_bias[i], cfg->norm_topk_prob,
+                            (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w));
         const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
         const muse_k_lin *descs[3] = {ex, ex + E, ex + 2 * E};
         const muse_k_lin *shape[3] = {&rk->lin[ly->experts[0].gate.id],
@@ -223,12 +230,12 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     if (shared) reduce(c, zs, R * H);
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
+        muse_k_ctx pairs = kctx(rk, R * K), kc = kctx(rk, R);
         if (cfg->expert_output_norm)
-            CHECK(c,
-                  muse_k_norm(rk->zg, R * K, H, rk->expert_norm[i], H, rk->sel, MUSE_K_NORM_PLUS1,
-                              (double)(float)cfg->rms_norm_eps, 0, rk->zg, rk->st));
-        CHECK(c, muse_k_moe_combine(rk->sel, rk->sel_w, rk->zg, shared ? rk->zs : NULL, R, K, H,
-                                    act_r(c, y_a, r), rk->st));
+            CHECK(c, muse_k_norm(&pairs, rk->zg, H, rk->expert_norm[i], H, rk->sel,
+                                 MUSE_K_NORM_PLUS1, (double)(float)cfg->rms_norm_eps, 0, rk->zg));
+        CHECK(c, muse_k_moe_combine(&kc, rk->sel, rk->sel_w, rk->zg, shared ? rk->zs : NULL, K, H,
+                                    act_r(c, y_a, r)));
         c->act_cols[y_a][r] = H;
     }
     prof_end(c, PROF_MOE);
@@ -250,7 +257,8 @@ static void cuda_head(muse_backend *be, muse_act x, muse_act logits)
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         long w = (long)rk->lin[m->head.id].n;
-        CHECK(c, muse_k_gather_rows(act_r(c, x, r), rk->d_want, c->wanted, H, rk->xsel, rk->st));
+        muse_k_ctx wanted = kctx(rk, c->wanted);
+        CHECK(c, muse_k_gather_rows(&wanted, act_r(c, x, r), H, rk->xsel));
         run_linear(c, rk, &m->head, rk->xsel, c->wanted, 0, rk->raw, r ? w : N);
         if (r) CHECK(c, cudaEventRecord(rk->ev_ready, rk->st));
     }
@@ -264,8 +272,9 @@ static void cuda_head(muse_backend *be, muse_act x, muse_act logits)
         CHECK(c, cudaMemcpy2DAsync(r0->raw + lo, (size_t)N * sizeof(float), rk->raw, w, w,
                                    (size_t)c->wanted, cudaMemcpyDefault, r0->st));
     }
-    CHECK(c, muse_k_head_finish(r0->raw, c->wanted, N, V, cfg->output_multiplier,
-                                cfg->final_logit_softcapping, act_r(c, logits, 0), r0->st));
+    muse_k_ctx wanted = kctx(r0, c->wanted);
+    CHECK(c, muse_k_head_finish(&wanted, r0->raw, N, V, cfg->output_multiplier,
+                                cfg->final_logit_softcapping, act_r(c, logits, 0)));
     prof_end(c, PROF_HEAD);
 }
 
@@ -277,9 +286,9 @@ static void cuda_sample(muse_backend *be, muse_act logits)
     if (c->failed || !c->wanted) return;
     prof_begin(c);
     cuda_rank *r0 = on(c, 0);
-    CHECK(c, muse_k_sample(act_r(c, logits, 0), c->wanted, (long)be->model->cfg.vocab_size,
-                           r0->d_sampling, r0->d_draw_pos, c->weight_bits, r0->weights, r0->d_drawn,
-                           r0->st));
+    muse_k_ctx wanted = kctx(r0, c->wanted);
+    CHECK(c, muse_k_sample(&wanted, act_r(c, logits, 0), (long)be->model->cfg.vocab_size,
+                           c->weight_bits, r0->weights, r0->d_drawn));
     prof_end(c, PROF_SAMPLE);
 }
 

@@ -58,7 +58,8 @@ void reduce(cuda_backend *c, float *const parts[], long n)
             cuda_rank *rk = on(c, r);
             muse_k_parts p = {{0}};
             for (int k = 0; k < c->n_ranks; k++) p.p[k] = rk->gather + (size_t)k * (size_t)n;
-            CHECK(c, muse_k_all_reduce(p, c->n_ranks, n, parts[r], rk->st));
+            muse_k_ctx kc = kctx(rk, c->rows);
+            CHECK(c, muse_k_all_reduce(&kc, p, c->n_ranks, n, parts[r]));
         }
         return;
     }
@@ -67,7 +68,8 @@ void reduce(cuda_backend *c, float *const parts[], long n)
     barrier(c, 0);
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
-        CHECK(c, muse_k_all_reduce(p, c->n_ranks, n, rk->red, rk->st));
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_all_reduce(&kc, p, c->n_ranks, n, rk->red));
     }
     barrier(c, 1);
     for (int r = 0; r < c->n_ranks; r++) {

@@ -247,7 +247,8 @@ int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
     if (c->capturing) replay(c);
     if (be->fault_pending) { /* test hooks: a real illegal address, caught by the syncs below */
         be->fault_pending = 0;
-        CHECK(c, muse_k_fault_illegal_address(on(c, 0)->st));
+        muse_k_ctx kc = kctx(on(c, 0), c->rows);
+        CHECK(c, muse_k_fault_illegal_address(&kc));
     }
     for (int r = 0; r < c->n_ranks; r++) CHECK(c, cudaStreamSynchronize(on(c, r)->st));
     on(c, 0);
