@@ -134,7 +134,7 @@ static int allocate_rank(cuda_backend *c, int r)
     rk->d_sampling = dalloc(c, R * sizeof *rk->d_sampling, &mem->staging);
     rk->d_tables = dalloc(c, tables * 4, &mem->staging);
     if (c->failed) return -1;
-    CHECK(c, cudaMemcpy(rk->d_tables, c->h_tables, tables * 4, cudaMemcpyHostToDevice));
+    CHECK(c, cudaMemcpy(rk->d_tables, c->stage.tables, tables * 4, cudaMemcpyHostToDevice));
     /* KV: sliding layers a ring per sequence, full layers the paged pool's blocks */
     rk->k_cache = MUSE_CALLOC(L, sizeof *rk->k_cache);
     rk->v_cache = MUSE_CALLOC(L, sizeof *rk->v_cache);
@@ -162,19 +162,13 @@ static int allocate(cuda_backend *c)
     const muse_backend_opts *o = &be->opts;
     const muse_config *cfg = &be->model->cfg;
     size_t R = (size_t)o->max_rows, V = (size_t)cfg->vocab_size, L = (size_t)cfg->num_layers;
-    size_t tables = (size_t)o->max_seqs * (size_t)be->kv.blocks_per_seq;
     on(c, 0);
-    c->h_tokens = halloc(c, R * 4);
-    c->h_seqs = halloc(c, R * 4);
-    c->h_want = halloc(c, R * 4);
+    void *stage = halloc(c, muse_round_stage_bytes(be)); /* every table entry -1 once placed */
     c->h_drawn = halloc(c, R * 4);
-    c->h_positions = halloc(c, R * 8);
-    c->h_draw_pos = halloc(c, R * 8);
     c->h_sampling = halloc(c, R * sizeof *c->h_sampling);
-    c->h_tables = halloc(c, tables * 4);
     c->h_logits = halloc(c, R * V * sizeof(float));
+    if (stage) muse_round_stage_place(&c->stage, be, stage);
     if (c->failed) return -1;
-    for (size_t i = 0; i < tables; i++) c->h_tables[i] = -1;
     c->kv_cap = MUSE_CALLOC(L, sizeof *c->kv_cap);
     for (size_t i = 0; i < L; i++)
         if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING) {
@@ -464,8 +458,7 @@ void cuda_destroy(muse_backend *be)
         cudaEventDestroy(c->ev0);
         cudaEventDestroy(c->ev1);
     }
-    void *host[] = {c->h_tokens,    c->h_seqs,     c->h_want,     c->h_tables, c->h_drawn,
-                    c->h_positions, c->h_draw_pos, c->h_sampling, c->h_logits};
+    void *host[] = {c->stage.block, c->h_drawn, c->h_sampling, c->h_logits};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) cudaFreeHost(host[i]);
     for (int i = 0; i <= MUSE_MAX_BUCKETS; i++)
         if (c->execs[i]) cudaGraphExecDestroy(c->execs[i]);

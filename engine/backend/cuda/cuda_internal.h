@@ -126,10 +126,10 @@ typedef struct {
     long (*act_cols)[MUSE_MAX_RANKS];
     int n_acts;
     /* round staging: host (pinned), copied to every rank's GPU */
-    long rows, real_rows, wanted, real_wanted;
-    int32_t *h_tokens, *h_seqs, *h_want, *h_tables, *h_drawn;
-    int64_t *h_positions, *h_draw_pos;
-    muse_k_sampling *h_sampling;
+    muse_round_stage stage; /* backend.h: the batch as both backends stage it, in pinned memory */
+    long rows, real_rows, wanted, real_wanted; /* stage's, copied at begin_round */
+    muse_k_sampling *h_sampling;               /* [max_rows] stage's sampling as the kernel's */
+    int32_t *h_drawn;
     float *h_logits;
     int do_sample, return_logits, in_round;
     muse_act logits;

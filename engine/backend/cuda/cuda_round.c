@@ -118,17 +118,20 @@ static void stage_rank(cuda_backend *c, int r)
     muse_backend *be = &c->base;
     size_t R = (size_t)c->rows, tables = (size_t)be->opts.max_seqs * (size_t)be->kv.blocks_per_seq;
     cudaStream_t st = rk->st;
-    CHECK(c, cudaMemcpyAsync(rk->d_tokens, c->h_tokens, R * 4, cudaMemcpyHostToDevice, st));
-    CHECK(c, cudaMemcpyAsync(rk->d_positions, c->h_positions, R * 8, cudaMemcpyHostToDevice, st));
-    CHECK(c, cudaMemcpyAsync(rk->d_seqs, c->h_seqs, R * 4, cudaMemcpyHostToDevice, st));
+    CHECK(c, cudaMemcpyAsync(rk->d_tokens, c->stage.tokens, R * 4, cudaMemcpyHostToDevice, st));
+    CHECK(c,
+          cudaMemcpyAsync(rk->d_positions, c->stage.positions, R * 8, cudaMemcpyHostToDevice, st));
+    CHECK(c, cudaMemcpyAsync(rk->d_seqs, c->stage.seqs, R * 4, cudaMemcpyHostToDevice, st));
     if (c->wanted) {
         size_t w = (size_t)c->wanted;
-        CHECK(c, cudaMemcpyAsync(rk->d_want, c->h_want, w * 4, cudaMemcpyHostToDevice, st));
+        CHECK(c, cudaMemcpyAsync(rk->d_want, c->stage.want, w * 4, cudaMemcpyHostToDevice, st));
         CHECK(c, cudaMemcpyAsync(rk->d_sampling, c->h_sampling, w * sizeof *c->h_sampling,
                                  cudaMemcpyHostToDevice, st));
-        CHECK(c, cudaMemcpyAsync(rk->d_draw_pos, c->h_draw_pos, w * 8, cudaMemcpyHostToDevice, st));
+        CHECK(c, cudaMemcpyAsync(rk->d_draw_pos, c->stage.draw_pos, w * 8, cudaMemcpyHostToDevice,
+                                 st));
     }
-    CHECK(c, cudaMemcpyAsync(rk->d_tables, c->h_tables, tables * 4, cudaMemcpyHostToDevice, st));
+    CHECK(c,
+          cudaMemcpyAsync(rk->d_tables, c->stage.tables, tables * 4, cudaMemcpyHostToDevice, st));
 }
 
 /* Starts the round's capture on rank 0's stream and forks every other rank's stream from it;
@@ -151,45 +154,22 @@ static void begin_capture(cuda_backend *c)
         CHECK(c, cudaStreamWaitEvent(c->rank[r].st, c->rank[0].ev_join, 0));
 }
 
-/* The batch into staging as the CPU backend does it: padding rows carry token 0 at position 0
- * of no sequence, padding wanted rows repeat the last wanted row. */
+/* The batch into staging as the CPU backend does it (backend.c muse_backend_stage), each
+ * wanted row's sampling converted field by field to the kernel's record, then to every rank. */
 int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
 {
     cuda_backend *c = cu(be);
     MUSE_CHECK(!c->in_round);
     if (c->failed) return device_error(c, e);
     int64_t t0 = muse_now_ns();
-    long R = muse_backend_bucket(be, r->rows), n = 0;
-    for (long i = 0; i < r->rows; i++) {
-        c->h_tokens[i] = r->tokens[i];
-        c->h_positions[i] = r->positions[i];
-        c->h_seqs[i] = r->seqs[i];
-        if (!r->want_logits || r->want_logits[i]) c->h_want[n++] = (int32_t)i;
-    }
-    for (long i = r->rows; i < R; i++) {
-        c->h_tokens[i] = 0;
-        c->h_positions[i] = 0;
-        c->h_seqs[i] = -1;
-    }
-    c->real_rows = r->rows;
-    c->rows = R;
-    c->real_wanted = n;
-    c->wanted = n ? muse_backend_bucket(be, n) : 0;
-    for (long i = 0; i < c->wanted; i++) {
-        if (i >= n) c->h_want[i] = c->h_want[n - 1];
-        muse_k_sampling s = {0, 0, 0, 0, 0};
-        if (r->sampling && i < n)
-            s = (muse_k_sampling){r->sampling[i].temperature, r->sampling[i].top_k,
-                                  r->sampling[i].top_p, r->sampling[i].min_p, r->sampling[i].seed};
-        c->h_sampling[i] = s;
-        c->h_draw_pos[i] = r->sampling && r->draw_pos && i < n ? r->draw_pos[i] : 0;
-    }
-    int64_t bps = be->kv.blocks_per_seq;
-    for (long i = 0; i < r->rows; i++) {
-        int seq = r->seqs[i];
-        if (i && seq == r->seqs[i - 1]) continue;
-        memcpy(c->h_tables + (int64_t)seq * bps, muse_kv_table(&be->kv, seq),
-               (size_t)bps * sizeof *c->h_tables);
+    muse_backend_stage(be, r, &c->stage);
+    c->real_rows = c->stage.real_rows;
+    c->rows = c->stage.rows;
+    c->real_wanted = c->stage.real_wanted;
+    c->wanted = c->stage.wanted;
+    for (long i = 0; i < c->wanted; i++) { /* padding rows: the stage's all-zero record */
+        const muse_sampling *q = &c->stage.sampling[i];
+        c->h_sampling[i] = (muse_k_sampling){q->temperature, q->top_k, q->top_p, q->min_p, q->seed};
     }
     for (int k = 0; k < c->n_ranks; k++) stage_rank(c, k);
     c->do_sample = r->sampling != NULL;
