@@ -194,7 +194,9 @@ void muse_round_stage_place(muse_round_stage *s, const muse_backend *be, void *b
     stage_layout(s, be, block);
 }
 
-/* What cpu_begin_round and cuda_begin_round both did, line for line. */
+/* What cpu_begin_round and cuda_begin_round both did, line for line. Their only differences
+ * stay with CUDA: the sticky error refused first, the host time profiled, and the sampling
+ * records converted to the kernel's muse_k_sampling (the same fields; zero for padding rows). */
 void muse_backend_stage(const muse_backend *be, const muse_round *r, muse_round_stage *s)
 {
     long R = muse_backend_bucket(be, r->rows), n = 0;
