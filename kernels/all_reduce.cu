@@ -14,9 +14,10 @@ __global__ void k_all_reduce(muse_k_parts parts, int n_parts, long n, float *out
     out[i] = s;
 }
 
-MUSE_K_API int muse_k_all_reduce(muse_k_parts parts, int n_parts, long n, float *out,
-                                 cudaStream_t st)
+MUSE_K_API int muse_k_all_reduce(const muse_k_ctx *ctx, muse_k_parts parts, int n_parts, long n,
+                                 float *out)
 {
+    cudaStream_t st = ctx->st;
     if (n <= 0) return 0;
     if (n_parts < 1 || n_parts > MUSE_K_MAX_PARTS) return (int)cudaErrorInvalidValue;
     k_all_reduce<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(parts, n_parts, n, out);

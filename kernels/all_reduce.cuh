@@ -9,7 +9,7 @@ typedef struct {
 } muse_k_parts;
 /* out[i] = ((p[0][i] + p[1][i]) + p[2][i]) + ... for i < n, fp32 adds in rank order, as
  * cpu_backend.c cpu_all_reduce. The partials may sit on other devices (peer access enabled) or
- * be slices of one gather buffer; out must not alias any of them. */
-MUSE_K_API int muse_k_all_reduce(muse_k_parts parts, int n_parts, long n, float *out,
-                                 cudaStream_t st);
+ * be slices of one gather buffer; out must not alias any of them. ctx: st */
+MUSE_K_API int muse_k_all_reduce(const muse_k_ctx *ctx, muse_k_parts parts, int n_parts, long n,
+                                 float *out);
 #endif

@@ -114,19 +114,26 @@ __global__ void k_attention(muse_k_kv kv, const float *qa, const float *ga, floa
     }
 }
 
-MUSE_K_API int muse_k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld, long rows,
-                               const int32_t *seqs, const int64_t *positions, cudaStream_t st)
+MUSE_K_API int muse_k_kv_write(const muse_k_ctx *ctx, muse_k_kv kv, const float *k, const float *v,
+                               long ld)
 {
+    long rows = ctx->rows;
+    const int32_t *seqs = ctx->seqs;
+    const int64_t *positions = ctx->positions;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     if (ld < kv.kv_width) return (int)cudaErrorInvalidValue;
     k_kv_write<<<(unsigned)rows, 128, 0, st>>>(kv, k, v, ld, seqs, positions);
     return (int)cudaGetLastError();
 }
 
-MUSE_K_API int muse_k_attention(muse_k_kv kv, const float *q, const float *g, float *o, long rows,
-                                long hq, long hd, long group, long window, double scale,
-                                const int32_t *seqs, const int64_t *positions, cudaStream_t st)
+MUSE_K_API int muse_k_attention(const muse_k_ctx *ctx, muse_k_kv kv, const float *q, const float *g,
+                                float *o, long hq, long hd, long group, long window, double scale)
 {
+    long rows = ctx->rows;
+    const int32_t *seqs = ctx->seqs;
+    const int64_t *positions = ctx->positions;
+    cudaStream_t st = ctx->st;
     if (rows <= 0 || hq <= 0) return 0;
     if (hd > AT_MAX_DIM) return (int)cudaErrorInvalidValue;
     k_attention<<<dim3((unsigned)rows, (unsigned)hq), AT_THREADS, 0, st>>>(

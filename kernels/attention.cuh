@@ -13,13 +13,13 @@ typedef struct {
     long kv_width;
 } muse_k_kv;
 /* k, v rows of kv_width floats at stride ld (>= kv_width: a rank's heads out of a whole k) to
- * the cache at each row's (seq, position); rows with seq < 0 skip */
-MUSE_K_API int muse_k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld, long rows,
-                               const int32_t *seqs, const int64_t *positions, cudaStream_t st);
+ * the cache at each row's (seq, position); rows with seq < 0 skip. ctx: st, rows, seqs,
+ * positions */
+MUSE_K_API int muse_k_kv_write(const muse_k_ctx *ctx, muse_k_kv kv, const float *k, const float *v,
+                               long ld);
 /* o[R, Hq * hd] = fp16(softmax(q k^T * scale) v * sigmoid(g)) over positions
  * [max(0, p - window + 1) or 0, p] of the row's sequence; query head h reads KV head
- * h / group; padding rows (seq < 0) get zeros. */
-MUSE_K_API int muse_k_attention(muse_k_kv kv, const float *q, const float *g, float *o, long rows,
-                                long hq, long hd, long group, long window, double scale,
-                                const int32_t *seqs, const int64_t *positions, cudaStream_t st);
+ * h / group; padding rows (seq < 0) get zeros. ctx: st, rows, seqs, positions */
+MUSE_K_API int muse_k_attention(const muse_k_ctx *ctx, muse_k_kv kv, const float *q, const float *g,
+                                float *o, long hq, long hd, long group, long window, double scale);
 #endif

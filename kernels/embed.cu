@@ -15,9 +15,12 @@ __global__ void k_embed(const void *table, int dtype, const int32_t *tokens, lon
     for (long j = threadIdx.x; j < H; j += blockDim.x) row[j] = (float)((double)row[j] * s);
 }
 
-MUSE_K_API int muse_k_embed(const void *table, int dtype, const int32_t *tokens, long rows, long H,
-                            double eps, float *out, cudaStream_t st)
+MUSE_K_API int muse_k_embed(const muse_k_ctx *ctx, const void *table, int dtype, long H, double eps,
+                            float *out)
 {
+    const int32_t *tokens = ctx->tokens;
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     k_embed<<<(unsigned)rows, 256, 0, st>>>(table, dtype, tokens, H, eps, out);
     return (int)cudaGetLastError();

@@ -8,8 +8,9 @@ __global__ void k_fault_store(volatile int *where)
     *where = 0x6d757365; /* "muse" */
 }
 
-MUSE_K_API int muse_k_fault_illegal_address(cudaStream_t st)
+MUSE_K_API int muse_k_fault_illegal_address(const muse_k_ctx *ctx)
 {
+    cudaStream_t st = ctx->st;
     volatile int *bad = (volatile int *)(uintptr_t)0x10; /* inside the unmapped null page */
     k_fault_store<<<1, 1, 0, st>>>(bad);
     return (int)cudaGetLastError();

@@ -18,18 +18,22 @@ __global__ void k_head_finish(const float *raw, long N, long V, double mult, dou
     logits[i * V + j] = (float)(cap > 0 ? cap * tanh(z / cap) : z);
 }
 
-MUSE_K_API int muse_k_gather_rows(const float *src, const int32_t *rows, long n, long W,
-                                  float *dst, cudaStream_t st)
+MUSE_K_API int muse_k_gather_rows(const muse_k_ctx *ctx, const float *src, long W, float *dst)
 {
+    const int32_t *rows = ctx->want;
+    long n = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (n <= 0) return 0;
     k_gather_rows<<<dim3((unsigned)((W + 255) / 256), (unsigned)n), 256, 0, st>>>(src, rows, W,
                                                                                   dst);
     return (int)cudaGetLastError();
 }
 
-MUSE_K_API int muse_k_head_finish(const float *raw, long n, long N, long V, double mult,
-                                  double cap, float *logits, cudaStream_t st)
+MUSE_K_API int muse_k_head_finish(const muse_k_ctx *ctx, const float *raw, long N, long V,
+                                  double mult, double cap, float *logits)
 {
+    long n = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (n <= 0) return 0;
     k_head_finish<<<dim3((unsigned)((V + 255) / 256), (unsigned)n), 256, 0, st>>>(raw, N, V, mult,
                                                                                  cap, logits);

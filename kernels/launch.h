@@ -1,5 +1,6 @@
-/* What the C side and the kernels share: dtype codes, the device descriptor of a linear, and
- * the stream type. Plain C, included by engine/backend/cuda/ and by every kernel. */
+/* What the C side and the kernels share: dtype codes, the device descriptor of a linear, the
+ * sampler's record and the launch context every launcher takes. Plain C, included by
+ * engine/backend/cuda/ and by every kernel. */
 #ifndef MUSE_K_LAUNCH_H
 #define MUSE_K_LAUNCH_H
 
@@ -32,5 +33,28 @@ typedef struct {
     const uint16_t *suh, *svh, *su, *sv, *bias;
     const float *table;
 } muse_k_lin;
+
+/* One wanted row's sampling parameters as the sampler kernel reads them (muse_sampling's). */
+typedef struct {
+    float temperature;
+    int top_k;
+    float top_p, min_p;
+    uint64_t seed;
+} muse_k_sampling;
+
+/* What a launcher shares with the others of its rank's round: the stream, the rows the launch
+ * covers and the round's staged per-row arrays (device pointers). rows is the round's bucket R
+ * unless the caller set the launch's own count: the MoE's R * K (row, slot) pairs, the N
+ * wanted rows of the head and the sampler. A launcher reads only what its comment names. */
+typedef struct {
+    cudaStream_t st;
+    long rows;
+    const int32_t *tokens;           /* [R] token ids */
+    const int32_t *seqs;             /* [R] KV slot of each row; -1: a padding row */
+    const int64_t *positions;        /* [R] absolute positions */
+    const int32_t *want;             /* [N] the wanted rows, in row order */
+    const muse_k_sampling *sampling; /* [N] */
+    const int64_t *draw_pos;         /* [N] absolute position of each token drawn */
+} muse_k_ctx;
 
 #endif

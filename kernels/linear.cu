@@ -273,11 +273,13 @@ MUSE_K_API int muse_k_exl3_path_env(void)
     return MUSE_K_EXL3_AUTO;
 }
 
-MUSE_K_API int muse_k_linear(const muse_k_lin *descs, const muse_k_lin *shape,
-                             const int32_t *row_desc, const int32_t *row_src, const float *x,
-                             long x_stride, long rows, int round16, float *y, long y_stride,
-                             float *ws_a, double *ws_t, cudaStream_t st)
+MUSE_K_API int muse_k_linear(const muse_k_ctx *ctx, const muse_k_lin *descs,
+                             const muse_k_lin *shape, const int32_t *row_desc,
+                             const int32_t *row_src, const float *x, long x_stride, int round16,
+                             float *y, long y_stride, float *ws_a, double *ws_t)
 {
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     unsigned n = (unsigned)shape->n, k = (unsigned)shape->k, R = (unsigned)rows;
     if (shape->kind == MUSE_K_DENSE) {

@@ -14,9 +14,10 @@ MUSE_K_API int muse_k_exl3_path_env(void);
 /* descs: device descriptors; row r uses descs[row_desc ? row_desc[r] : 0] (the MoE's experts)
  * and input row x + (row_src ? row_src[r] : r) * x_stride. shape: a host copy of any of them
  * (kind, k, n, path: the same for every descriptor used). y row r at y + r * y_stride,
- * fp16-rounded when round16. EXL3 needs ws_a [rows, k] floats and ws_t [rows, n] doubles. */
-MUSE_K_API int muse_k_linear(const muse_k_lin *descs, const muse_k_lin *shape,
-                             const int32_t *row_desc, const int32_t *row_src, const float *x,
-                             long x_stride, long rows, int round16, float *y, long y_stride,
-                             float *ws_a, double *ws_t, cudaStream_t st);
+ * fp16-rounded when round16. EXL3 needs ws_a [rows, k] floats and ws_t [rows, n] doubles.
+ * ctx: st, rows. */
+MUSE_K_API int muse_k_linear(const muse_k_ctx *ctx, const muse_k_lin *descs,
+                             const muse_k_lin *shape, const int32_t *row_desc,
+                             const int32_t *row_src, const float *x, long x_stride, int round16,
+                             float *y, long y_stride, float *ws_a, double *ws_t);
 #endif

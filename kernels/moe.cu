@@ -67,19 +67,23 @@ __global__ void k_moe_combine(const int32_t *sel, const float *w, const float *z
     y[r * H + d] = acc;
 }
 
-MUSE_K_API int muse_k_router(const float *b, long rows, long H, const void *router, int dtype,
-                             long E, float *logits, cudaStream_t st)
+MUSE_K_API int muse_k_router(const muse_k_ctx *ctx, const float *b, long H, const void *router,
+                             int dtype, long E, float *logits)
 {
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     k_router<<<dim3((unsigned)((E + 127) / 128), (unsigned)rows), 128, 0, st>>>(b, H, router,
                                                                                dtype, E, logits);
     return (int)cudaGetLastError();
 }
 
-MUSE_K_API int muse_k_select(const float *logits, long rows, long E, long K, const float *bias,
-                             int norm_topk, float scaling, int32_t *sel, float *w,
-                             cudaStream_t st)
+MUSE_K_API int muse_k_select(const muse_k_ctx *ctx, const float *logits, long E, long K,
+                             const float *bias, int norm_topk, float scaling, int32_t *sel,
+                             float *w)
 {
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     size_t shared = (size_t)E * (2 * sizeof(float) + 1);
     if (shared > 48 * 1024 || K > E) return (int)cudaErrorInvalidValue;
@@ -87,10 +91,11 @@ MUSE_K_API int muse_k_select(const float *logits, long rows, long E, long K, con
     return (int)cudaGetLastError();
 }
 
-MUSE_K_API int muse_k_moe_combine(const int32_t *sel, const float *w, const float *z,
-                                  const float *shared, long rows, long K, long H, float *y,
-                                  cudaStream_t st)
+MUSE_K_API int muse_k_moe_combine(const muse_k_ctx *ctx, const int32_t *sel, const float *w,
+                                  const float *z, const float *shared, long K, long H, float *y)
 {
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     k_moe_combine<<<dim3((unsigned)((H + 127) / 128), (unsigned)rows), 128, 0, st>>>(
         sel, w, z, shared, K, H, y);

@@ -31,18 +31,22 @@ __global__ void k_add_norm(float *h, const float *y, long width, const float *w,
     }
 }
 
-MUSE_K_API int muse_k_norm(const float *x, long rows, long width, const float *w, long w_stride,
-                           const int32_t *w_row, int mode, double eps, int round16, float *out,
-                           cudaStream_t st)
+MUSE_K_API int muse_k_norm(const muse_k_ctx *ctx, const float *x, long width, const float *w,
+                           long w_stride, const int32_t *w_row, int mode, double eps, int round16,
+                           float *out)
 {
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     k_norm<<<(unsigned)rows, 256, 0, st>>>(x, width, w, w_stride, w_row, mode, eps, round16, out);
     return (int)cudaGetLastError();
 }
 
-MUSE_K_API int muse_k_add_norm(float *h, const float *y, long rows, long width, const float *w,
-                               double eps, cudaStream_t st)
+MUSE_K_API int muse_k_add_norm(const muse_k_ctx *ctx, float *h, const float *y, long width,
+                               const float *w, double eps)
 {
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     k_add_norm<<<(unsigned)rows, 256, 0, st>>>(h, y, width, w, eps);
     return (int)cudaGetLastError();

@@ -26,10 +26,12 @@ __global__ void k_qk_norm_rope(float *x, long heads, long hd, const int64_t *pos
     for (long d = threadIdx.x; d < hd; d += blockDim.x) v[d] = muse_round_f16(v[d]);
 }
 
-MUSE_K_API int muse_k_qk_norm_rope(float *x, long rows, long heads, long head_dim,
-                                   const int64_t *positions, double theta, double eps,
-                                   cudaStream_t st)
+MUSE_K_API int muse_k_qk_norm_rope(const muse_k_ctx *ctx, float *x, long heads, long head_dim,
+                                   double theta, double eps)
 {
+    long rows = ctx->rows;
+    const int64_t *positions = ctx->positions;
+    cudaStream_t st = ctx->st;
     if (rows <= 0 || heads <= 0) return 0;
     k_qk_norm_rope<<<dim3((unsigned)rows, (unsigned)heads), 64, 0, st>>>(x, heads, head_dim,
                                                                         positions, theta, eps);

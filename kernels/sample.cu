@@ -164,10 +164,13 @@ __global__ void __launch_bounds__(SM_THREADS)
     if (t == 0) tokens[row] = (int32_t)muse_sx_key_id(c);
 }
 
-MUSE_K_API int muse_k_sample(const float *logits, long n, long V, const muse_k_sampling *params,
-                             const int64_t *draw_pos, int weight_bits, float *weights,
-                             int32_t *tokens, cudaStream_t st)
+MUSE_K_API int muse_k_sample(const muse_k_ctx *ctx, const float *logits, long V, int weight_bits,
+                             float *weights, int32_t *tokens)
 {
+    long n = ctx->rows;
+    const muse_k_sampling *params = ctx->sampling;
+    const int64_t *draw_pos = ctx->draw_pos;
+    cudaStream_t st = ctx->st;
     if (n <= 0) return 0;
     k_sample<<<(unsigned)n, SM_THREADS, 0, st>>>(logits, V, params, draw_pos, weight_bits,
                                                  weights, tokens);

@@ -11,9 +11,11 @@ __global__ void k_swiglu(const float *gate, const float *up, long n, float *out)
     out[i] = muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up[i]));
 }
 
-MUSE_K_API int muse_k_swiglu(const float *gate, const float *up, long n, float *out,
-                             cudaStream_t st)
+MUSE_K_API int muse_k_swiglu(const muse_k_ctx *ctx, const float *gate, const float *up, long width,
+                             float *out)
 {
+    long n = ctx->rows * width;
+    cudaStream_t st = ctx->st;
     if (n <= 0) return 0;
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(gate, up, n, out);
     return (int)cudaGetLastError();

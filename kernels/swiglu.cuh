@@ -2,7 +2,7 @@
 #ifndef MUSE_K_SWIGLU_CUH
 #define MUSE_K_SWIGLU_CUH
 #include "launch.h"
-/* gate, up, out: n floats (out may alias neither) */
-MUSE_K_API int muse_k_swiglu(const float *gate, const float *up, long n, float *out,
-                             cudaStream_t st);
+/* gate, up, out: [rows, width] floats (out may alias neither); ctx: st, rows */
+MUSE_K_API int muse_k_swiglu(const muse_k_ctx *ctx, const float *gate, const float *up, long width,
+                             float *out);
 #endif

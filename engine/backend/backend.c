@@ -159,6 +159,78 @@ long muse_backend_bucket(const muse_backend *be, long rows)
     return be->opts.max_rows;
 }
 
+/* The stage's arrays in block order, each starting on a 64-byte boundary (s NULL: the size). */
+static size_t stage_layout(muse_round_stage *s, const muse_backend *be, uint8_t *block)
+{
+    size_t R = (size_t)be->opts.max_rows;
+    size_t tables = (size_t)be->opts.max_seqs * (size_t)be->kv.blocks_per_seq, at = 0;
+    size_t bytes[7] = {R * 4, R * 4, R * 4, R * 8, R * 8, R * sizeof(muse_sampling), tables * 4};
+    void *parts[7];
+    for (int i = 0; i < 7; i++) {
+        parts[i] = block ? block + at : NULL;
+        at += (bytes[i] + 63) / 64 * 64;
+    }
+    if (!s) return at;
+    s->tokens = parts[0];
+    s->seqs = parts[1];
+    s->want = parts[2];
+    s->positions = parts[3];
+    s->draw_pos = parts[4];
+    s->sampling = parts[5];
+    s->tables = parts[6];
+    for (size_t i = 0; i < tables; i++) s->tables[i] = -1;
+    return at;
+}
+
+size_t muse_round_stage_bytes(const muse_backend *be)
+{
+    return stage_layout(NULL, be, NULL);
+}
+
+void muse_round_stage_place(muse_round_stage *s, const muse_backend *be, void *block)
+{
+    memset(s, 0, sizeof *s);
+    s->block = block;
+    stage_layout(s, be, block);
+}
+
+/* What cpu_begin_round and cuda_begin_round both did, line for line. Their only differences
+ * stay with CUDA: the sticky error refused first, the host time profiled, and the sampling
+ * records converted to the kernel's muse_k_sampling (the same fields; zero for padding rows). */
+void muse_backend_stage(const muse_backend *be, const muse_round *r, muse_round_stage *s)
+{
+    long R = muse_backend_bucket(be, r->rows), n = 0;
+    for (long i = 0; i < r->rows; i++) {
+        s->tokens[i] = r->tokens[i];
+        s->positions[i] = r->positions[i];
+        s->seqs[i] = r->seqs[i];
+        if (!r->want_logits || r->want_logits[i]) s->want[n++] = (int32_t)i;
+    }
+    for (long i = r->rows; i < R; i++) {
+        s->tokens[i] = 0;
+        s->positions[i] = 0;
+        s->seqs[i] = -1;
+    }
+    s->real_rows = r->rows;
+    s->rows = R;
+    s->real_wanted = n;
+    s->wanted = n ? muse_backend_bucket(be, n) : 0;
+    muse_sampling greedy = {0};
+    for (long i = 0; i < s->wanted; i++) {
+        if (i >= n) s->want[i] = s->want[n - 1];
+        s->sampling[i] = r->sampling && i < n ? r->sampling[i] : greedy;
+        s->draw_pos[i] = r->sampling && r->draw_pos && i < n ? r->draw_pos[i] : 0;
+    }
+    /* the block tables of the round's sequences, as they are now */
+    int64_t bps = be->kv.blocks_per_seq;
+    for (long i = 0; i < r->rows; i++) {
+        int seq = r->seqs[i];
+        if (i && seq == r->seqs[i - 1]) continue;
+        memcpy(s->tables + (int64_t)seq * bps, muse_kv_table(&be->kv, seq),
+               (size_t)bps * sizeof *s->tables);
+    }
+}
+
 int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_backend_opts *o,
                              muse_err *e)
 {

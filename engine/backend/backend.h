@@ -181,6 +181,29 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
 /* The smallest bucket holding rows (rows itself when exact_rows). */
 long muse_backend_bucket(const muse_backend *be, long rows);
 
+/* A round's batch on the host as every backend stages it (muse_backend_stage): the rows padded
+ * to their bucket, the wanted rows padded the same way, each wanted row's sampling and draw
+ * position, and the block tables of the round's sequences. Arrays sized at start from the
+ * options, laid out in one block the backend allocates (the CUDA backend's is pinned). */
+typedef struct {
+    long rows, real_rows;          /* the bucket R the batch is padded to; the batch's rows */
+    long wanted, real_wanted;      /* the wanted rows' bucket N (0: none); the real ones */
+    int32_t *tokens, *seqs, *want; /* [max_rows]; want: the wanted rows' indices */
+    int64_t *positions, *draw_pos; /* [max_rows] */
+    muse_sampling *sampling;       /* [max_rows] */
+    int32_t *tables;               /* [max_seqs][blocks_per_seq]; -1: no block */
+    void *block;                   /* what the arrays are carved from (the backend frees it) */
+} muse_round_stage;
+
+/* The bytes of the block a stage is laid out in, for be's options. */
+size_t muse_round_stage_bytes(const muse_backend *be);
+/* Lays the stage's arrays out in block (muse_round_stage_bytes long); every table entry -1. */
+void muse_round_stage_place(muse_round_stage *s, const muse_backend *be, void *block);
+/* r into s: padding rows carry token 0 at position 0 of no sequence (seq -1: no KV write, no
+ * attention), padding wanted rows repeat the last wanted row and draw greedily at position 0,
+ * the round's sequences' block tables copied as they are now; the counts set. */
+void muse_backend_stage(const muse_backend *be, const muse_round *r, muse_round_stage *s);
+
 /* Before any allocation, for the memory plan: the memory of the ranks' devices (the smallest,
  * bytes; 0 for cpu: no limit) and which they are ("NVIDIA H200 (device 0)"). -1 with the reason
  * and the fix where there is no such device, no driver or no CUDA in this binary. */

@@ -42,15 +42,12 @@ typedef struct {
     int world;         /* ranks of the world: n_ranks, or the processes' --tp-world */
     int first_rank;    /* the world's rank of this process's rank 0 */
     float *head_parts; /* rank 0 of a world: every rank's logits slice, [max_rows, head n] */
-    /* staging, fixed at start: the round's batch padded to its bucket (rows), the wanted rows
-     * padded the same way (wanted), the block tables of the round's sequences, sampling */
-    long rows, real_rows, wanted, real_wanted;
-    int32_t *tokens, *seqs, *want_rows; /* [max_rows] */
-    int64_t *positions;                 /* [max_rows] */
-    int32_t *tables;                    /* [max_seqs][blocks_per_seq] */
-    muse_sampling *sampling;            /* [max_rows] */
-    int64_t *draw_pos;                  /* [max_rows] */
-    int32_t *drawn;                     /* [max_rows] */
+    /* staging, fixed at start (backend.h muse_round_stage): the round's batch padded to its
+     * bucket, the wanted rows padded the same way, sampling, the round's block tables; the ops
+     * read its arrays directly, and its counts through rows .. real_wanted */
+    muse_round_stage stage;
+    long rows, real_rows, wanted, real_wanted; /* stage's, copied at begin_round */
+    int32_t *drawn;                            /* [max_rows] */
     int do_sample, return_logits, in_round;
     muse_act logits;         /* the head's output of this round */
     muse_sampler **samplers; /* one per pool thread */
@@ -165,41 +162,17 @@ static void cpu_read(muse_backend *be, muse_act a, float *dst, long rows)
     }
 }
 
-/* Copies the batch into staging; padding rows carry token 0 at position 0 of no sequence
- * (seq -1: no KV write, no attention), padding wanted rows repeat the last wanted row. */
+/* Copies the batch into staging (backend.c muse_backend_stage, the CUDA backend's too); the
+ * ops read the stage's host arrays as they are. */
 static int cpu_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
 {
     cpu_backend *c = cpu(be);
     MUSE_CHECK(!c->in_round);
-    long R = muse_backend_bucket(be, r->rows), n = 0;
-    for (long i = 0; i < r->rows; i++) {
-        c->tokens[i] = r->tokens[i];
-        c->positions[i] = r->positions[i];
-        c->seqs[i] = r->seqs[i];
-        if (!r->want_logits || r->want_logits[i]) c->want_rows[n++] = (int32_t)i;
-    }
-    for (long i = r->rows; i < R; i++) {
-        c->tokens[i] = 0;
-        c->positions[i] = 0;
-        c->seqs[i] = -1;
-    }
-    c->real_rows = r->rows;
-    c->rows = R;
-    c->real_wanted = n;
-    c->wanted = n ? muse_backend_bucket(be, n) : 0;
-    muse_sampling greedy = {0};
-    for (long i = 0; i < c->wanted; i++) {
-        if (i >= n) c->want_rows[i] = c->want_rows[n - 1];
-        c->sampling[i] = r->sampling && i < n ? r->sampling[i] : greedy;
-        c->draw_pos[i] = r->sampling && r->draw_pos && i < n ? r->draw_pos[i] : 0;
-    }
-    /* the block tables of the round's sequences, as they are now */
-    for (long i = 0; i < r->rows; i++) {
-        int seq = r->seqs[i];
-        if (i && seq == r->seqs[i - 1]) continue;
-        memcpy(c->tables + (int64_t)seq * be->kv.blocks_per_seq, muse_kv_table(&be->kv, seq),
-               (size_t)be->kv.blocks_per_seq * sizeof *c->tables);
-    }
+    muse_backend_stage(be, r, &c->stage);
+    c->real_rows = c->stage.real_rows;
+    c->rows = c->stage.rows;
+    c->real_wanted = c->stage.real_wanted;
+    c->wanted = c->stage.wanted;
     c->do_sample = r->sampling != NULL;
     c->return_logits = r->return_logits;
     c->logits = -1;
@@ -233,7 +206,7 @@ static void cpu_embed(muse_backend *be, muse_act out_a)
     for (int k = 1; k < c->n_ranks; k++) c->act_cols[out_a][k] = H;
     for (long r = 0; r < c->rows; r++) {
         float *row = out + r * H;
-        muse_model_embed_row(m, c->tokens[r], row);
+        muse_model_embed_row(m, c->stage.tokens[r], row);
         double s = rms_scale(row, H, m->cfg.rms_norm_eps);
         for (long j = 0; j < H; j++) row[j] = (float)(row[j] * s);
     }
@@ -336,7 +309,7 @@ static void qk_rows(cpu_backend *c, float *x, long heads, long head_dim, double 
 {
     long half = head_dim / 2;
     for (long r = 0; r < c->rows; r++) {
-        double p = (double)c->positions[r];
+        double p = (double)c->stage.positions[r];
         for (long hh = 0; hh < heads; hh++) {
             float *v = x + (r * heads + hh) * head_dim;
             double s = rms_scale(v, head_dim, eps);
@@ -378,7 +351,7 @@ static inline size_t kv_offset(const cpu_backend *c, int layer, int seq, int64_t
 {
     int64_t cap = c->kv_cap[layer];
     if (cap > 0) return ((size_t)seq * (size_t)cap + (size_t)(s % cap)) * (size_t)KV;
-    int32_t blk = c->tables[(int64_t)seq * c->base.kv.blocks_per_seq + s / MUSE_KV_BLOCK];
+    int32_t blk = c->stage.tables[(int64_t)seq * c->base.kv.blocks_per_seq + s / MUSE_KV_BLOCK];
     MUSE_CHECK(blk >= 0); /* the caller reserves blocks before a forward */
     return ((size_t)blk * MUSE_KV_BLOCK + (size_t)(s % MUSE_KV_BLOCK)) * (size_t)KV;
 }
@@ -397,8 +370,8 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
     for (long t = begin; t < end; t++) {
         long r = t / hq, h = t % hq;
         long kh = (j->rk->heads.q0 + h) / group - j->rk->heads.kv0; /* within the rank's cache */
-        int64_t p = j->c->positions[r];
-        int seq = j->c->seqs[r];
+        int64_t p = j->c->stage.positions[r];
+        int seq = j->c->stage.seqs[r];
         float *o = j->o + (r * hq + h) * hd;
         if (seq < 0) { /* a padding row reads no cache */
             for (long d = 0; d < hd; d++) o[d] = 0;
@@ -447,8 +420,8 @@ static void cpu_attention(muse_backend *be, int layer, muse_act q, muse_act k_a,
         long off = kw == KV ? 0 : rk->heads.kv0 * hd; /* a whole k: the rank's heads from there */
         const float *k = act_r(c, k_a, rr), *v = act_r(c, v_a, rr);
         for (long r = 0; r < c->rows; r++) {
-            if (c->seqs[r] < 0) continue; /* padding */
-            size_t at = kv_offset(c, layer, c->seqs[r], c->positions[r], KV);
+            if (c->stage.seqs[r] < 0) continue; /* padding */
+            size_t at = kv_offset(c, layer, c->stage.seqs[r], c->stage.positions[r], KV);
             for (long d = 0; d < KV; d++) {
                 rk->k_cache[layer][at + d] = muse_f32_to_f16(k[r * kw + off + d]);
                 rk->v_cache[layer][at + d] = muse_f32_to_f16(v[r * kw + off + d]);
@@ -669,7 +642,7 @@ static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
     float *logits = act(c, logits_a);
     c->logits = logits_a;
     for (long i = 0; i < n; i++)
-        memcpy(c->xsel + i * H, x + (long)c->want_rows[i] * H, (size_t)H * sizeof(float));
+        memcpy(c->xsel + i * H, x + (long)c->stage.want[i] * H, (size_t)H * sizeof(float));
     if (!n) return;
     double mult = cfg->output_multiplier, cap = cfg->final_logit_softcapping;
     if (c->comm) {
@@ -721,8 +694,8 @@ static void draw_rows(void *ctx, long begin, long end, int thread)
     long V = (long)c->base.model->cfg.vocab_size;
     const float *logits = act(c, c->logits);
     for (long i = begin; i < end; i++)
-        c->drawn[i] = (int32_t)muse_sample(c->samplers[thread], logits + i * V, &c->sampling[i],
-                                           c->draw_pos[i]);
+        c->drawn[i] = (int32_t)muse_sample(c->samplers[thread], logits + i * V,
+                                           &c->stage.sampling[i], c->stage.draw_pos[i]);
 }
 
 static void cpu_sample(muse_backend *be, muse_act logits)
@@ -1025,16 +998,9 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
     c->ea = MUSE_MALLOC((size_t)(R * Imoe) * sizeof(float));
     mem->workspace +=
         (size_t)R * ((size_t)E * 4 + (size_t)K * 8 + 4 + (size_t)H * 12 + (size_t)Imoe * 12);
-    c->tokens = MUSE_MALLOC((size_t)R * sizeof *c->tokens);
-    c->seqs = MUSE_MALLOC((size_t)R * sizeof *c->seqs);
-    c->want_rows = MUSE_MALLOC((size_t)R * sizeof *c->want_rows);
-    c->positions = MUSE_MALLOC((size_t)R * sizeof *c->positions);
-    c->sampling = MUSE_MALLOC((size_t)R * sizeof *c->sampling);
-    c->draw_pos = MUSE_MALLOC((size_t)R * sizeof *c->draw_pos);
+    muse_round_stage_place(&c->stage, &c->base, MUSE_MALLOC(muse_round_stage_bytes(&c->base)));
     c->drawn = MUSE_MALLOC((size_t)R * sizeof *c->drawn);
     size_t tables = (size_t)o->max_seqs * (size_t)c->base.kv.blocks_per_seq;
-    c->tables = MUSE_MALLOC(tables * sizeof *c->tables);
-    for (size_t i = 0; i < tables; i++) c->tables[i] = -1;
     mem->staging = (size_t)R * (4 * 4 + 8 * 2 + sizeof(muse_sampling)) + tables * 4;
     return &c->base;
 }
@@ -1082,13 +1048,7 @@ static void cpu_destroy(muse_backend *be)
     free(c->eg);
     free(c->eu);
     free(c->ea);
-    free(c->tokens);
-    free(c->seqs);
-    free(c->want_rows);
-    free(c->positions);
-    free(c->sampling);
-    free(c->draw_pos);
+    free(c->stage.block);
     free(c->drawn);
-    free(c->tables);
     free(c);
 }

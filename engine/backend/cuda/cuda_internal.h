@@ -1,0 +1,218 @@
+/* The CUDA backend's private header: the types its files share (a rank, the backend, an
+ * uploaded tensor), the CHECK macro and the helpers called across files. The backend:
+ * every operation of backend.h on one GPU or several ranks, each a kernel of
+ * kernels/ that equals the CPU reference (cpu_backend.c) bit for bit where it can (the same
+ * fixed-order double sums, no contraction) and within the harness's relative bounds
+ * everywhere. Everything is allocated and uploaded at start (weights once a GPU, sized from
+ * the options); a round copies its batch into pinned staging, launches kernels on each rank's
+ * stream and allocates nothing; the first failing CUDA call is kept with its rank and
+ * file:line and end_round reports it (sticky: the context is not used again). Each round is
+ * captured as a CUDA graph and replayed through one executable graph a row bucket
+ * (MUSE_CUDA_GRAPHS=0: eager launches; the bits are the same).
+ * With --ranks N / --gpus LIST each rank holds its shard's descriptors (model/shard.h, the CPU
+ * backend's rules), its activations, workspaces, KV heads and snapshot slots, and runs every
+ * operation on its own stream. A GPU holding one rank of several uploads only what that rank
+ * reads: the tensors it reads whole and its shard of each split linear, packed compactly
+ * (muse_shard_pack); ranks sharing a GPU read one whole upload of the pack. Sums across ranks
+ * go in rank order through kernels/all_reduce.cu, reading every rank's partial (one GPU, or
+ * peers over NVLink), or after an NCCL all-gather where GPUs lack peer access.
+ * Its files: cuda_upload.c (placement and upload), cuda_device.c (devices, peers, start-up,
+ * destroy), cuda_round.c (staging, graphs, profiling, snapshots), cuda_ops.c (the operations
+ * and the ops table), cuda_reduce.c (the rank-order sums). */
+
+#ifndef MUSE_CUDA_INTERNAL_H
+#define MUSE_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/nccl_dl.h"
+#include "kernels/launch.h"
+#include "kernels/sample.cuh"
+#include "model/shard.h"
+
+enum {
+    PROF_BEGIN,
+    PROF_END,
+    PROF_EMBED,
+    PROF_NORM,
+    PROF_ADD_NORM,
+    PROF_DENSE,
+    PROF_EXL3,
+    PROF_QK,
+    PROF_ATTENTION,
+    PROF_SWIGLU,
+    PROF_MOE,
+    PROF_ALL_REDUCE,
+    PROF_HEAD,
+    PROF_SAMPLE,
+    PROF_OPS
+};
+
+/* One uploaded tensor: its host bytes and where they are in a GPU's copy of the pack. */
+typedef struct {
+    const uint8_t *host;
+    size_t bytes, off;
+} dev_tensor;
+
+/* The upload's progress line: bytes really sent to one GPU, of all it will get. */
+typedef struct {
+    double t0, shown;
+    size_t sent, all;
+    int device;
+} upload_meter;
+
+#define NOT_UP SIZE_MAX /* a tensor not on the rank's GPU, or a linear not packed for it */
+
+/* One rank: its GPU and stream, its shard, its buffers. */
+typedef struct {
+    int device;
+    int owner; /* the rank whose upload it reads: the first rank on its GPU (itself if alone) */
+    cudaStream_t st;
+    cudaEvent_t ev_ready, ev_done, ev_join; /* the all-reduce's two barriers; graph fork/join */
+    muse_rank_heads heads;
+    long kv_width; /* (kv1 - kv0) * head_dim: what its cache holds a position */
+    /* the replicated weights of its GPU (the owner's allocations) */
+    uint8_t *wdev; /* the pack's tensors (alone: those it reads), found by host address */
+    /* alone on its GPU among several ranks: wdev holds tensor i at toff[i] (NOT_UP: not there)
+     * and linear id packed at pack_at + pack_off[id] (NOT_UP: read through toff); both NULL
+     * where wdev is the whole pack at the shared offsets (one rank, or ranks sharing a GPU) */
+    size_t *toff, *pack_off, pack_at;
+    upload_meter up;
+    float **vec;         /* [n_vecs] device copies of the fp32 weight vectors */
+    float *vec_block;    /* their storage */
+    float **router_bias; /* [layers] or NULL entries */
+    float **expert_norm; /* [layers] [E, H] */
+    float *cb_tables[3]; /* the codebooks' 65536 values */
+    /* its shard: views of the linears (shard.h) and their device descriptors */
+    muse_linear *views;  /* [n_linears] */
+    muse_k_lin *lin;     /* [n_linears] host copies of the descriptors */
+    muse_k_lin *lin_dev; /* [n_linears] on the device */
+    muse_k_lin *experts; /* [layers][3][E] on the device: gate, up, down */
+    /* round staging on its GPU */
+    int32_t *d_tokens, *d_seqs, *d_want, *d_tables, *d_drawn;
+    int64_t *d_positions, *d_draw_pos;
+    muse_k_sampling *d_sampling;
+    /* KV: per layer, fp16, its KV heads */
+    uint16_t **k_cache, **v_cache;
+    uint16_t *snapshots;
+    /* workspaces */
+    float *ws_a;
+    double *ws_t;
+    float *router_logits, *sel_w, *eg, *eu, *ea, *zg, *zs, *xsel, *raw, *weights;
+    int32_t *sel, *pair_src;
+    float *red;    /* [red_floats] a rank-order sum before it is copied back (ranks > 1) */
+    float *gather; /* [ranks][red_floats] NCCL's all-gather of the partials (NCCL only) */
+    ncclComm_t comm;
+} cuda_rank;
+
+typedef struct {
+    muse_backend base;
+    int n_ranks;
+    cuda_rank rank[MUSE_MAX_RANKS];
+    int multi_dev;         /* ranks on more than one GPU: cudaSetDevice before each rank's work */
+    int peers;             /* every pair of distinct GPUs reads the other's memory (peer access) */
+    const muse_nccl *nccl; /* loaded where ranks sit on distinct GPUs (NULL: peer reads only) */
+    int nccl_always;       /* MUSE_CUDA_REDUCE=nccl: every sum through NCCL, not only large ones */
+    size_t red_floats;
+    int failed, failed_rank, at; /* at: the rank being driven, for the error's text */
+    char err[400];
+    /* the host side of the pack's upload: shared by every GPU's copy (same offsets) */
+    dev_tensor *tensors;
+    size_t n_tensors, pack_bytes;
+    /* activations: a buffer a rank, and the columns each rank's holds now (its shard) */
+    float *(*acts)[MUSE_MAX_RANKS];
+    long *act_width;
+    long (*act_cols)[MUSE_MAX_RANKS];
+    int n_acts;
+    /* round staging: host (pinned), copied to every rank's GPU */
+    muse_round_stage stage; /* backend.h: the batch as both backends stage it, in pinned memory */
+    long rows, real_rows, wanted, real_wanted; /* stage's, copied at begin_round */
+    muse_k_sampling *h_sampling;               /* [max_rows] stage's sampling as the kernel's */
+    int32_t *h_drawn;
+    float *h_logits;
+    int do_sample, return_logits, in_round;
+    muse_act logits;
+    int64_t *kv_cap; /* per layer: ring positions of a sliding layer, 0 for a full one */
+    /* CUDA graphs: each round is captured (every rank's stream, forked from and joined into
+     * rank 0's) and replayed through one executable graph a row bucket (updated in place when
+     * the next capture of the bucket differs). Ranks on several GPUs launch eagerly: one graph
+     * spanning devices is not relied on. */
+    int graphs, capturing;
+    cudaGraphExec_t execs[MUSE_MAX_BUCKETS + 1];
+    /* MUSE_CUDA_PROFILE=1: each op timed with events on rank 0's stream (eager, synchronized),
+     * printed at exit */
+    int prof;
+    cudaEvent_t ev0, ev1;
+    double prof_ms[PROF_OPS];
+    long prof_n[PROF_OPS];
+    int weight_bits;
+} cuda_backend;
+
+static inline cuda_backend *cu(muse_backend *be)
+{
+    return (cuda_backend *)be;
+}
+
+/* cuda_device.c: the first failing CUDA call kept (rank, file:line), the sticky error's text,
+ * the current GPU, device allocations */
+int cuda_ok(cuda_backend *c, int rc, const char *what, const char *file, int line);
+#define CHECK(c, call) cuda_ok((c), (int)(call), #call, __FILE__, __LINE__)
+int device_error(cuda_backend *c, muse_err *e);
+cuda_rank *on(cuda_backend *c, int r);
+void *dalloc(cuda_backend *c, size_t bytes, uint64_t *account);
+void cuda_destroy(muse_backend *be);
+
+static inline int kdtype(muse_dtype dt)
+{
+    return dt == MUSE_DT_F16 ? MUSE_K_F16 : dt == MUSE_DT_BF16 ? MUSE_K_BF16 : MUSE_K_F32;
+}
+
+static inline float *act_r(cuda_backend *c, muse_act a, int r)
+{
+    MUSE_CHECK(a >= 0 && a < c->n_acts && r >= 0 && r < c->n_ranks);
+    return c->acts[a][r];
+}
+
+/* Rank rk's launch context (kernels/launch.h) for a launch over rows rows: its stream and the
+ * round's staged arrays on its GPU. */
+static inline muse_k_ctx kctx(const cuda_rank *rk, long rows)
+{
+    muse_k_ctx k = {rk->st,          rows,       rk->d_tokens,   rk->d_seqs,
+                    rk->d_positions, rk->d_want, rk->d_sampling, rk->d_draw_pos};
+    return k;
+}
+
+/* cuda_upload.c: placement and upload */
+size_t tensor_at(const cuda_backend *c, const uint8_t *h);
+const void *dev_ptr(const cuda_backend *c, const cuda_rank *rk, const void *host);
+void lay_out_tensors(cuda_backend *c);
+int alone(const cuda_backend *c, int r);
+int upload_weights(cuda_backend *c, int r);
+int upload_shard(cuda_backend *c, int r, muse_err *e);
+int upload_vectors(cuda_backend *c, int r);
+int upload_codebooks(cuda_backend *c, int r);
+int upload_linears(cuda_backend *c, int r, muse_err *e);
+
+/* cuda_round.c: profiling, activations, the round, snapshots, copy bandwidth */
+void prof_begin(cuda_backend *c);
+void prof_end(cuda_backend *c, int op);
+void prof_host(cuda_backend *c, int op, int64_t since);
+muse_act cuda_alloc(muse_backend *be, long width);
+void cuda_write(muse_backend *be, muse_act a, const float *src, long rows);
+void cuda_read(muse_backend *be, muse_act a, float *dst, long rows);
+int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e);
+int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e);
+void cuda_snapshot_save(muse_backend *be, int seq, int64_t end_pos, int slot);
+void cuda_snapshot_load(muse_backend *be, int seq, int64_t end_pos, int slot);
+int cuda_copy_bandwidth(muse_backend *be, size_t bytes, double *bytes_per_s, char *device,
+                        size_t device_len, muse_err *e);
+
+/* cuda_reduce.c: the rank-order sums */
+void reduce(cuda_backend *c, float *const parts[], long n);
+void cuda_all_reduce(muse_backend *be, muse_act x, long width);
+
+/* cuda_ops.c: the operations' table */
+extern const muse_backend_ops cuda_ops;
+
+#endif

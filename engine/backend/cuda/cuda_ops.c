@@ -1,0 +1,320 @@
+/* The CUDA backend's operations: each op of backend.h on every rank's stream through the
+ * kernels of kernels/, and the ops table. */
+
+#include <math.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+#include "kernels/attention.cuh"
+#include "kernels/embed.cuh"
+#include "kernels/head.cuh"
+#include "kernels/linear.cuh"
+#include "kernels/moe.cuh"
+#include "kernels/norm.cuh"
+#include "kernels/qk_rope.cuh"
+#include "kernels/sample.cuh"
+#include "kernels/swiglu.cuh"
+
+/* Every rank embeds from its GPU's copy: the same bits on each (the replicated stream). */
+static void cuda_embed(muse_backend *be, muse_act out)
+{
+    cuda_backend *c = cu(be);
+    const muse_model *m = be->model;
+    if (c->failed) return;
+    prof_begin(c);
+    long H = (long)m->cfg.hidden_size;
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_embed(&kc, dev_ptr(c, rk, m->embed->data), kdtype(m->embed->dtype), H,
+                              m->cfg.rms_norm_eps, act_r(c, out, r)));
+        c->act_cols[out][r] = H;
+    }
+    prof_end(c, PROF_EMBED);
+}
+
+static const float *vec(cuda_backend *c, const cuda_rank *rk, const muse_vec *w)
+{
+    if (!w || !w->v) return NULL;
+    MUSE_CHECK(w->id >= 0 && w->id < c->base.model->n_vecs && rk->vec[w->id]);
+    return rk->vec[w->id];
+}
+
+static void cuda_norm(muse_backend *be, muse_act x, long width, const muse_vec *w,
+                      muse_norm_weight mode, float eps, int round16, muse_act out)
+{
+    cuda_backend *c = cu(be);
+    if (c->failed) return;
+    prof_begin(c);
+    int kmode = mode == MUSE_NORM_PLUS1   ? MUSE_K_NORM_PLUS1
+                : mode == MUSE_NORM_PLAIN ? MUSE_K_NORM_PLAIN
+                                          : MUSE_K_NORM_NONE;
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c,
+              muse_k_norm(&kc, act_r(c, x, r), width, mode == MUSE_NORM_NONE ? NULL : vec(c, rk, w),
+                          0, NULL, kmode, (double)eps, round16, act_r(c, out, r)));
+        c->act_cols[out][r] = width;
+    }
+    prof_end(c, PROF_NORM);
+}
+
+static void cuda_add_norm(muse_backend *be, muse_act h, muse_act y, long width, const muse_vec *w,
+                          float eps)
+{
+    cuda_backend *c = cu(be);
+    if (c->failed) return;
+    prof_begin(c);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_add_norm(&kc, act_r(c, h, r), act_r(c, y, r), width, vec(c, rk, w),
+                                 (double)eps));
+    }
+    prof_end(c, PROF_ADD_NORM);
+}
+
+/* y = x W over rows rows with rank rk's descriptor of linear l (x rows of its k floats), y rows
+ * at y_stride (its n unless the head lays its slice into a wider row). */
+static void run_linear(cuda_backend *c, cuda_rank *rk, const muse_linear *l, const float *x,
+                       long rows, int round16, float *y, long y_stride)
+{
+    const muse_k_lin *d = &rk->lin[l->id];
+    muse_k_ctx kc = kctx(rk, rows);
+    CHECK(c, muse_k_linear(&kc, rk->lin_dev + l->id, d, NULL, NULL, x, (long)d->k, round16, y,
+                           y_stride, rk->ws_a, rk->ws_t));
+}
+
+static void cuda_linear(muse_backend *be, const muse_linear *l, muse_act x, int round16, muse_act y)
+{
+    cuda_backend *c = cu(be);
+    if (c->failed) return;
+    prof_begin(c);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        long n = (long)rk->lin[l->id].n;
+        run_linear(c, rk, l, act_r(c, x, r), c->rows, round16, act_r(c, y, r), n);
+        c->act_cols[y][r] = n;
+    }
+    prof_end(c, c->rank[0].lin[l->id].kind == MUSE_K_EXL3 ? PROF_EXL3 : PROF_DENSE);
+}
+
+/* Each rank normalizes the heads its buffer holds (its shard of q, of k, or all of k). */
+static void cuda_qk_norm_rope(muse_backend *be, muse_act x, long heads, long head_dim, double theta,
+                              float eps)
+{
+    cuda_backend *c = cu(be);
+    (void)heads;
+    if (c->failed) return;
+    prof_begin(c);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_qk_norm_rope(&kc, act_r(c, x, r), c->act_cols[x][r] / head_dim, head_dim,
+                                     theta, (double)eps));
+    }
+    prof_end(c, PROF_QK);
+}
+
+static muse_k_kv layer_kv(cuda_backend *c, const cuda_rank *rk, int layer)
+{
+    muse_k_kv kv = {rk->k_cache[layer], rk->v_cache[layer],        c->kv_cap[layer],
+                    rk->d_tables,       c->base.kv.blocks_per_seq, rk->kv_width};
+    return kv;
+}
+
+/* Each rank writes its KV heads to its cache (taking them out of a whole k, v when it computed
+ * all heads) and attends with its query heads; query head h of the rank reads its cache's head
+ * h / group (its heads start on a group boundary, or share one KV head). */
+static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, muse_act v,
+                           muse_act g, muse_act o)
+{
+    cuda_backend *c = cu(be);
+    if (c->failed) return;
+    prof_begin(c);
+    const muse_config *cfg = &be->model->cfg;
+    long hd = (long)cfg->head_dim, Hq = (long)cfg->n_heads, Hkv = (long)cfg->n_kv_heads;
+    long window = cfg->attn_kind[layer] == MUSE_ATTN_SLIDING ? (long)cfg->sliding_window : 0;
+    double scale = cfg->qk_scale_factor / sqrt((double)hd);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        long KV = rk->kv_width, kw = c->act_cols[k][r];
+        long off = kw == KV ? 0 : (long)rk->heads.kv0 * hd; /* a whole k: its heads from there */
+        long hq = (long)(rk->heads.q1 - rk->heads.q0);
+        muse_k_kv kv = layer_kv(c, rk, layer);
+        muse_k_ctx kc = kctx(rk, c->rows);
+        CHECK(c, muse_k_kv_write(&kc, kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw));
+        CHECK(c, muse_k_attention(&kc, kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), hq, hd,
+                                  Hq / Hkv, window, scale));
+        c->act_cols[o][r] = hq * hd;
+    }
+    prof_end(c, PROF_ATTENTION);
+}
+
+static void cuda_swiglu(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out)
+{
+    cuda_backend *c = cu(be);
+    (void)width;
+    if (c->failed) return;
+    prof_begin(c);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        long w = c->act_cols[gate][r];     /* the rank's share of the intermediate width */
+        muse_k_ctx kc = kctx(rk, c->rows); /* c->rows * w elements */
+        CHECK(c, muse_k_swiglu(&kc, act_r(c, gate, r), act_r(c, up, r), w, act_r(c, out, r)));
+        c->act_cols[out][r] = w;
+    }
+    prof_end(c, PROF_SWIGLU);
+}
+
+/* gate, up, swiglu, down of one MLP over rows (row r of x at x_stride), per-row descriptors
+ * (experts) or one linear's, on rank rk. */
+static void run_mlp(cuda_backend *c, cuda_rank *rk, const muse_k_lin *descs[3],
+                    const muse_k_lin *shape[3], const int32_t *row_desc, const int32_t *row_src,
+                    const float *x, long x_stride, long rows, float *out)
+{
+    long I = (long)shape[0]->n, H = (long)shape[2]->n;
+    muse_k_ctx kc = kctx(rk, rows);
+    CHECK(c, muse_k_linear(&kc, descs[0], shape[0], row_desc, row_src, x, x_stride, 1, rk->eg, I,
+                           rk->ws_a, rk->ws_t));
+    CHECK(c, muse_k_linear(&kc, descs[1], shape[1], row_desc, row_src, x, x_stride, 1, rk->eu, I,
+                           rk->ws_a, rk->ws_t));
+    CHECK(c, muse_k_swiglu(&kc, rk->eg, rk->eu, I, rk->ea)); /* rows * I elements */
+    CHECK(c, muse_k_linear(&kc, descs[2], shape[2], row_desc, NULL, rk->ea, I, 0, out, H, rk->ws_a,
+                           rk->ws_t));
+}
+
+/* Router and selection per row (every rank the same), then every (row, slot) pair through the
+ * rank's share of its expert and the shared experts; the ranks' partial outputs summed in rank
+ * order (the CPU backend sums each expert's before its norm); then on every rank the expert
+ * output norm and the weighted sum in ascending expert index, plus the shared experts. */
+static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_act y_a)
+{
+    cuda_backend *c = cu(be);
+    if (c->failed) return;
+    prof_begin(c);
+    const muse_model *m = be->model;
+    const muse_config *cfg = &m->cfg;
+    long H = (long)cfg->hidden_size, E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
+    long i = (long)(ly - m->layers), R = c->rows;
+    int shared = cfg->num_shared_experts > 0;
+    float *zg[MUSE_MAX_RANKS], *zs[MUSE_MAX_RANKS];
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        const float *b = act_r(c, b_a, r);
+        muse_k_ctx kc = kctx(rk, R);
+        CHECK(c, muse_k_router(&kc, b, H, dev_ptr(c, rk, ly->router->data),
+                               kdtype(ly->router->dtype), E, rk->router_logits));
+        CHECK(c,
+              muse_k_select(&kc, rk->router_logits, E, K, rk->router_bias[i], cfg->norm_topk_prob,
+                            (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w));
+        const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
+        const muse_k_lin *descs[3] = {ex, ex + E, ex + 2 * E};
+        const muse_k_lin *shape[3] = {&rk->lin[ly->experts[0].gate.id],
+                                      &rk->lin[ly->experts[0].up.id],
+                                      &rk->lin[ly->experts[0].down.id]};
+        run_mlp(c, rk, descs, shape, rk->sel, rk->pair_src, b, H, R * K, rk->zg);
+        if (shared) {
+            const muse_mlp *s = &ly->shared;
+            const muse_k_lin *sd[3] = {rk->lin_dev + s->gate.id, rk->lin_dev + s->up.id,
+                                       rk->lin_dev + s->down.id};
+            const muse_k_lin *ss[3] = {&rk->lin[s->gate.id], &rk->lin[s->up.id],
+                                       &rk->lin[s->down.id]};
+            run_mlp(c, rk, sd, ss, NULL, NULL, b, H, R, rk->zs);
+        }
+        zg[r] = rk->zg;
+        zs[r] = rk->zs;
+    }
+    reduce(c, zg, R * K * H);
+    if (shared) reduce(c, zs, R * H);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        muse_k_ctx pairs = kctx(rk, R * K), kc = kctx(rk, R);
+        if (cfg->expert_output_norm)
+            CHECK(c, muse_k_norm(&pairs, rk->zg, H, rk->expert_norm[i], H, rk->sel,
+                                 MUSE_K_NORM_PLUS1, (double)(float)cfg->rms_norm_eps, 0, rk->zg));
+        CHECK(c, muse_k_moe_combine(&kc, rk->sel, rk->sel_w, rk->zg, shared ? rk->zs : NULL, K, H,
+                                    act_r(c, y_a, r)));
+        c->act_cols[y_a][r] = H;
+    }
+    prof_end(c, PROF_MOE);
+}
+
+/* Each rank its vocabulary slice (shard.h: 128-row blocks); the slices are laid side by side
+ * in rank order in rank 0's raw [wanted, N], where the multiplier and softcap are applied
+ * into rank 0's logits [wanted, vocab_size], where the sampler reads them. */
+static void cuda_head(muse_backend *be, muse_act x, muse_act logits)
+{
+    cuda_backend *c = cu(be);
+    c->logits = logits;
+    if (c->failed || !c->wanted) return;
+    prof_begin(c);
+    const muse_model *m = be->model;
+    const muse_config *cfg = &m->cfg;
+    long H = (long)cfg->hidden_size, V = (long)cfg->vocab_size, N = (long)m->head.n;
+    cuda_rank *r0 = &c->rank[0];
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        long w = (long)rk->lin[m->head.id].n;
+        muse_k_ctx wanted = kctx(rk, c->wanted);
+        CHECK(c, muse_k_gather_rows(&wanted, act_r(c, x, r), H, rk->xsel));
+        run_linear(c, rk, &m->head, rk->xsel, c->wanted, 0, rk->raw, r ? w : N);
+        if (r) CHECK(c, cudaEventRecord(rk->ev_ready, rk->st));
+    }
+    on(c, 0);
+    for (int r = 1; r < c->n_ranks; r++) {
+        cuda_rank *rk = &c->rank[r];
+        int64_t lo, hi;
+        muse_shard_range(m, &m->head, r, c->n_ranks, &lo, &hi);
+        size_t w = (size_t)(hi - lo) * sizeof(float);
+        CHECK(c, cudaStreamWaitEvent(r0->st, rk->ev_ready, 0));
+        CHECK(c, cudaMemcpy2DAsync(r0->raw + lo, (size_t)N * sizeof(float), rk->raw, w, w,
+                                   (size_t)c->wanted, cudaMemcpyDefault, r0->st));
+    }
+    muse_k_ctx wanted = kctx(r0, c->wanted);
+    CHECK(c, muse_k_head_finish(&wanted, r0->raw, N, V, cfg->output_multiplier,
+                                cfg->final_logit_softcapping, act_r(c, logits, 0)));
+    prof_end(c, PROF_HEAD);
+}
+
+/* Rank 0 draws: the logits are there. */
+static void cuda_sample(muse_backend *be, muse_act logits)
+{
+    cuda_backend *c = cu(be);
+    c->logits = logits;
+    if (c->failed || !c->wanted) return;
+    prof_begin(c);
+    cuda_rank *r0 = on(c, 0);
+    muse_k_ctx wanted = kctx(r0, c->wanted);
+    CHECK(c, muse_k_sample(&wanted, act_r(c, logits, 0), (long)be->model->cfg.vocab_size,
+                           c->weight_bits, r0->weights, r0->d_drawn));
+    prof_end(c, PROF_SAMPLE);
+}
+
+const muse_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .alloc = cuda_alloc,
+    .write = cuda_write,
+    .read = cuda_read,
+    .begin_round = cuda_begin_round,
+    .end_round = cuda_end_round,
+    .embed = cuda_embed,
+    .norm = cuda_norm,
+    .add_norm = cuda_add_norm,
+    .add_norm_norm = muse_backend_add_norm_norm_parts,
+    .linear = cuda_linear,
+    .linears = muse_backend_linears_parts,
+    .swiglu_linear = muse_backend_swiglu_linear_parts,
+    .qk_norm_rope = cuda_qk_norm_rope,
+    .attention = cuda_attention,
+    .swiglu = cuda_swiglu,
+    .moe = cuda_moe,
+    .all_reduce = cuda_all_reduce,
+    .head = cuda_head,
+    .sample = cuda_sample,
+    .snapshot_save = cuda_snapshot_save,
+    .snapshot_load = cuda_snapshot_load,
+    .copy_bandwidth = cuda_copy_bandwidth,
+};
