@@ -43,8 +43,15 @@ const char *muse_backend_cuda_archs(void)
 muse_backend *muse_backend_create(const char *name, const muse_model *m, const muse_backend_opts *o,
                                   muse_err *e)
 {
-    for (size_t i = 0; i < sizeof backends / sizeof *backends; i++)
-        if (!strcmp(name, backends[i].name)) return backends[i].create(m, o, e);
+    for (size_t i = 0; i < sizeof backends / sizeof *backends; i++) {
+        if (strcmp(name, backends[i].name)) continue;
+        muse_backend *be = backends[i].create(m, o, e);
+        /* every round operation of ops.h has its slot filled (a new one is added everywhere) */
+#define MUSE_OP_FILLED(op, params, doc) MUSE_CHECK(!be || be->ops->op);
+        MUSE_ROUND_OPS(MUSE_OP_FILLED)
+#undef MUSE_OP_FILLED
+        return be;
+    }
     if (!strcmp(name, "cuda"))
         return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
                             "use --backend cpu"),
