@@ -87,8 +87,8 @@ MUSE_HD uint32_t muse_fast_window_state(const uint32_t win[3], int off)
 /* The 8 states of lane's positions from the tile's 8 * bits words (word j = v[2j] | v[2j+1] <<
  * 16 of the stored uint16 v, the stream MSB first). nwords/nwin: muse_fast_nwords/_nwin(bits),
  * passed in so the kernel's compile-time values are the ones used. */
-MUSE_HD void muse_fast_lane_states(const uint32_t *words, int bits, int nwords, int nwin,
-                                   int lane, uint32_t st[8])
+MUSE_HD void muse_fast_lane_states(const uint32_t *words, int bits, int nwords, int nwin, int lane,
+                                   uint32_t st[8])
 {
     int first = muse_fast_first_bit(bits, lane), nw = 8 * bits;
     int w0 = first >> 5, s = first & 31;

@@ -77,12 +77,14 @@ static void test_decode(void)
             uint32_t v = muse_fast_int_stage(cb, s);
             if (cb == MUSE_FAST_CB_MUL1) {
                 uint32_t x = s * 0x83DCD12Du;
-                uint32_t sum = 1024 + (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24);
+                uint32_t sum =
+                    1024 + (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24);
                 bad_s += v > 0xFFFFu || muse_f16_to_f32((uint16_t)v) != (float)sum;
             }
             bad += muse_fast_fp_stage_host(cb, v) != muse_exl3_state_value(s, (muse_codebook)cb);
         }
-        ok(bad == 0, "%s: the two-stage decode equals muse_exl3_state_value for all 65536", names[cb]);
+        ok(bad == 0, "%s: the two-stage decode equals muse_exl3_state_value for all 65536",
+           names[cb]);
         if (cb == MUSE_FAST_CB_MUL1)
             ok(bad_s == 0, "mul1: 0x6400 + byte sum is the fp16 of 1024 + byte sum");
     }
@@ -93,8 +95,8 @@ static void test_decode(void)
 
 static void test_splits(void)
 {
-    static const int64_t shapes[][2] = {{6144, 4096}, {6144, 3072}, {3072, 6144}, {6144, 512},
-                                        {8192, 28672}, {6144, 202112}, {128, 128}, {256, 384}};
+    static const int64_t shapes[][2] = {{6144, 4096},  {6144, 3072},   {3072, 6144}, {6144, 512},
+                                        {8192, 28672}, {6144, 202112}, {128, 128},   {256, 384}};
     int bad = 0;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int64_t k = shapes[i][0], n = shapes[i][1], kt = k / 16;
