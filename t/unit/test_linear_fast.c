@@ -7,6 +7,7 @@
 
 #include "kernels/linear_fast.h"
 #include "pack/exl3.h"
+#include "pack/exl3_tile.h"
 #include "tap.h"
 
 static uint64_t rng_state = 0x1234567u;
@@ -44,6 +45,33 @@ static void test_lane_states(void)
         ok(nwords >= 2 && nwords <= 3 && nwin >= 1 && nwin <= nwords,
            "bits %d: a lane reads 2 or 3 words", bits);
     }
+}
+
+/* the same against the shared MUSE_HD tile helpers (pack/exl3_tile.h): states and decode */
+static void test_tile_header(void)
+{
+    int bad = 0;
+    for (int bits = 1; bits <= 8; bits++) {
+        uint16_t tile[16 * 8];
+        uint32_t words[8 * 8];
+        for (int i = 0; i < 16 * bits; i++) tile[i] = (uint16_t)rng32();
+        for (int j = 0; j < 8 * bits; j++) words[j] = muse_exl3_word(tile, j);
+        for (int lane = 0; lane < 32; lane++) {
+            uint32_t st[8];
+            muse_fast_lane_states(words, bits, muse_fast_nwords(bits), muse_fast_nwin(bits), lane,
+                                  st);
+            for (int j = 0; j < 8; j++) {
+                int r, c, rr, cc;
+                muse_fast_lane_element(lane, j, &r, &c);
+                muse_exl3_elem(8 * lane + j, &rr, &cc);
+                bad += st[j] != muse_exl3_state(tile, bits, 8 * lane + j) || r != rr || c != cc;
+                for (int cb = 0; cb < 3; cb++)
+                    bad += muse_fast_fp_stage_host(cb, muse_fast_int_stage(cb, st[j])) !=
+                           muse_exl3_decode(cb, st[j]);
+            }
+        }
+    }
+    ok(bad == 0, "lane states, elements and decode equal pack/exl3_tile.h's");
 }
 
 static void test_lane_elements(void)
@@ -118,6 +146,7 @@ static void test_splits(void)
 int main(void)
 {
     test_lane_states();
+    test_tile_header();
     test_lane_elements();
     test_decode();
     test_splits();
