@@ -333,11 +333,11 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_lin *descs, const muse_k_lin *sha
         return (int)cudaErrorInvalidValue;
     int target = muse_k_linear_fast_split_target();
 
+    (void)descs; /* the launches take the host copies by value: no device table to keep */
     muse_fast_prep pp;
-    pp.descs = descs;
     pp.k = shapes[0].k;
     pp.n_lin = n_lin;
-    for (int i = 0; i < n_lin; i++) pp.a[i] = a[i];
+    for (int i = 0; i < n_lin; i++) pp.d[i] = shapes[i], pp.a[i] = a[i];
     int err = muse_k_fast_prepare(&pp, x, x_stride, rows, st);
     if (err) return err;
 
@@ -383,12 +383,12 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_lin *descs, const muse_k_lin *sha
     }
 
     muse_fast_fin f;
-    f.descs = descs;
     f.n_lin = n_lin;
     f.round16 = round16;
     f.epilogue = epilogue;
     f.blk0[0] = 0;
     for (int i = 0; i < n_lin; i++) {
+        f.d[i] = shapes[i];
         f.part[i] = part[i];
         f.splits[i] = muse_fast_splits(shapes[i].k, shapes[i].n, target);
         f.n[i] = shapes[i].n;

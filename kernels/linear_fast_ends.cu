@@ -43,7 +43,7 @@ __global__ void k_fast_prepare(muse_fast_prep p, const float *x, long x_stride)
     __shared__ double v[HAD];
     long r = blockIdx.y;
     int li = blockIdx.z;
-    const muse_k_lin *d = p.descs + li;
+    const muse_k_lin *d = &p.d[li];
     int64_t i0 = (int64_t)blockIdx.x * HAD;
     const float *xr = x + r * x_stride;
     for (int i = threadIdx.x; i < HAD; i += 64)
@@ -69,7 +69,7 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, lo
     }
     __syncthreads();
     f_hadamard128(v);
-    const muse_k_lin *d = f.descs + li;
+    const muse_k_lin *d = &f.d[li];
     for (int q = 0; q < 2; q++) {
         int i = threadIdx.x + 64 * q;
         int64_t j = j0 + i;

@@ -7,7 +7,7 @@
 
 /* step 1 for n_lin linears of one k: a_i[R, k] = fp16 bits of the exact path's prepare */
 typedef struct {
-    const muse_k_lin *descs; /* device */
+    muse_k_lin d[MUSE_K_FAST_MAX_LIN]; /* host copies (their pointers are the device's) */
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     int64_t k;
     int n_lin;
@@ -15,7 +15,7 @@ typedef struct {
 
 /* step 3: y_i = blockHad(sum of the splits' partials in split order) * svh + bias */
 typedef struct {
-    const muse_k_lin *descs; /* device */
+    muse_k_lin d[MUSE_K_FAST_MAX_LIN];      /* host copies (their pointers are the device's) */
     const float *part[MUSE_K_FAST_MAX_LIN]; /* [splits][R][n] */
     int splits[MUSE_K_FAST_MAX_LIN];
     int64_t n[MUSE_K_FAST_MAX_LIN];
