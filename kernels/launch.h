@@ -32,6 +32,7 @@ typedef struct {
     int64_t tiles_ld;
     const uint16_t *suh, *svh, *su, *sv, *bias;
     const float *table;
+    int codebook; /* EXL3: muse_codebook (3INST 0, MCG 1, MUL1 2), for the fast path's decode */
 } muse_k_lin;
 
 /* One wanted row's sampling parameters as the sampler kernel reads them (muse_sampling's). */

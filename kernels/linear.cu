@@ -12,6 +12,7 @@
 
 #include "common.cuh"
 #include "linear.cuh"
+#include "pack/exl3_tile.h"
 
 #define HAD 128
 #define MUSE_K_MAX_BITS 8
@@ -118,22 +119,11 @@ __global__ void k_exl3_prepare(const muse_k_lin *descs, const int32_t *row_desc,
     for (int i = threadIdx.x; i < HAD; i += 64) ar[i0 + i] = muse_round_f16((float)v[i]);
 }
 
-/* The state of tile element (row i, column c): the 16-bit window of the tile's bit stream
- * ending at bit (p + 1) * bits for its position p, wrapping around (tail-biting). */
+/* The state of tile element (row i, column c): the header's tail-biting window for its
+ * position (pack/exl3_tile.h, the CPU's own code). */
 __device__ __forceinline__ uint32_t k_tile_state(const uint16_t *tile, int bits, int i, int c)
 {
-    int lane = (c & 7) * 4 + ((i >> 1) & 3);
-    int j = (i & 1) | (((i >> 3) & 1) << 1) | ((c >> 3) << 2);
-    int p = lane * 8 + j;
-    int nwords = 8 * bits;
-    int start = (p + 1) * bits - 16 + 32;
-    int w0 = start >> 5, off = start & 31;
-    int e0 = w0 == 0 ? nwords - 1 : w0 - 1; /* ext[0] is the last word, ext[n+1] the first */
-    int e1 = w0 + 1 > nwords ? 0 : w0;
-    uint32_t hi = (uint32_t)tile[2 * e0] | (uint32_t)tile[2 * e0 + 1] << 16;
-    uint32_t lo = (uint32_t)tile[2 * e1] | (uint32_t)tile[2 * e1 + 1] << 16;
-    uint64_t pair = (uint64_t)hi << 32 | lo;
-    return (uint32_t)(pair >> (48 - off)) & 0xFFFFu;
+    return muse_exl3_state(tile, bits, muse_exl3_pos(i, c));
 }
 
 /* Column c (of 16) of a staged tile: its 16 weights, row i of the tile in w[i]. Both step-2

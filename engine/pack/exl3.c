@@ -29,32 +29,9 @@ int muse_codebook_parse(const char *s, muse_codebook *cb)
     return -1;
 }
 
-/* Two halves of x read as fp16, added with one rounding (the sum is exact in double). */
-static uint16_t half_pair_sum(uint32_t x)
-{
-    x = (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
-    double sum = (double)muse_f16_to_f32((uint16_t)(x & 0xFFFFu)) +
-                 (double)muse_f16_to_f32((uint16_t)(x >> 16));
-    return muse_f32_to_f16((float)sum); /* |sum| < 2^4 with 11+11 bit terms: exact in fp32 */
-}
-
 uint16_t muse_exl3_state_value(uint32_t state, muse_codebook cb)
 {
-    uint32_t x = state;
-    switch (cb) {
-    case MUSE_CB_3INST:
-        return half_pair_sum(x * 89226354u + 64248484u);
-    case MUSE_CB_MCG:
-        return half_pair_sum(x * 0xCBAC1FEDu);
-    case MUSE_CB_MUL1: {
-        x *= 0x83DCD12Du;
-        uint32_t s = 1024u + (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
-        /* s*k_inv + k_bias is a multiple of 2^-18 below 2^4: exact in fp32, so one rounding */
-        double v = (double)s * (double)muse_f16_to_f32(0x1EEE) + (double)muse_f16_to_f32(0xC931);
-        return muse_f32_to_f16((float)v);
-    }
-    }
-    return 0;
+    return muse_exl3_decode(cb, state);
 }
 
 static float value_tables[3][65536];
@@ -103,27 +80,12 @@ double muse_exl3_codebook_rms(muse_codebook cb)
 void muse_exl3_tile_states(const uint16_t *tile, int bits, uint16_t states[256])
 {
     MUSE_CHECK(bits >= 1 && bits <= MUSE_EXL3_MAX_BITS);
-    /* ext = last word, the 8*bits words, first word: windows never need a modulo */
-    uint32_t ext[8 * MUSE_EXL3_MAX_BITS + 2] = {0};
-    int nwords = 8 * bits;
-    for (int j = 0; j < nwords; j++)
-        ext[j + 1] = (uint32_t)tile[2 * j] | (uint32_t)tile[2 * j + 1] << 16;
-    ext[0] = ext[nwords];
-    ext[nwords + 1] = ext[1];
-    for (int p = 0; p < 256; p++) {
-        /* the 16-bit window ending at bit (p+1)*bits, MSB first; +32 for the leading word */
-        int start = (p + 1) * bits - 16 + 32;
-        int w0 = start >> 5, off = start & 31;
-        uint64_t pair = (uint64_t)ext[w0] << 32 | ext[w0 + 1];
-        states[p] = (uint16_t)(pair >> (48 - off));
-    }
+    for (int p = 0; p < 256; p++) states[p] = (uint16_t)muse_exl3_state(tile, bits, p);
 }
 
 void muse_exl3_position_element(int p, int *r, int *c)
 {
-    int lane = p >> 3, j = p & 7;
-    *r = 2 * (lane % 4) + (j & 1) + 8 * ((j >> 1) & 1);
-    *c = lane / 4 + 8 * (j >> 2);
+    muse_exl3_elem(p, r, c);
 }
 
 /* position p -> offset r*16 + c, computed once */

@@ -7,14 +7,11 @@
 #include <stdint.h>
 
 #include "base/muse_common.h"
+#include "pack/exl3_tile.h" /* muse_codebook, the tile's states and decode (host and device) */
 #include "pack/safetensors.h"
 #include "base/threadpool.h"
 
-typedef enum { MUSE_CB_3INST, MUSE_CB_MCG, MUSE_CB_MUL1 } muse_codebook;
-
-#define MUSE_EXL3_TILE     16  /* a tile is 16x16 weights */
-#define MUSE_EXL3_HAD      128 /* Hadamard block (and padding unit) */
-#define MUSE_EXL3_MAX_BITS 8
+#define MUSE_EXL3_HAD 128 /* Hadamard block (and padding unit) */
 
 const char *muse_codebook_name(muse_codebook cb);          /* "3inst", "mcg", "mul1" */
 int muse_codebook_parse(const char *s, muse_codebook *cb); /* 0 ok, -1 unknown */

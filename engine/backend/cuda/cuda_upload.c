@@ -334,6 +334,7 @@ static void fill_desc(const addr_map *a, const muse_linear *l, muse_k_lin *d)
     d->sv = addr(a, w->sv);
     d->bias = addr(a, w->bias);
     d->table = a->rk->cb_tables[w->cb];
+    d->codebook = (int)w->cb;
 }
 
 /* A GPU alone: view l packed on the host, uploaded to its place, described there (the same

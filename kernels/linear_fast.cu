@@ -1,0 +1,410 @@
+/* linear_fast: the fast EXL3 product y = x W (linear_fast.cuh). Step 1 and 3 (prepare, finish)
+ * are the exact path's math (linear_fast_ends.cu); step 2 here: t = a Wq on tensor cores.
+ * A block is 4 warps x 2 n-tiles (128 columns) x MT m-tiles (16 rows each; rows >= R read as
+ * zero and are never written) x one k split. The trellis and the A rows of KC k-tiles a stage
+ * go to shared memory by cp.async (3 stages in flight); each lane decodes its 8 states of a
+ * tile (linear_fast.h) in registers straight into the mma B fragment and applies it to every
+ * m-tile of the block. Partials [split][R][n] fp32, added in split order by the finish.
+ * Batch invariance: an output element is the mma chain over its split's k-tiles in ascending
+ * order from its own A row and B column; MT, the m-group and R change which rows share a
+ * block, never that chain, and the split is a function of (k, n) (muse_fast_splits).
+ * Built without -fmad=false (mk/fast.mk): this file's only floating-point arithmetic is the
+ * mma and explicit __hadd2 / __hfma2 intrinsics, which no contraction flag changes. */
+#include <cuda_fp16.h>
+#include <stdlib.h>
+
+#include "linear_fast.h"
+#include "linear_fast_ends.cuh"
+
+#define FB_WARPS   4
+#define FB_NTW     2                    /* n-tiles a warp */
+#define FB_NT      (FB_WARPS * FB_NTW)  /* n-tiles a block */
+#define FB_KC      4                    /* k-tiles a pipeline stage */
+#define FB_STAGES  3
+#define FB_AROW    (FB_KC * 16 + 8)     /* halves a staged A row: padded, ldmatrix conflict-free */
+#define FB_MT_MANY 8                    /* m-tiles a block from 17 rows on */
+
+typedef struct {
+    const uint16_t *trellis;
+    int64_t tiles_ld, k, n;
+    const uint16_t *a; /* [R][k] fp16 */
+    float *part;       /* [splits][R][n] */
+    long blk0;         /* first block of this linear in the launch */
+    int splits, nblk, aligned;
+} fast_lin;
+
+typedef struct {
+    fast_lin l[MUSE_K_FAST_MAX_LIN];
+    int n_lin, mgroups;
+    long R;
+} fast_prod;
+
+__device__ __forceinline__ uint32_t f_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16 bytes global -> shared, zero-filled where !valid (no global read then) */
+__device__ __forceinline__ void f_cp16(void *dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(f_smem(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void f_cp_commit(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void f_cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void f_ldmatrix4(uint32_t r[4], const uint16_t *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(f_smem(p)));
+}
+
+__device__ __forceinline__ void f_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two states to one .f16x2 B register (the first in the low half): the integer stage of
+ * linear_fast.h, then one fp16 op for both (the fp16 stage it emulates on the host). */
+template <int CB> __device__ __forceinline__ uint32_t f_decode2(uint32_t sa, uint32_t sb)
+{
+    uint32_t va = muse_fast_int_stage(CB, sa), vb = muse_fast_int_stage(CB, sb);
+    __half2 r;
+    if (CB == MUSE_FAST_CB_MUL1) {
+        uint32_t s = __byte_perm(va, vb, 0x5410);
+        __half2 sh = *reinterpret_cast<__half2 *>(&s);
+        const __half2 kinv = __halves2half2(__ushort_as_half(0x1EEE), __ushort_as_half(0x1EEE));
+        const __half2 kbias = __halves2half2(__ushort_as_half(0xC931), __ushort_as_half(0xC931));
+        r = __hfma2(sh, kinv, kbias);
+    } else {
+        uint32_t lo = __byte_perm(va, vb, 0x5410), hi = __byte_perm(va, vb, 0x7632);
+        r = __hadd2(*reinterpret_cast<__half2 *>(&lo), *reinterpret_cast<__half2 *>(&hi));
+    }
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* lane's B fragments of one tile (words: its 8 * BITS words): b[0], b[1] the first n8
+ * (columns 0..7), b[2], b[3] the second */
+template <int CB, int BITS>
+__device__ __forceinline__ void f_tile_frag(const uint32_t *words, int lane, uint32_t b[4])
+{
+    uint32_t st[8];
+    muse_fast_lane_states(words, BITS, muse_fast_nwords(BITS), muse_fast_nwin(BITS), lane, st);
+#pragma unroll
+    for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
+}
+
+/* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads */
+template <int CB, int BITS, int MT>
+__global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
+{
+    extern __shared__ __align__(16) unsigned char f_sm[];
+    constexpr int A_HALVES = MT * 16 * FB_AROW;
+    constexpr int B_WORDS = FB_KC * FB_NT * 8 * BITS;
+    constexpr int STAGE_BYTES = A_HALVES * 2 + B_WORDS * 4;
+    long b = blockIdx.x;
+    int li = 0;
+    while (li + 1 < p.n_lin && b >= p.l[li + 1].blk0) li++;
+    const fast_lin &L = p.l[li];
+    long local = b - L.blk0;
+    int mg = (int)(local % p.mgroups);
+    long rest = local / p.mgroups;
+    int sp = (int)(rest % L.splits), nb = (int)(rest / L.splits);
+    int64_t kt_all = L.k / 16, ntiles = L.n / 16;
+    int64_t kt0 = muse_fast_split_begin(kt_all, L.splits, sp);
+    int64_t kt1 = muse_fast_split_begin(kt_all, L.splits, sp + 1);
+    long R = p.R, m0 = (long)mg * MT * 16;
+    int64_t tn0 = (int64_t)nb * FB_NT;
+    int th = threadIdx.x, warp = th / 32, lane = th % 32;
+    int mt_live = (int)((R - m0 + 15) / 16);
+    mt_live = mt_live < MT ? mt_live : MT;
+    int nstages = (int)((kt1 - kt0 + FB_KC - 1) / FB_KC);
+
+    /* stage st: A rows m0.., k-tiles kt0 + st*KC.., and the block's 8 tiles of each k-tile */
+    auto load = [&](int st) {
+        unsigned char *base = f_sm + (st % FB_STAGES) * STAGE_BYTES;
+        uint16_t *as = (uint16_t *)base;
+        uint32_t *bs = (uint32_t *)(base + A_HALVES * 2);
+        int64_t ktb = kt0 + (int64_t)st * FB_KC;
+        for (int c = th; c < MT * 16 * FB_KC * 2; c += 128) {
+            int row = c / (FB_KC * 2), ch = c % (FB_KC * 2);
+            bool ok = m0 + row < R && ktb + ch / 2 < kt1;
+            const uint16_t *src = ok ? L.a + (m0 + row) * L.k + ktb * 16 + ch * 8 : L.a;
+            f_cp16(as + row * FB_AROW + ch * 8, src, ok);
+        }
+        constexpr int CH_ROW = FB_NT * 2 * BITS; /* 16-byte chunks of one k-tile's 8 tiles */
+        for (int c = th; c < FB_KC * CH_ROW; c += 128) {
+            int kk = c / CH_ROW, ch = c % CH_ROW;
+            int64_t tn = tn0 + ch / (2 * BITS);
+            bool ok = ktb + kk < kt1 && tn < ntiles;
+            const uint16_t *src =
+                L.trellis + ((ktb + kk) * L.tiles_ld + tn0) * 16 * BITS + (int64_t)ch * 8;
+            uint32_t *dst = bs + kk * FB_NT * 8 * BITS + ch * 4;
+            if (L.aligned) {
+                f_cp16(dst, ok ? src : L.trellis, ok);
+            } else { /* a 2-byte aligned trellis: plain loads, visible after the stage's sync */
+                for (int q = 0; q < 4; q++)
+                    dst[q] = ok ? (uint32_t)src[2 * q] | (uint32_t)src[2 * q + 1] << 16 : 0;
+            }
+        }
+    };
+
+    float acc[MT][FB_NTW][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < FB_NTW; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[mt][nt][h][q] = 0.0f;
+
+    for (int st = 0; st < FB_STAGES - 1; st++) {
+        if (st < nstages) load(st);
+        f_cp_commit();
+    }
+    for (int st = 0; st < nstages; st++) {
+        f_cp_wait<FB_STAGES - 2>();
+        __syncthreads(); /* stage st landed; every warp is done with stage st - 1's buffer */
+        if (st + FB_STAGES - 1 < nstages) load(st + FB_STAGES - 1);
+        f_cp_commit();
+        const unsigned char *base = f_sm + (st % FB_STAGES) * STAGE_BYTES;
+        const uint16_t *as = (const uint16_t *)base;
+        const uint32_t *bs = (const uint32_t *)(base + A_HALVES * 2);
+        int64_t ktb = kt0 + (int64_t)st * FB_KC;
+        int nkt = kt1 - ktb < FB_KC ? (int)(kt1 - ktb) : FB_KC;
+        for (int kk = 0; kk < nkt; kk++) {
+            uint32_t bf[FB_NTW][4];
+#pragma unroll
+            for (int nt = 0; nt < FB_NTW; nt++)
+                f_tile_frag<CB, BITS>(bs + (kk * FB_NT + warp * FB_NTW + nt) * 8 * BITS, lane,
+                                      bf[nt]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                if (mt >= mt_live) break;
+                uint32_t af[4];
+                f_ldmatrix4(af, as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+                for (int nt = 0; nt < FB_NTW; nt++) {
+                    f_mma(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
+                    f_mma(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
+                }
+            }
+        }
+    }
+    f_cp_wait<0>();
+
+    /* c0, c1: row lane/4, columns 2(lane%4) + {0,1}; c2, c3: row lane/4 + 8 */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < FB_NTW; nt++) {
+            int64_t tn = tn0 + warp * FB_NTW + nt;
+            if (tn >= ntiles) continue;
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int half = 0; half < 2; half++) {
+                    long row = m0 + mt * 16 + lane / 4 + 8 * half;
+                    if (row >= R) continue;
+                    int64_t col = tn * 16 + h * 8 + 2 * (lane % 4);
+                    float2 v = make_float2(acc[mt][nt][h][2 * half], acc[mt][nt][h][2 * half + 1]);
+                    *(float2 *)(L.part + ((long)sp * R + row) * L.n + col) = v;
+                }
+        }
+}
+
+/* checks: grid (k/16 * n/16 tiles), 32 threads: the product's decode of each tile, unscaled */
+template <int CB, int BITS>
+__global__ void k_fast_decode(const uint16_t *trellis, int64_t tiles_ld, int64_t n, uint16_t *w)
+{
+    __shared__ uint32_t words[8 * BITS];
+    int64_t ntiles = n / 16, t = blockIdx.x, tk = t / ntiles, tn = t % ntiles;
+    const uint16_t *tile = trellis + (tk * tiles_ld + tn) * 16 * BITS;
+    int lane = threadIdx.x;
+    for (int i = lane; i < 8 * BITS; i += 32)
+        words[i] = (uint32_t)tile[2 * i] | (uint32_t)tile[2 * i + 1] << 16;
+    __syncwarp();
+    uint32_t bf[4];
+    f_tile_frag<CB, BITS>(words, lane, bf);
+    for (int j = 0; j < 8; j++) {
+        int r, c;
+        muse_fast_lane_element(lane, j, &r, &c);
+        w[(tk * 16 + r) * n + tn * 16 + c] = (uint16_t)(bf[j / 2] >> (16 * (j & 1)));
+    }
+}
+
+typedef void (*prod_fn)(fast_prod);
+typedef void (*dec_fn)(const uint16_t *, int64_t, int64_t, uint16_t *);
+
+template <int CB, int BITS, int MT> static int f_stage_bytes(void)
+{
+    return FB_STAGES * (MT * 16 * FB_AROW * 2 + FB_KC * FB_NT * 8 * BITS * 4);
+}
+
+#define F_BITS(CB, MT)                                                                             \
+    {k_fast_product<CB, 1, MT>, k_fast_product<CB, 2, MT>, k_fast_product<CB, 3, MT>,              \
+     k_fast_product<CB, 4, MT>, k_fast_product<CB, 5, MT>, k_fast_product<CB, 6, MT>,              \
+     k_fast_product<CB, 7, MT>, k_fast_product<CB, 8, MT>}
+#define F_SMEM(CB, MT)                                                                             \
+    {f_stage_bytes<CB, 1, MT>, f_stage_bytes<CB, 2, MT>, f_stage_bytes<CB, 3, MT>,                 \
+     f_stage_bytes<CB, 4, MT>, f_stage_bytes<CB, 5, MT>, f_stage_bytes<CB, 6, MT>,                 \
+     f_stage_bytes<CB, 7, MT>, f_stage_bytes<CB, 8, MT>}
+static const prod_fn f_prod[2][3][8] = {
+    {F_BITS(0, 1), F_BITS(1, 1), F_BITS(2, 1)},
+    {F_BITS(0, FB_MT_MANY), F_BITS(1, FB_MT_MANY), F_BITS(2, FB_MT_MANY)}};
+static int (*const f_smem_bytes[2][3][8])(void) = {
+    {F_SMEM(0, 1), F_SMEM(1, 1), F_SMEM(2, 1)},
+    {F_SMEM(0, FB_MT_MANY), F_SMEM(1, FB_MT_MANY), F_SMEM(2, FB_MT_MANY)}};
+#define F_DEC(CB)                                                                                  \
+    {k_fast_decode<CB, 1>, k_fast_decode<CB, 2>, k_fast_decode<CB, 3>, k_fast_decode<CB, 4>,       \
+     k_fast_decode<CB, 5>, k_fast_decode<CB, 6>, k_fast_decode<CB, 7>, k_fast_decode<CB, 8>}
+static const dec_fn f_dec[3][8] = {F_DEC(0), F_DEC(1), F_DEC(2)};
+
+MUSE_K_API int muse_k_linear_fast_split_target(void)
+{
+    static const int target = [] {
+        const char *v = getenv("MUSE_FAST_SPLITS");
+        int t = v && *v ? atoi(v) : 0;
+        return t > 0 ? t : MUSE_FAST_SPLIT_TARGET;
+    }();
+    return target;
+}
+
+static int f_valid(const muse_k_lin *s)
+{
+    return s->kind == MUSE_K_EXL3 && s->bits >= 1 && s->bits <= 8 && s->codebook >= 0 &&
+           s->codebook <= 2 && s->k > 0 && s->n > 0 && s->k % 128 == 0 && s->n % 128 == 0;
+}
+
+static size_t f_align(size_t v)
+{
+    return (v + 255) & ~(size_t)255;
+}
+
+/* the workspace of n_lin linears at rows rows: a_i then part_i, each 256-byte aligned */
+static size_t f_layout(const muse_k_lin *shapes, int n_lin, long rows, uint16_t *a[],
+                       float *part[], unsigned char *ws)
+{
+    size_t off = 0;
+    int target = muse_k_linear_fast_split_target();
+    for (int i = 0; i < n_lin; i++) {
+        const muse_k_lin *s = shapes + i;
+        if (a) a[i] = (uint16_t *)(ws + off);
+        off = f_align(off + (size_t)rows * (size_t)s->k * 2);
+        if (part) part[i] = (float *)(ws + off);
+        off = f_align(off + (size_t)muse_fast_splits(s->k, s->n, target) * (size_t)rows *
+                                (size_t)s->n * 4);
+    }
+    return off;
+}
+
+MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_lin, long max_rows)
+{
+    return f_layout(shapes, n_lin, max_rows, NULL, NULL, NULL);
+}
+
+MUSE_K_API int muse_k_linear_fast(const muse_k_lin *descs, const muse_k_lin *shapes, int n_lin,
+                                  const float *x, long x_stride, long rows, int round16,
+                                  float *const y[], const long y_stride[], int epilogue, void *ws,
+                                  size_t ws_bytes, cudaStream_t st)
+{
+    if (rows <= 0) return 0;
+    if (n_lin < 1 || n_lin > MUSE_K_FAST_MAX_LIN || rows > 65535) return (int)cudaErrorInvalidValue;
+    if (epilogue == MUSE_K_EPI_SWIGLU && (n_lin != 2 || shapes[0].n != shapes[1].n))
+        return (int)cudaErrorInvalidValue;
+    for (int i = 0; i < n_lin; i++)
+        if (!f_valid(shapes + i) || shapes[i].k != shapes[0].k ||
+            shapes[i].codebook != shapes[0].codebook)
+            return (int)cudaErrorInvalidValue;
+    uint16_t *a[MUSE_K_FAST_MAX_LIN];
+    float *part[MUSE_K_FAST_MAX_LIN];
+    if (f_layout(shapes, n_lin, rows, a, part, (unsigned char *)ws) > ws_bytes)
+        return (int)cudaErrorInvalidValue;
+    int target = muse_k_linear_fast_split_target();
+
+    (void)descs; /* the launches take the host copies by value: no device table to keep */
+    muse_fast_prep pp;
+    pp.k = shapes[0].k;
+    pp.n_lin = n_lin;
+    for (int i = 0; i < n_lin; i++) pp.d[i] = shapes[i], pp.a[i] = a[i];
+    int err = muse_k_fast_prepare(&pp, x, x_stride, rows, st);
+    if (err) return err;
+
+    /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
+    int many = rows > 16, mt = many ? FB_MT_MANY : 1, cb = shapes[0].codebook;
+    int mgroups = (int)((rows + 16 * mt - 1) / (16 * mt));
+    int done[MUSE_K_FAST_MAX_LIN] = {0};
+    for (int i = 0; i < n_lin; i++) {
+        if (done[i]) continue;
+        fast_prod p;
+        p.n_lin = 0;
+        p.mgroups = mgroups;
+        p.R = rows;
+        long blocks = 0;
+        for (int j = i; j < n_lin; j++) {
+            if (done[j] || shapes[j].bits != shapes[i].bits) continue;
+            done[j] = 1;
+            const muse_k_lin *s = shapes + j;
+            fast_lin *L = &p.l[p.n_lin++];
+            L->trellis = s->trellis;
+            L->tiles_ld = s->tiles_ld ? s->tiles_ld : s->n / 16;
+            L->k = s->k;
+            L->n = s->n;
+            L->a = a[j];
+            L->part = part[j];
+            L->splits = muse_fast_splits(s->k, s->n, target);
+            L->nblk = (int)((s->n + MUSE_FAST_BLOCK_COLS - 1) / MUSE_FAST_BLOCK_COLS);
+            L->aligned = (uintptr_t)s->trellis % 16 == 0; /* tile rows are 32 * bits bytes */
+            L->blk0 = blocks;
+            blocks += (long)L->nblk * L->splits * mgroups;
+        }
+        int bi = shapes[i].bits - 1;
+        prod_fn fn = f_prod[many][cb][bi];
+        int smem = f_smem_bytes[many][cb][bi]();
+        if (smem > 48 * 1024) {
+            err = (int)cudaFuncSetAttribute((const void *)fn,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+            if (err) return err;
+        }
+        fn<<<(unsigned)blocks, 128, smem, st>>>(p);
+        err = (int)cudaGetLastError();
+        if (err) return err;
+    }
+
+    muse_fast_fin f;
+    f.n_lin = n_lin;
+    f.round16 = round16;
+    f.epilogue = epilogue;
+    f.blk0[0] = 0;
+    for (int i = 0; i < n_lin; i++) {
+        f.d[i] = shapes[i];
+        f.part[i] = part[i];
+        f.splits[i] = muse_fast_splits(shapes[i].k, shapes[i].n, target);
+        f.n[i] = shapes[i].n;
+        f.y[i] = y[i];
+        f.y_stride[i] = y_stride[i];
+        f.blk0[i + 1] = f.blk0[i] + (long)(shapes[i].n / 128);
+    }
+    return muse_k_fast_finish(&f, rows, st);
+}
+
+MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, cudaStream_t st)
+{
+    if (!f_valid(shape)) return (int)cudaErrorInvalidValue;
+    int64_t ld = shape->tiles_ld ? shape->tiles_ld : shape->n / 16;
+    long tiles = (long)(shape->k / 16) * (long)(shape->n / 16);
+    f_dec[shape->codebook][shape->bits - 1]<<<(unsigned)tiles, 32, 0, st>>>(shape->trellis, ld,
+                                                                            shape->n, w);
+    return (int)cudaGetLastError();
+}

@@ -1,0 +1,36 @@
+/* linear_fast: y = x W for EXL3 weights on tensor cores (mma.sync m16n8k16, fp16 in, fp32
+ * accumulate), batch-invariant: a row's bits do not depend on the row count, its place in the
+ * batch or the other rows. Within tolerance of the exact path (kernels/linear.cu), not equal. */
+#ifndef MUSE_K_LINEAR_FAST_CUH
+#define MUSE_K_LINEAR_FAST_CUH
+#include <stddef.h>
+
+#include "launch.h"
+
+enum { MUSE_K_EPI_NONE = 0, MUSE_K_EPI_SWIGLU = 1 };
+#define MUSE_K_FAST_MAX_LIN 4
+
+/* Bytes of workspace muse_k_linear_fast needs for n_lin linears sharing one input at up to
+ * max_rows rows (the a operand of each, the split partials). */
+MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_lin, long max_rows);
+
+/* y_i[R, n_i] = x[R, k] W_i for i < n_lin (up to 4 linears with the same k, one launch a step
+ * for all); shapes: the host copies of the descriptors (their pointers are the device's; the
+ * launches take them by value, so descs, the device array, may be NULL). Epilogue SWIGLU (n_lin 2,
+ * gate then up, same n): gate and up are each rounded to fp16, y[0] = fp16(silu(gate) * up) as
+ * kernels/swiglu.cu, y[1] unused. EXL3 only (dense: cudaErrorInvalidValue, the caller takes the
+ * exact path); k, n multiples of 128. Returns the CUDA error code. */
+MUSE_K_API int muse_k_linear_fast(const muse_k_lin *descs, const muse_k_lin *shapes, int n_lin,
+                                  const float *x, long x_stride, long rows, int round16,
+                                  float *const y[], const long y_stride[], int epilogue, void *ws,
+                                  size_t ws_bytes, cudaStream_t st);
+
+/* Checks: the k x n fp16 bits of Wq (the decoded trellis, no scales, row-major) as the product
+ * kernel's decode makes them, into w (device, k * n uint16). Returns the CUDA error code. */
+MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, cudaStream_t st);
+
+/* The split target in use: MUSE_FAST_SPLIT_TARGET, or MUSE_FAST_SPLITS=N from the environment
+ * (tuning only; read once a process, so every call of the process splits alike). */
+MUSE_K_API int muse_k_linear_fast_split_target(void);
+
+#endif

@@ -1,0 +1,142 @@
+/* linear_fast.h: the index and bit logic of the fast EXL3 product (kernels/linear_fast.cu) as
+ * MUSE_HD helpers, so t/unit/test_linear_fast.c checks on the CPU what the kernel runs: the k
+ * split, the 8 trellis states a lane of a warp pulls out of its tile, the integer stage of each
+ * codebook's decode and the fp16 stage the device does with one __hadd2 / __hfma2. */
+#ifndef MUSE_K_LINEAR_FAST_H
+#define MUSE_K_LINEAR_FAST_H
+
+#include <stdint.h>
+
+#include "base/f16.h"
+#include "base/host_device.h"
+
+/* A fixed SM count (never queried: the split must not depend on the GPU) and the blocks the
+ * split aims at for one linear at one m-group: 2 blocks (8 warps) an SM of an H200. */
+#define MUSE_FAST_SMS          132
+#define MUSE_FAST_SPLIT_TARGET (2 * MUSE_FAST_SMS)
+#define MUSE_FAST_BLOCK_COLS   128 /* columns a product block covers: 4 warps x 2 n-tiles */
+#define MUSE_FAST_MIN_SPLIT_KT 8   /* k-tiles a split covers at least (two pipeline stages) */
+#define MUSE_FAST_MAX_SPLITS   32
+
+enum { MUSE_FAST_CB_3INST = 0, MUSE_FAST_CB_MCG = 1, MUSE_FAST_CB_MUL1 = 2 };
+
+/* The number of k splits of a k x n linear: a function of (k, n) and the target only, never of
+ * the row count, so every row of every batch sums its k range in the same pieces. */
+MUSE_HD int muse_fast_splits(int64_t k, int64_t n, int target)
+{
+    int64_t kt = k / 16, nb = (n + MUSE_FAST_BLOCK_COLS - 1) / MUSE_FAST_BLOCK_COLS;
+    int64_t s = nb > 0 ? (target + nb - 1) / nb : 1;
+    int64_t smax = kt / MUSE_FAST_MIN_SPLIT_KT;
+    if (smax > MUSE_FAST_MAX_SPLITS) smax = MUSE_FAST_MAX_SPLITS;
+    if (s > smax) s = smax;
+    return s < 1 ? 1 : (int)s;
+}
+
+/* First k-tile of split s of kt k-tiles (split s covers [begin(s), begin(s + 1))). */
+MUSE_HD int64_t muse_fast_split_begin(int64_t kt, int splits, int s)
+{
+    return kt * s / splits;
+}
+
+/* The top 32 bits of (hi:lo) << s, s in 0..31 (__funnelshift_l on the device). */
+MUSE_HD uint32_t muse_fast_fshl(uint32_t lo, uint32_t hi, int s)
+{
+#ifdef __CUDA_ARCH__
+    return __funnelshift_l(lo, hi, (unsigned)s);
+#else
+    return s ? (hi << s) | (lo >> (32 - s)) : hi;
+#endif
+}
+
+/* Lane l decodes positions 8l..8l+7, whose states are the 16-bit windows ending at bits
+ * (8l + j + 1) * bits: all inside the 7 * bits + 16 bits from first_bit (circular). */
+MUSE_HD int muse_fast_first_bit(int bits, int lane)
+{
+    int s = (8 * lane + 1) * bits - 16;
+    return s < 0 ? s + 256 * bits : s;
+}
+
+/* The largest first_bit % 32 over the lanes: with it, how many words a lane reads
+ * (muse_fast_nwords, 2 or 3) and how many 32-bit window words it shifts into place. */
+MUSE_HD int muse_fast_max_shift(int bits)
+{
+    int m = 0;
+    for (int l = 0; l < 32; l++) {
+        int s = muse_fast_first_bit(bits, l) & 31;
+        m = s > m ? s : m;
+    }
+    return m;
+}
+MUSE_HD int muse_fast_nwords(int bits)
+{
+    return (muse_fast_max_shift(bits) + 7 * bits + 16 + 31) / 32;
+}
+MUSE_HD int muse_fast_nwin(int bits)
+{
+    return (7 * bits + 16 + 31) / 32;
+}
+
+/* The 16 bits at window bits [off, off + 16) (window bit 0 = the MSB of win[0]). */
+MUSE_HD uint32_t muse_fast_window_state(const uint32_t win[3], int off)
+{
+    int wi = off >> 5, o = off & 31;
+    if (o <= 16) return (win[wi] >> (16 - o)) & 0xFFFFu;
+    return muse_fast_fshl(win[wi + 1], win[wi], o - 16) & 0xFFFFu;
+}
+
+/* The 8 states of lane's positions from the tile's 8 * bits words (word j = v[2j] | v[2j+1] <<
+ * 16 of the stored uint16 v, the stream MSB first). nwords/nwin: muse_fast_nwords/_nwin(bits),
+ * passed in so the kernel's compile-time values are the ones used. */
+MUSE_HD void muse_fast_lane_states(const uint32_t *words, int bits, int nwords, int nwin, int lane,
+                                   uint32_t st[8])
+{
+    int first = muse_fast_first_bit(bits, lane), nw = 8 * bits;
+    int w0 = first >> 5, s = first & 31;
+    uint32_t w[4] = {0, 0, 0, 0}, win[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++)
+        if (i < nwords) w[i] = words[w0 + i >= nw ? w0 + i - nw : w0 + i];
+    /* a word not read holds no bit the lane needs (nwords covers the widest lane) */
+    for (int i = 0; i < 3; i++)
+        if (i < nwin) win[i] = muse_fast_fshl(w[i + 1], w[i], s);
+    for (int j = 0; j < 8; j++) st[j] = muse_fast_window_state(win, j * bits);
+}
+
+/* Row and column within the tile of lane's j-th state (the mma B fragment layout). */
+MUSE_HD void muse_fast_lane_element(int lane, int j, int *r, int *c)
+{
+    *r = 2 * (lane % 4) + (j & 1) + 8 * ((j >> 1) & 1);
+    *c = lane / 4 + 8 * (j >> 2);
+}
+
+/* The integer stage of the decode. 3INST/MCG: the word whose two fp16 halves add to the
+ * weight. MUL1: the fp16 bits of s = 1024 + byte sum, an integer in [1024, 2044], which is the
+ * fp16 0x6400 + (s - 1024): so one dp4a with 0x6400 as its addend gives the bits directly. */
+MUSE_HD uint32_t muse_fast_int_stage(int cb, uint32_t state)
+{
+    if (cb == MUSE_FAST_CB_MUL1) {
+        uint32_t x = state * 0x83DCD12Du;
+#ifdef __CUDA_ARCH__
+        return __dp4a(x, 0x01010101u, 0x6400u);
+#else
+        return 0x6400u + (x & 0xFFu) + ((x >> 8) & 0xFFu) + ((x >> 16) & 0xFFu) + (x >> 24);
+#endif
+    }
+    uint32_t x = cb == MUSE_FAST_CB_MCG ? state * 0xCBAC1FEDu : state * 89226354u + 64248484u;
+    return (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+}
+
+/* The fp16 stage as the device computes it (one IEEE fp16 rounding: __hadd2 of the halves,
+ * __hfma2(s, k_inv, k_bias)), emulated exactly on the host: the fp32 sum of two fp16 is exact
+ * here, and s * k_inv + k_bias is exact in double. Returns fp16 bits. */
+MUSE_HD uint16_t muse_fast_fp_stage_host(int cb, uint32_t v)
+{
+    if (cb == MUSE_FAST_CB_MUL1) {
+        double s = (double)muse_f16_to_f32((uint16_t)v);
+        double r = s * (double)muse_f16_to_f32(0x1EEE) + (double)muse_f16_to_f32(0xC931);
+        return muse_f32_to_f16((float)r);
+    }
+    float lo = muse_f16_to_f32((uint16_t)(v & 0xFFFFu)), hi = muse_f16_to_f32((uint16_t)(v >> 16));
+    return muse_f32_to_f16(lo + hi);
+}
+
+#endif

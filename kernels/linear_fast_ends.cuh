@@ -1,0 +1,31 @@
+/* The fast EXL3 product's first and last steps (kernels/linear_fast_ends.cu, compiled with
+ * -fmad=false like the exact path): their arguments and launchers, for kernels/linear_fast.cu. */
+#ifndef MUSE_K_LINEAR_FAST_ENDS_CUH
+#define MUSE_K_LINEAR_FAST_ENDS_CUH
+#include "launch.h"
+#include "linear_fast.cuh"
+
+/* step 1 for n_lin linears of one k: a_i[R, k] = fp16 bits of the exact path's prepare */
+typedef struct {
+    muse_k_lin d[MUSE_K_FAST_MAX_LIN]; /* host copies (their pointers are the device's) */
+    uint16_t *a[MUSE_K_FAST_MAX_LIN];
+    int64_t k;
+    int n_lin;
+} muse_fast_prep;
+
+/* step 3: y_i = blockHad(sum of the splits' partials in split order) * svh + bias */
+typedef struct {
+    muse_k_lin d[MUSE_K_FAST_MAX_LIN];      /* host copies (their pointers are the device's) */
+    const float *part[MUSE_K_FAST_MAX_LIN]; /* [splits][R][n] */
+    int splits[MUSE_K_FAST_MAX_LIN];
+    int64_t n[MUSE_K_FAST_MAX_LIN];
+    float *y[MUSE_K_FAST_MAX_LIN];
+    long y_stride[MUSE_K_FAST_MAX_LIN];
+    long blk0[MUSE_K_FAST_MAX_LIN + 1]; /* first 128-column block of each linear */
+    int n_lin, round16, epilogue;
+} muse_fast_fin;
+
+MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,
+                                   long rows, cudaStream_t st);
+MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_t st);
+#endif

@@ -1,0 +1,12 @@
+# The fast EXL3 product (kernels/linear_fast.cu) builds without -fmad=false: its only float
+# arithmetic is mma and explicit fp16 intrinsics (see its opening comment). build/t/exl3-fast-check:
+# the standalone GPU check-and-time tool for it (t/tools/exl3_fast_check.cu), run on a GPU machine.
+ifneq ($(NVCC_BIN),)
+$(BUILD)/obj/kernels/linear_fast.o: NVCCFLAGS := $(filter-out -fmad=false,$(NVCCFLAGS))
+
+EXL3_FAST_CHECK := $(BUILD)/t/exl3-fast-check
+EXTRA_ALL += $(EXL3_FAST_CHECK)
+$(EXL3_FAST_CHECK): t/tools/exl3_fast_check.cu $(LIB) | $(BUILD)/t
+	$(NVCC_BIN) $(NVCCFLAGS) -MMD -MP -MF $(BUILD)/obj/t/exl3-fast-check.d $< $(LIB) \
+	  -lcjson -lpcre2-8 -levent_core -lm -lpthread -o $@
+endif

@@ -1,0 +1,460 @@
+/* exl3-fast-check: checks and times the fast EXL3 product (kernels/linear_fast.cu) against the
+ * exact path (kernels/linear.cu) on one GPU, random weights. `--quick`: the small correctness
+ * shapes only (compute-sanitizer friendly). Last line: "exl3-fast-check: N passed, N failed". */
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+extern "C" {
+#include "pack/exl3.h"
+}
+#include "kernels/linear.cuh"
+#include "kernels/linear_fast.cuh"
+#include "kernels/swiglu.cuh"
+
+static int n_pass, n_fail;
+static void verdict(bool good, const char *what)
+{
+    (good ? n_pass : n_fail)++;
+    printf("%s %s\n", good ? "ok  " : "FAIL", what);
+}
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        int e_ = (int)(call);                                                                      \
+        if (e_) {                                                                                  \
+            printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #call,                             \
+                   cudaGetErrorString((cudaError_t)e_));                                           \
+            printf("exl3-fast-check: %d passed, %d failed\n", n_pass, n_fail + 1);                 \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t rng_s = 12345;
+static uint64_t rng64(void)
+{
+    uint64_t z = (rng_s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float rng_unit(void) /* [-1, 1) */
+{
+    return (float)((double)(rng64() >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+static const char *cb_name[3] = {"3inst", "mcg", "mul1"};
+static float *d_table[3];
+
+/* one random EXL3 linear on the device: desc (device), shape (host copy) */
+typedef struct {
+    muse_k_lin shape, *desc;
+    std::vector<uint16_t> trellis;
+    void *bufs[6];
+} weight;
+
+static void *upload(const void *h, size_t bytes)
+{
+    void *d;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void weight_make(weight *w, int64_t k, int64_t n, int bits, int cb, int legacy, int bias)
+{
+    memset(w->bufs, 0, sizeof w->bufs);
+    size_t len = (size_t)(k / 16) * (size_t)(n / 16) * 16 * (size_t)bits;
+    w->trellis.resize(len);
+    for (size_t i = 0; i + 4 <= len; i += 4) {
+        uint64_t r = rng64();
+        memcpy(&w->trellis[i], &r, 8);
+    }
+    std::vector<uint16_t> suh(k), svh(n), su(k / 16), sv(n / 16), bs(n);
+    for (auto &v : suh) v = muse_f32_to_f16(rng_unit() < 0 ? -0.9f - 0.2f * rng_unit() : 1.0f + 0.1f * rng_unit());
+    for (auto &v : svh) v = muse_f32_to_f16(rng_unit() < 0 ? -1.0f : 1.0f + 0.1f * rng_unit());
+    for (auto &v : su) v = (uint16_t)rng64();
+    for (auto &v : sv) v = (uint16_t)rng64();
+    for (auto &v : bs) v = muse_f32_to_f16(0.5f * rng_unit());
+    muse_k_lin &s = w->shape;
+    memset(&s, 0, sizeof s);
+    s.kind = MUSE_K_EXL3;
+    s.bits = bits;
+    s.k = k;
+    s.n = n;
+    s.path = MUSE_K_EXL3_AUTO;
+    s.codebook = cb;
+    s.tiles_ld = n / 16;
+    s.trellis = (const uint16_t *)(w->bufs[0] = upload(w->trellis.data(), len * 2));
+    if (legacy) {
+        s.su = (const uint16_t *)(w->bufs[1] = upload(su.data(), su.size() * 2));
+        s.sv = (const uint16_t *)(w->bufs[2] = upload(sv.data(), sv.size() * 2));
+    } else {
+        s.suh = (const uint16_t *)(w->bufs[1] = upload(suh.data(), suh.size() * 2));
+        s.svh = (const uint16_t *)(w->bufs[2] = upload(svh.data(), svh.size() * 2));
+    }
+    if (bias) s.bias = (const uint16_t *)(w->bufs[3] = upload(bs.data(), bs.size() * 2));
+    s.table = d_table[cb];
+    w->desc = (muse_k_lin *)(w->bufs[4] = upload(&s, sizeof s));
+}
+static void weight_set_cb(weight *w, int cb) /* the same trellis read with another codebook */
+{
+    w->shape.codebook = cb;
+    w->shape.table = d_table[cb];
+    CK(cudaMemcpy(w->desc, &w->shape, sizeof w->shape, cudaMemcpyHostToDevice));
+}
+static void weight_free(weight *w)
+{
+    for (void *b : w->bufs)
+        if (b) CK(cudaFree(b));
+    w->trellis.clear();
+}
+
+/* device scratch, grown on demand */
+static void *d_ws, *d_wa, *d_wt;
+static size_t ws_cap, wa_cap, wt_cap;
+static void *grow(void **p, size_t *cap, size_t want)
+{
+    if (want > *cap) {
+        if (*p) CK(cudaFree(*p));
+        CK(cudaMalloc(p, want));
+        *cap = want;
+    }
+    return *p;
+}
+
+static void run_exact(const weight *w, const float *x, long R, int round16, float *y, long ys)
+{
+    float *wa = (float *)grow(&d_wa, &wa_cap, (size_t)R * w->shape.k * 4);
+    double *wt = (double *)grow(&d_wt, &wt_cap, (size_t)R * w->shape.n * 8);
+    muse_k_ctx kc = {0};
+    kc.rows = R;
+    CK(muse_k_linear(&kc, w->desc, &w->shape, NULL, NULL, x, w->shape.k, round16, y, ys, wa, wt));
+}
+
+/* n_lin linears in one fast call; their descriptors must be consecutive on the device: copies */
+static void run_fast(weight *const *ws, int n_lin, const float *x, long R, int round16,
+                     float *const *y, const long *ys, int epi)
+{
+    muse_k_lin shapes[4];
+    for (int i = 0; i < n_lin; i++) shapes[i] = ws[i]->shape;
+    static muse_k_lin *d_descs;
+    if (!d_descs) CK(cudaMalloc(&d_descs, 4 * sizeof(muse_k_lin)));
+    CK(cudaMemcpyAsync(d_descs, shapes, n_lin * sizeof(muse_k_lin), cudaMemcpyHostToDevice, 0));
+    size_t need = muse_k_linear_fast_workspace(shapes, n_lin, R);
+    void *wsp = grow(&d_ws, &ws_cap, need);
+    CK(muse_k_linear_fast(d_descs, shapes, n_lin, x, shapes[0].k, R, round16, y, ys, epi, wsp,
+                          need, 0));
+}
+
+static std::vector<float> dl(const float *d, size_t n)
+{
+    std::vector<float> h(n);
+    CK(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+static double rel_l2(const std::vector<float> &a, const std::vector<float> &b)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+        if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+static float *dalloc(size_t floats)
+{
+    float *p;
+    CK(cudaMalloc(&p, floats * 4));
+    return p;
+}
+static void poison(float *p, size_t floats)
+{
+    CK(cudaMemset(p, 0xFF, floats * 4)); /* NaN */
+}
+static float *rand_x(long R, int64_t k)
+{
+    std::vector<float> h((size_t)R * k);
+    for (auto &v : h) v = rng_unit();
+    return (float *)upload(h.data(), h.size() * 4);
+}
+
+/* decoded weights bit for bit, y against the exact path, batch invariance */
+static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bias)
+{
+    char what[200];
+    weight w;
+    weight_make(&w, k, n, bits, cb, legacy, bias);
+    const char *tag = legacy ? " legacy su/sv" : bias ? " bias" : "";
+    /* 1: decode */
+    uint16_t *d_w;
+    CK(cudaMalloc(&d_w, (size_t)k * n * 2));
+    CK(muse_k_linear_fast_decode(&w.shape, d_w, 0));
+    std::vector<uint16_t> got((size_t)k * n);
+    CK(cudaMemcpy(got.data(), d_w, got.size() * 2, cudaMemcpyDeviceToHost));
+    CK(cudaFree(d_w));
+    long bad = 0;
+    for (int64_t tk = 0; tk < k / 16; tk++)
+        for (int64_t tn = 0; tn < n / 16; tn++) {
+            float t[16][16];
+            muse_exl3_decode_tile(&w.trellis[(size_t)(tk * (n / 16) + tn) * 16 * bits], bits,
+                                  (muse_codebook)cb, t);
+            for (int r = 0; r < 16; r++)
+                for (int c = 0; c < 16; c++)
+                    bad += muse_f16_to_f32(got[(size_t)(tk * 16 + r) * n + tn * 16 + c]) != t[r][c];
+        }
+    snprintf(what, sizeof what, "%lldx%lld %d bits %s%s: decoded weights bit-identical (%ld differ)",
+             (long long)k, (long long)n, bits, cb_name[cb], tag, bad);
+    verdict(bad == 0, what);
+    /* 2: fast vs exact, fp32 and round16 outputs, at 256 rows */
+    const long RB = 256;
+    float *x = rand_x(RB, k), *ye = dalloc(RB * n), *yf = dalloc(RB * n);
+    for (int r16 = 0; r16 < 2; r16++) {
+        poison(ye, RB * n);
+        poison(yf, RB * n);
+        run_exact(&w, x, RB, r16, ye, n);
+        long ys = n;
+        weight *wp = &w;
+        run_fast(&wp, 1, x, RB, r16, &yf, &ys, MUSE_K_EPI_NONE);
+        double e = rel_l2(dl(yf, RB * n), dl(ye, RB * n));
+        double tol = r16 ? 5e-4 : 2e-5;
+        snprintf(what, sizeof what, "%lldx%lld %d bits %s%s %s: rel L2 fast vs exact %.3g (tol %g)",
+                 (long long)k, (long long)n, bits, cb_name[cb], tag, r16 ? "round16" : "fp32", e, tol);
+        verdict(e <= tol, what);
+    }
+    /* 3: batch invariance: rows at R = 1..256 at two places, and with other rows changed */
+    std::vector<float> ref = dl(yf, RB * n); /* round16 run at R = 256 */
+    static const long Rs[] = {1, 4, 16, 17, 64, 256};
+    float *xo = rand_x(RB, k);
+    long diff = 0;
+    for (long R : Rs)
+        for (long place : {0L, RB - R}) {
+            poison(yf, RB * n);
+            long ys = n;
+            weight *wp = &w;
+            run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
+            std::vector<float> got_y = dl(yf, R * n);
+            diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
+            /* the same rows among other rows: a batch of 2R with R foreign rows first */
+            if (2 * R <= RB) {
+                CK(cudaMemcpy(xo + R * k, x + place * k, (size_t)R * k * 4, cudaMemcpyDeviceToDevice));
+                poison(yf, RB * n);
+                run_fast(&wp, 1, xo, 2 * R, 1, &yf, &ys, MUSE_K_EPI_NONE);
+                got_y = dl(yf, 2 * R * n);
+                diff += memcmp(got_y.data() + R * n, ref.data() + place * n, (size_t)R * n * 4) != 0;
+            }
+        }
+    snprintf(what, sizeof what, "%lldx%lld %d bits %s%s: batch invariant at R 1..256 (%ld differ)",
+             (long long)k, (long long)n, bits, cb_name[cb], tag, diff);
+    verdict(diff == 0, what);
+    for (float *p : {x, ye, yf, xo}) CK(cudaFree(p));
+    weight_free(&w);
+}
+
+/* q, k, v in one call (different n) and the SWIGLU epilogue, against separate exact calls */
+static void check_multi(int cb, int bits)
+{
+    char what[200];
+    const int64_t k = 256;
+    const long R = 19;
+    weight w[3];
+    int64_t ns[3] = {384, 128, 256};
+    for (int i = 0; i < 3; i++) weight_make(&w[i], k, ns[i], bits + (i == 2), cb, 0, i == 1);
+    float *x = rand_x(R, k), *yf[3], *ye[3];
+    long ys[3];
+    for (int i = 0; i < 3; i++) {
+        yf[i] = dalloc(R * ns[i]);
+        ye[i] = dalloc(R * ns[i]);
+        poison(yf[i], R * ns[i]);
+        ys[i] = ns[i];
+        run_exact(&w[i], x, R, 1, ye[i], ns[i]);
+    }
+    weight *wp[3] = {&w[0], &w[1], &w[2]};
+    run_fast(wp, 3, x, R, 1, yf, ys, MUSE_K_EPI_NONE);
+    double worst = 0;
+    long same = 0;
+    for (int i = 0; i < 3; i++) {
+        std::vector<float> a = dl(yf[i], R * ns[i]);
+        worst = std::max(worst, rel_l2(a, dl(ye[i], R * ns[i])));
+        float *one = dalloc(R * ns[i]);
+        poison(one, R * ns[i]);
+        run_fast(&wp[i], 1, x, R, 1, &one, &ys[i], MUSE_K_EPI_NONE);
+        same += dl(one, R * ns[i]) == a;
+        CK(cudaFree(one));
+    }
+    snprintf(what, sizeof what, "%s %d bits: 3 linears in one call, rel L2 %.3g, equal to single calls %ld/3",
+             cb_name[cb], bits, worst, same);
+    verdict(worst <= 5e-4 && same == 3, what);
+    /* SWIGLU: gate w[0], up a second 384-wide linear */
+    weight up;
+    weight_make(&up, k, 384, bits, cb, 0, 0);
+    float *g = dalloc(R * 384), *u = dalloc(R * 384), *ref = dalloc(R * 384);
+    run_exact(&w[0], x, R, 1, g, 384);
+    run_exact(&up, x, R, 1, u, 384);
+    muse_k_ctx kc = {0};
+    kc.rows = R; /* rows x width elements */
+    CK(muse_k_swiglu(&kc, g, u, 384, ref));
+    weight *gu[2] = {&w[0], &up};
+    float *outs[2] = {yf[0], NULL};
+    long ys2[2] = {384, 384};
+    poison(yf[0], R * 384);
+    run_fast(gu, 2, x, R, 1, outs, ys2, MUSE_K_EPI_SWIGLU);
+    double e = rel_l2(dl(yf[0], R * 384), dl(ref, R * 384));
+    snprintf(what, sizeof what, "%s %d bits: SWIGLU epilogue vs exact gate, up, swiglu: rel L2 %.3g",
+             cb_name[cb], bits, e);
+    verdict(e <= 2e-3, what);
+    for (float *p : {g, u, ref, x}) CK(cudaFree(p));
+    for (int i = 0; i < 3; i++) {
+        CK(cudaFree(yf[i]));
+        CK(cudaFree(ye[i]));
+        weight_free(&w[i]);
+    }
+    weight_free(&up);
+}
+
+/* ---- timing ---- */
+
+static void *d_flush;
+static const size_t FLUSH_BYTES = 256u << 20;
+template <class F> static double median_us(F call, int reps, bool flush)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    call(); /* warm-up */
+    CK(cudaDeviceSynchronize());
+    std::vector<float> ts;
+    for (int i = 0; i < reps; i++) {
+        if (flush) CK(cudaMemsetAsync(d_flush, i & 0xFF, FLUSH_BYTES, 0));
+        CK(cudaEventRecord(a, 0));
+        call();
+        CK(cudaEventRecord(b, 0));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        ts.push_back(ms * 1000.0f);
+        if (i == 0 && ms > 50.0f) break; /* too slow to repeat */
+    }
+    std::sort(ts.begin(), ts.end());
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return ts[ts.size() / 2];
+}
+
+static double copy_bw; /* bytes/s, read + write of a 1 GiB device copy */
+
+static void time_row(weight *const *ws, int n_lin, long M, bool exact, const char *label)
+{
+    int64_t k = ws[0]->shape.k, nsum = 0;
+    double bytes = 0;
+    for (int i = 0; i < n_lin; i++) {
+        nsum += ws[i]->shape.n;
+        bytes += (double)k * ws[i]->shape.n * ws[i]->shape.bits / 8;
+    }
+    float *x = rand_x(M, k), *y[4];
+    long ys[4];
+    for (int i = 0; i < n_lin; i++) {
+        y[i] = dalloc((size_t)M * ws[i]->shape.n);
+        ys[i] = ws[i]->shape.n;
+    }
+    double tf = median_us([&] { run_fast(ws, n_lin, x, M, 1, y, ys, MUSE_K_EPI_NONE); }, 20, true);
+    double te = NAN;
+    if (exact)
+        te = median_us(
+            [&] {
+                for (int i = 0; i < n_lin; i++) run_exact(ws[i], x, M, 1, y[i], ys[i]);
+            },
+            20, true);
+    double wps = (double)k * nsum / (tf * 1e-6);
+    double pct = 100.0 * bytes / (tf * 1e-6) / copy_bw;
+    char tfl[32] = "";
+    if (M >= 256) snprintf(tfl, sizeof tfl, "%.1f", 2.0 * M * k * nsum / (tf * 1e-6) / 1e12);
+    printf("%-24s %5ld %4d %-5s %10.1f %10.1f %8.3f %6.1f %8s\n", label, M, ws[0]->shape.bits,
+           cb_name[ws[0]->shape.codebook], tf, te, wps / 1e12, pct, tfl);
+    fflush(stdout);
+    CK(cudaFree(x));
+    for (int i = 0; i < n_lin; i++) CK(cudaFree(y[i]));
+}
+
+static void time_all(void)
+{
+    void *c0, *c1;
+    size_t gib = 1u << 30;
+    CK(cudaMalloc(&c0, gib));
+    CK(cudaMalloc(&c1, gib));
+    double us = median_us([&] { CK(cudaMemcpyAsync(c1, c0, gib, cudaMemcpyDeviceToDevice, 0)); }, 20, false);
+    copy_bw = 2.0 * gib / (us * 1e-6);
+    CK(cudaFree(c0));
+    CK(cudaFree(c1));
+    CK(cudaMalloc(&d_flush, FLUSH_BYTES));
+    printf("# copy bandwidth %.2f TB/s (1 GiB device copy, read + write); split target %d\n",
+           copy_bw / 1e12, muse_k_linear_fast_split_target());
+    printf("%-24s %5s %4s %-5s %10s %10s %8s %6s %8s\n", "shape", "M", "bits", "cb", "fast_us",
+           "exact_us", "Tw/s", "%bw", "TFLOP/s");
+    char label[64];
+    for (int bits : {2, 4}) {
+        weight a, b, c, d, e;
+        weight_make(&a, 6144, 4096, bits, 0, 0, 0);
+        weight_make(&b, 6144, 3072, bits, 0, 0, 0);
+        weight_make(&c, 3072, 6144, bits, 0, 0, 0);
+        weight_make(&d, 6144, 512, bits, 0, 0, 0);
+        weight_make(&e, 6144, 512, bits, 0, 0, 0);
+        for (int cb = 0; cb < 3; cb++) {
+            for (weight *w : {&a, &b, &c, &d, &e}) weight_set_cb(w, cb);
+            weight *pa = &a, *pb = &b, *pc = &c, *pd = &d;
+            for (long M : {1L, 16L, 256L, 4096L})
+                time_row(&pa, 1, M, M <= 256 || bits == 4, "6144x4096");
+            time_row(&pb, 1, 1, true, "6144x3072");
+            time_row(&pc, 1, 1, true, "3072x6144");
+            time_row(&pd, 1, 1, true, "6144x512");
+            weight *qkv[3] = {&a, &d, &e};
+            time_row(qkv, 3, 1, true, "qkv 6144x(4096+512+512)");
+        }
+        for (weight *w : {&a, &b, &c, &d, &e}) weight_free(w);
+    }
+    for (int bits : {2, 3, 4}) {
+        weight w;
+        weight_make(&w, 8192, 28672, bits, 0, 0, 0);
+        for (int cb = 0; cb < 3; cb++) {
+            weight_set_cb(&w, cb);
+            weight *p = &w;
+            time_row(&p, 1, 1, true, "8192x28672");
+        }
+        weight_free(&w);
+    }
+    { /* the head: 202048 columns padded to 128 (EXL3 pads every dimension to 128) */
+        weight w;
+        weight_make(&w, 6144, 202112, 6, 0, 0, 0);
+        for (int cb = 0; cb < 3; cb++) {
+            weight_set_cb(&w, cb);
+            weight *p = &w;
+            snprintf(label, sizeof label, "head 6144x202112");
+            time_row(&p, 1, 1, true, label);
+        }
+        weight_free(&w);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    for (int cb = 0; cb < 3; cb++)
+        d_table[cb] = (float *)upload(muse_exl3_value_table((muse_codebook)cb), 65536 * 4);
+    for (int cb = 0; cb < 3; cb++)
+        for (int bits = 1; bits <= 8; bits++) check_one(256, 384, bits, cb, 0, 0);
+    for (int cb = 0; cb < 3; cb++) {
+        check_one(256, 384, 3, cb, 1, 0); /* legacy sign words */
+        check_one(384, 256, 2, cb, 0, 1); /* bias */
+        check_multi(cb, 2);
+    }
+    if (!quick) {
+        for (int bits : {2, 3, 4, 6}) check_one(6144, 4096, bits, 2, 0, 0);
+        time_all();
+    }
+    printf("exl3-fast-check: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,154 @@
+/* The fast EXL3 product's index and bit logic (kernels/linear_fast.h) on the CPU against
+ * engine/pack/exl3.c: lane states vs muse_exl3_tile_states, lane elements vs the position map,
+ * the two-stage decode vs muse_exl3_state_value for every state of every codebook, the k split. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels/linear_fast.h"
+#include "pack/exl3.h"
+#include "pack/exl3_tile.h"
+#include "tap.h"
+
+static uint64_t rng_state = 0x1234567u;
+static uint32_t rng32(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((z ^ (z >> 31)) >> 16);
+}
+
+/* every lane's 8 states equal the reference's states of its positions, for random tiles and
+ * the all-ones / all-zero edge tiles, at every bits */
+static void test_lane_states(void)
+{
+    for (int bits = 1; bits <= 8; bits++) {
+        int bad = 0, nwords = muse_fast_nwords(bits), nwin = muse_fast_nwin(bits);
+        for (int trial = 0; trial < 300; trial++) {
+            uint16_t tile[16 * 8];
+            for (int i = 0; i < 16 * bits; i++)
+                tile[i] = trial == 0 ? 0xFFFFu : trial == 1 ? 0 : (uint16_t)rng32();
+            uint32_t words[8 * 8];
+            for (int j = 0; j < 8 * bits; j++)
+                words[j] = (uint32_t)tile[2 * j] | (uint32_t)tile[2 * j + 1] << 16;
+            uint16_t ref[256];
+            muse_exl3_tile_states(tile, bits, ref);
+            for (int lane = 0; lane < 32; lane++) {
+                uint32_t st[8];
+                muse_fast_lane_states(words, bits, nwords, nwin, lane, st);
+                for (int j = 0; j < 8; j++) bad += st[j] != ref[8 * lane + j];
+            }
+        }
+        ok(bad == 0, "bits %d: lane states equal muse_exl3_tile_states (nwords %d, nwin %d)", bits,
+           nwords, nwin);
+        ok(nwords >= 2 && nwords <= 3 && nwin >= 1 && nwin <= nwords,
+           "bits %d: a lane reads 2 or 3 words", bits);
+    }
+}
+
+/* the same against the shared MUSE_HD tile helpers (pack/exl3_tile.h): states and decode */
+static void test_tile_header(void)
+{
+    int bad = 0;
+    for (int bits = 1; bits <= 8; bits++) {
+        uint16_t tile[16 * 8];
+        uint32_t words[8 * 8];
+        for (int i = 0; i < 16 * bits; i++) tile[i] = (uint16_t)rng32();
+        for (int j = 0; j < 8 * bits; j++) words[j] = muse_exl3_word(tile, j);
+        for (int lane = 0; lane < 32; lane++) {
+            uint32_t st[8];
+            muse_fast_lane_states(words, bits, muse_fast_nwords(bits), muse_fast_nwin(bits), lane,
+                                  st);
+            for (int j = 0; j < 8; j++) {
+                int r, c, rr, cc;
+                muse_fast_lane_element(lane, j, &r, &c);
+                muse_exl3_elem(8 * lane + j, &rr, &cc);
+                bad += st[j] != muse_exl3_state(tile, bits, 8 * lane + j) || r != rr || c != cc;
+                for (int cb = 0; cb < 3; cb++)
+                    bad += muse_fast_fp_stage_host(cb, muse_fast_int_stage(cb, st[j])) !=
+                           muse_exl3_decode(cb, st[j]);
+            }
+        }
+    }
+    ok(bad == 0, "lane states, elements and decode equal pack/exl3_tile.h's");
+}
+
+static void test_lane_elements(void)
+{
+    int bad = 0, seen[16][16];
+    memset(seen, 0, sizeof seen);
+    for (int p = 0; p < 256; p++) {
+        int r, c, rr, cc;
+        muse_exl3_position_element(p, &r, &c);
+        muse_fast_lane_element(p / 8, p % 8, &rr, &cc);
+        bad += r != rr || c != cc;
+        seen[rr][cc]++;
+    }
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) bad += seen[r][c] != 1;
+    ok(bad == 0, "lane elements are the position map, each element once");
+    /* the mma B fragment: register q of an n8 half holds rows 2(lane%4) + 8q + {0,1} */
+    int r, c;
+    muse_fast_lane_element(5, 2, &r, &c);
+    ok(r == 10 && c == 1, "lane 5, j 2: row 10, column 1 (B fragment b2 of the first n8)");
+    muse_fast_lane_element(31, 7, &r, &c);
+    ok(r == 15 && c == 15, "lane 31, j 7: row 15, column 15");
+}
+
+static void test_decode(void)
+{
+    static const char *names[3] = {"3inst", "mcg", "mul1"};
+    for (int cb = 0; cb < 3; cb++) {
+        int bad = 0, bad_s = 0;
+        for (uint32_t s = 0; s < 65536; s++) {
+            uint32_t v = muse_fast_int_stage(cb, s);
+            if (cb == MUSE_FAST_CB_MUL1) {
+                uint32_t x = s * 0x83DCD12Du;
+                uint32_t sum =
+                    1024 + (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24);
+                bad_s += v > 0xFFFFu || muse_f16_to_f32((uint16_t)v) != (float)sum;
+            }
+            bad += muse_fast_fp_stage_host(cb, v) != muse_exl3_state_value(s, (muse_codebook)cb);
+        }
+        ok(bad == 0, "%s: the two-stage decode equals muse_exl3_state_value for all 65536",
+           names[cb]);
+        if (cb == MUSE_FAST_CB_MUL1)
+            ok(bad_s == 0, "mul1: 0x6400 + byte sum is the fp16 of 1024 + byte sum");
+    }
+    ok((int)MUSE_FAST_CB_3INST == (int)MUSE_CB_3INST && (int)MUSE_FAST_CB_MCG == (int)MUSE_CB_MCG &&
+           (int)MUSE_FAST_CB_MUL1 == (int)MUSE_CB_MUL1,
+       "the codebook ids are muse_codebook's");
+}
+
+static void test_splits(void)
+{
+    static const int64_t shapes[][2] = {{6144, 4096},  {6144, 3072},   {3072, 6144}, {6144, 512},
+                                        {8192, 28672}, {6144, 202112}, {128, 128},   {256, 384}};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t k = shapes[i][0], n = shapes[i][1], kt = k / 16;
+        int s = muse_fast_splits(k, n, MUSE_FAST_SPLIT_TARGET);
+        diag("%lld x %lld: %d splits", (long long)k, (long long)n, s);
+        bad += s < 1 || s > MUSE_FAST_MAX_SPLITS;
+        /* the splits tile [0, kt) in order, each at least MIN_SPLIT_KT k-tiles where kt allows */
+        bad += muse_fast_split_begin(kt, s, 0) != 0 || muse_fast_split_begin(kt, s, s) != kt;
+        for (int j = 0; j < s; j++) {
+            int64_t len = muse_fast_split_begin(kt, s, j + 1) - muse_fast_split_begin(kt, s, j);
+            bad += len < 1 || (kt >= MUSE_FAST_MIN_SPLIT_KT && len < MUSE_FAST_MIN_SPLIT_KT);
+        }
+    }
+    ok(bad == 0, "splits cover k in order, sizes within bounds");
+    is_int(muse_fast_splits(6144, 4096, MUSE_FAST_SPLIT_TARGET), 9, "6144 x 4096: 9 splits");
+    is_int(muse_fast_splits(6144, 202112, MUSE_FAST_SPLIT_TARGET), 1, "the head: no split");
+}
+
+int main(void)
+{
+    test_lane_states();
+    test_tile_header();
+    test_lane_elements();
+    test_decode();
+    test_splits();
+    return done_testing();
+}
