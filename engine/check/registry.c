@@ -1,5 +1,5 @@
-/* The kernel registry's table (kernels/registry.h): one entry a seam operation. */
-#include "kernels/registry.h"
+/* The kernel registry's table (check/registry.h): one entry a seam operation. */
+#include "check/registry.h"
 
 static const muse_kernel_entry table[] = {
     {MUSE_K_EMBED, "embed", "embed", "kernels/embed.cu", "cpu embed: rms(embed[tokens]), fp32",

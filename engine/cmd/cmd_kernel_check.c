@@ -6,7 +6,7 @@
 #include "check/ops_check.h"
 
 static const char about[] =
-    "Checks every kernel of the registry (kernels/registry.c) on the backend against the CPU\n"
+    "Checks every kernel of the registry (engine/check/registry.c) on the backend against the CPU\n"
     "reference at 1, 16, 17 and N rows: outputs written, relative error within the bound,\n"
     "batch invariance, prompt rows == decode rows, repeatability, padding and graph replay;\n"
     "the EXL3 tiles path equals the small-M path; the sampler on --sample-rows random rows;\n"
