@@ -19,8 +19,6 @@ MAIN_SRCS := engine/cmd/muse_engine.c engine/cmd/muse_pack.c engine/cmd/muse_qua
 MAINS     := $(patsubst engine/cmd/muse_%.c,$(BUILD)/muse-%,$(MAIN_SRCS))
 LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard engine/$(d)/*.c)))
 LIB_OBJS  := $(patsubst engine/%.c,$(BUILD)/obj/%.o,$(LIB_SRCS))
-# kernels/registry.c: the kernel registry, plain C, in libmuse.a with or without nvcc
-LIB_OBJS  += $(BUILD)/obj/kernels/registry.o
 
 # The CUDA backend (engine/backend/cuda/ and the kernels/ it launches), built into libmuse.a
 # when nvcc is found (make CUDA=0: never); without it the engine is CPU-only and --backend cuda
@@ -106,13 +104,9 @@ $(BUILD)/t/test_validate: t/unit/test_validate.c t/unit/tap.h $(NGX_VALIDATE_OBJ
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(BUILD)/obj/t/test_validate.d -I. -It/unit $< $(NGX_VALIDATE_OBJ) \
 	  -lcjson -lm -o $@
 
-$(BUILD)/obj/kernels/registry.o: kernels/registry.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
-
 FUZZ_CFLAGS := -std=c11 -g -O1 -D_GNU_SOURCE -pthread -Iengine -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 $(BUILD)/fuzz/%: t/fuzz/%.c $(LIB_SRCS) $(ENGINE_H) | $(BUILD)/fuzz
-	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) kernels/registry.c $(LDLIBS) -o $@
+	clang $(FUZZ_CFLAGS) $< $(LIB_SRCS) $(LDLIBS) -o $@
 # fuzz_validate: the nginx module's validator, without nginx (its only sources are its own).
 $(BUILD)/fuzz/fuzz_validate: t/fuzz/fuzz_validate.c ngx_muse_validate.c ngx_muse_validate.h \
                              engine/abi/muse_limits.h engine/abi/muse_ring.h | $(BUILD)/fuzz
@@ -137,13 +131,12 @@ test-gpu: all
 	MUSE_TEST_BACKEND=cuda prove t/stack/serve_exactness.t
 	prove t/stack/serve_gpu_fault.t
 
-LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c \
-          kernels/registry.c kernels/registry.h
+LINT_C := $(shell find engine -name '*.[ch]') t/unit/*.c t/unit/*.h t/fuzz/*.c t/tools/*.c
 # ngx_muse_module.c is written in nginx's own style and built with nginx's -Werror instead.
 lint:
 	clang-format --dry-run --Werror $(LINT_C)
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,portability \
-	  --suppress=missingIncludeSystem --inline-suppr -Iengine -I. engine t/unit t/fuzz t/tools kernels/registry.c
+	  --suppress=missingIncludeSystem --inline-suppr -Iengine -I. engine t/unit t/fuzz t/tools
 
 format:
 	clang-format -i $(LINT_C)

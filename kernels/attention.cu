@@ -5,16 +5,14 @@
  * as cpu_backend.c attn_rows does. Shapes: q, g, o [R, hq * hd]; k, v [R, kv_width]. */
 #include "attention.cuh"
 #include "common.cuh"
+#include "model/kv_addr.h"
 
 #define AT_THREADS 128
 #define AT_MAX_DIM 512
 
 __device__ __forceinline__ int64_t k_kv_offset(const muse_k_kv *kv, int seq, int64_t s)
 {
-    if (kv->cap > 0) return ((int64_t)seq * kv->cap + s % kv->cap) * kv->kv_width;
-    int32_t blk = kv->tables[(int64_t)seq * kv->blocks_per_seq + s / 16];
-    if (blk < 0) return -1;
-    return ((int64_t)blk * 16 + s % 16) * kv->kv_width;
+    return muse_kv_offset(kv->tables, kv->blocks_per_seq, kv->cap, seq, s, 0, kv->kv_width);
 }
 
 __global__ void k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld,

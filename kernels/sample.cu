@@ -4,14 +4,14 @@
  * intrinsics, no contraction), keys (q bits << 32 | ~id) ordered descending, the filters top_k,
  * top_p, min_p as key cut-offs and the draw as the key where the running total in key order
  * passes the target. The generator, the exact products, the min_p cut and the keys are the
- * host's own code (engine/text/sampler_exact.h). Where the host walks histogram bins, this
+ * host's own code (engine/base/sampler_exact.h). Where the host walks histogram bins, this
  * finds the same key by a bitwise search over the 64-bit key space, each step an exact integer
  * sum over the row (so no order of summation can matter). */
 #include <float.h>
 
 #include "common.cuh"
 #include "sample.cuh"
-#include "text/sampler_exact.h" /* the integer steps, one copy with the host sampler */
+#include "base/sampler_exact.h" /* the integer steps, one copy with the host sampler */
 
 #define SM_THREADS 1024
 

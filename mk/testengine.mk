@@ -7,17 +7,12 @@ ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-
 
 # $(call test_engine,NAME,OBJ_DIR,EXTRA_CFLAGS,EXTRA_LDFLAGS,EXTRA_OBJS)
 define test_engine
-$(1)_OBJS := $$(patsubst engine/%.c,$(BUILD)/$(2)/%.o,$$(LIB_SRCS) engine/cmd/muse_engine.c) \
-              $(BUILD)/$(2)/kernels/registry.o $(5)
+$(1)_OBJS := $$(patsubst engine/%.c,$(BUILD)/$(2)/%.o,$$(LIB_SRCS) engine/cmd/muse_engine.c) $(5)
 EXTRA_ALL += $(BUILD)/t/$(1)
 
 $(BUILD)/$(2)/%.o: engine/%.c
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) $(3) -DMUSE_TEST_HOOKS $$(DEPFLAGS) -c $$< -o $$@
-
-$(BUILD)/$(2)/kernels/registry.o: kernels/registry.c
-	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) $(3) $$(DEPFLAGS) -c $$< -o $$@
 
 $(BUILD)/t/$(1): $$($(1)_OBJS) | $(BUILD)/t
 	$$(CC) $$(CFLAGS) $(4) $$($(1)_OBJS) $$(LDLIBS) -o $$@

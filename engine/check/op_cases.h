@@ -5,7 +5,7 @@
 #define MUSE_OP_CASES_H
 
 #include "backend/backend.h"
-#include "kernels/registry.h"
+#include "check/registry.h"
 
 #define MUSE_OP_MAX_CASES 64
 #define MUSE_OP_MAX_W     12 /* distinct widths */

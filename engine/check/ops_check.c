@@ -1,5 +1,5 @@
 /* The kernel checker (in the spirit of ggml's test-backend-ops), run by `muse-engine
- * kernel-check`: every entry of the kernel registry (kernels/registry.h) expanded to the pack's
+ * kernel-check`: every entry of the kernel registry (check/registry.h) expanded to the pack's
  * widths, on random non-zero inputs of several row counts (1, 16, 17, the max), outputs
  * poisoned before the call, compared with the CPU reference backend by relative error; batch
  * invariance bitwise (row r of an M-row call equals the 1-row call), prompt rows equal decode
@@ -18,7 +18,7 @@
 #include "model/shard.h"
 #include "base/muse_common.h"
 #include "text/sampler.h"
-#include "kernels/registry.h"
+#include "check/registry.h"
 
 #define MAX_SEQS 4
 

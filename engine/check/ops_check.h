@@ -1,5 +1,5 @@
 /* The kernel checker behind `muse-engine kernel-check`: every entry of the kernel registry
- * (kernels/registry.h) on a backend against the CPU reference, with planted controls. */
+ * (check/registry.h) on a backend against the CPU reference, with planted controls. */
 #ifndef MUSE_OPS_CHECK_H
 #define MUSE_OPS_CHECK_H
 

@@ -4,7 +4,7 @@
 #include "backend/backend.h"
 #include "base/flags.h"
 #include "check/ops_check.h"
-#include "kernels/registry.h"
+#include "check/registry.h"
 
 static const char about[] =
     "Checks every kernel of the registry (engine/backend/ops.h) on the backend: the exact path\n"

@@ -193,6 +193,7 @@ static int session_start(const char *cmd, const run_flags *f, long long extra, s
         return 2;
     }
     s->fwd = muse_forward_create(s->be);
+    muse_tp_lead_forward(s->comm, s->fwd); /* rank 0 of a world: rounds go to the others first */
     return -1;
 }
 

@@ -521,6 +521,7 @@ int muse_cmd_serve(int argc, char **argv)
         if (muse_tp_join(&f.tp, &model, &bo, &comm, &e)) goto fail;
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         fwd = muse_forward_create(be);
+        muse_tp_lead_forward(comm, fwd); /* rank 0 of a world: rounds go to the others first */
         for (int r = 0; r < be->n_ranks; r++) { /* what each rank really holds (here) */
             const muse_rank_mem *m = &be->ranks[r];
             muse_memory_plan_measured(&plan, r, m->weights, m->kv + m->sliding, m->kv,

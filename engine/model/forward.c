@@ -1,8 +1,6 @@
-/* The forward plan: the operations of one round in order; rank 0 of a world of processes
- * publishes the round first so the other ranks run the same plan (tp/follow.h). */
+/* The forward plan: the operations of one round in order; the round hook runs first (rank 0
+ * of a world of processes publishes the round there so the other ranks run the same plan). */
 #include "model/forward.h"
-
-#include "tp/follow.h"
 
 struct muse_forward {
     muse_backend *be;
@@ -15,6 +13,7 @@ struct muse_forward {
     muse_act mlp_gate, mlp_up, mlp_act; /* [R, I] dense layers */
     muse_act logits;                    /* [N, V (padded)] */
     int64_t *last_pos;                  /* [max_seqs] scratch of check_batch */
+    muse_round_hook hook;               /* all NULL: none */
 };
 
 muse_forward *muse_forward_create(muse_backend *be)
@@ -55,6 +54,11 @@ void muse_forward_destroy(muse_forward *f)
 muse_backend *muse_forward_backend(const muse_forward *f)
 {
     return f->be;
+}
+
+void muse_forward_set_hook(muse_forward *f, const muse_round_hook *hook)
+{
+    f->hook = hook ? *hook : (muse_round_hook){0};
 }
 
 static int check_batch(muse_forward *f, const muse_round *b, muse_err *e)
@@ -146,8 +150,7 @@ int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, 
     if (check_batch(f, r, e)) return -1;
     muse_backend *be = f->be;
     const muse_config *c = &f->m->cfg;
-    muse_comm *comm = be->opts.comm;
-    if (comm && comm->rank == 0 && muse_tp_lead_round(comm, be, r)) return muse_comm_error(comm, e);
+    if (f->hook.before_round && f->hook.before_round(f->hook.ctx, be, r, e)) return -1;
     if (be->ops->begin_round(be, r, e)) return -1;
     be->ops->embed(be, f->h);
     be->ops->norm(be, f->h, (long)c->hidden_size, &f->m->layers[0].input_norm, MUSE_NORM_PLUS1,
@@ -164,8 +167,7 @@ int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, 
 void muse_forward_snapshot(muse_forward *f, int save, int seq, int64_t end_pos, int slot)
 {
     muse_backend *be = f->be;
-    muse_comm *comm = be->opts.comm;
     /* a rank that stopped fails the next round, which names it */
-    if (comm && comm->rank == 0) muse_tp_lead_snapshot(comm, save, seq, end_pos, slot);
+    if (f->hook.before_snapshot) f->hook.before_snapshot(f->hook.ctx, save, seq, end_pos, slot);
     (save ? be->ops->snapshot_save : be->ops->snapshot_load)(be, seq, end_pos, slot);
 }

@@ -8,10 +8,23 @@
 
 typedef struct muse_forward muse_forward;
 
+/* What a world of processes does before the plan changes the ranks' state: rank 0 publishes
+ * each round and snapshot first so the other ranks replay them (tp/follow.h supplies it;
+ * the plan knows nothing of tp/). */
+typedef struct {
+    /* before round r runs: 0, or -1 with e set and the round not run */
+    int (*before_round)(void *ctx, const muse_backend *be, const muse_round *r, muse_err *e);
+    /* before a snapshot save (1) or load; a failure shows in the next round */
+    void (*before_snapshot)(void *ctx, int save, int seq, int64_t end_pos, int slot);
+    void *ctx;
+} muse_round_hook;
+
 /* Allocates every activation buffer from the backend once (max_rows rows each). */
 muse_forward *muse_forward_create(muse_backend *be);
 void muse_forward_destroy(muse_forward *f);
 muse_backend *muse_forward_backend(const muse_forward *f);
+/* Sets (a copy of) the round hook; NULL: none (the default: one process). */
+void muse_forward_set_hook(muse_forward *f, const muse_round_hook *hook);
 
 /* Runs the round; out gets the drawn ids (and logits when asked), valid until the next run.
  * Refuses bad tokens, positions and slots by name; a device failure comes back as -1. */

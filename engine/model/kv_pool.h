@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#define MUSE_KV_BLOCK 16 /* positions a block holds */
+#include "model/kv_addr.h" /* MUSE_KV_BLOCK and the offsets of a row */
 
 typedef struct {
     int32_t n_blocks;

@@ -1,7 +1,7 @@
 /* Sampler: exact integer weights, filters as key cut-offs, and draws found by bin walks and
  * radix refinement (no full sort). See sampler.h for the rules, docs/sampling.md for reasons. */
 #include "text/sampler.h"
-#include "text/sampler_exact.h"
+#include "base/sampler_exact.h"
 
 #include "base/muse_common.h"
 

@@ -113,6 +113,25 @@ int muse_tp_lead_snapshot(muse_comm *c, int save, int seq, int64_t end_pos, int 
     return send_record(c, buf, sizeof buf);
 }
 
+/* The round hook's two calls (forward.h) for rank 0. */
+static int lead_round_hook(void *ctx, const muse_backend *be, const muse_round *r, muse_err *e)
+{
+    muse_comm *c = ctx;
+    return muse_tp_lead_round(c, be, r) ? muse_comm_error(c, e) : 0;
+}
+
+static void lead_snapshot_hook(void *ctx, int save, int seq, int64_t end_pos, int slot)
+{
+    muse_tp_lead_snapshot(ctx, save, seq, end_pos, slot);
+}
+
+void muse_tp_lead_forward(muse_comm *c, muse_forward *f)
+{
+    if (!c || c->rank != 0) return;
+    muse_round_hook hook = {lead_round_hook, lead_snapshot_hook, c};
+    muse_forward_set_hook(f, &hook);
+}
+
 void muse_tp_close(muse_comm *c)
 {
     if (!c) return;

@@ -14,6 +14,11 @@ int muse_tp_lead_round(muse_comm *c, const muse_backend *be, const muse_round *r
 /* Rank 0: publishes a snapshot save (save 1) or load of seq at end_pos in slot. */
 int muse_tp_lead_snapshot(muse_comm *c, int save, int seq, int64_t end_pos, int slot);
 
+/* Makes f publish through c when c is rank 0 of a world (the plan's round hook: every round
+ * and snapshot goes to the other ranks before it runs here); nothing for another rank or a
+ * NULL c. Call after muse_forward_create wherever a world is joined. */
+void muse_tp_lead_forward(muse_comm *c, muse_forward *f);
+
 /* Another rank: replays rank 0's stream on f until rank 0 says stop (0), or until rank 0 or
  * the replay fails (-1 with the reason; rank 0's loss is named "rank 0 (HOST:PORT) stopped"). */
 int muse_tp_follow(muse_comm *c, muse_forward *f, muse_err *e);

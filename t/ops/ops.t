@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# muse-engine kernel-check (engine/check/ops_check.c, the registry in kernels/registry.c) on
+# muse-engine kernel-check (engine/check/ops_check.c, the registry in engine/check/registry.c) on
 # every tiny pack shape: fp16 (tiny), bf16 with a tied head and other widths (tiny-flip), and
 # EXL3 at 2 and 4 bits with two codebooks. Each run checks every kernel of the backend seam
 # against the CPU reference and its planted controls; its failing TAP lines and SUMMARY are

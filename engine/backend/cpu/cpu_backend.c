@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "base/clock.h"
 #include "base/threadpool.h"
+#include "model/kv_addr.h"
 #include "model/shard.h"
 #include "tp/comm.h"
 
@@ -349,11 +350,10 @@ typedef struct {
 /* Element offset of position s of seq in a layer's cache: a ring slot or a block row. */
 static inline size_t kv_offset(const cpu_backend *c, int layer, int seq, int64_t s, long KV)
 {
-    int64_t cap = c->kv_cap[layer];
-    if (cap > 0) return ((size_t)seq * (size_t)cap + (size_t)(s % cap)) * (size_t)KV;
-    int32_t blk = c->stage.tables[(int64_t)seq * c->base.kv.blocks_per_seq + s / MUSE_KV_BLOCK];
-    MUSE_CHECK(blk >= 0); /* the caller reserves blocks before a forward */
-    return ((size_t)blk * MUSE_KV_BLOCK + (size_t)(s % MUSE_KV_BLOCK)) * (size_t)KV;
+    int64_t at =
+        muse_kv_offset(c->stage.tables, c->base.kv.blocks_per_seq, c->kv_cap[layer], seq, s, 0, KV);
+    MUSE_CHECK(at >= 0); /* the caller reserves blocks before a forward */
+    return (size_t)at;
 }
 
 /* One (row, query head of the rank) per index: scores over the visible keys in position order. */
@@ -684,7 +684,7 @@ static void cpu_head(muse_backend *be, muse_act x_a, muse_act logits_a)
 /* Positions [first, end_pos) a resumed sequence needs from the sliding layers. */
 static int64_t sliding_first(const muse_config *cfg, int64_t end_pos)
 {
-    return end_pos > cfg->sliding_window ? end_pos - cfg->sliding_window : 0;
+    return muse_kv_window_first(end_pos, cfg->sliding_window);
 }
 
 /* Draws wanted rows [begin, end) with this thread's sampler. */

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "model/kv_addr.h"
 
 #include "base/clock.h"
 #include "kernels/fault.cuh"
@@ -268,8 +269,7 @@ static void sliding_copy(cuda_backend *c, int seq, int64_t end_pos, int slot, in
             for (int kv = 0; kv < 2; kv++) {
                 uint16_t *cache = kv ? rk->v_cache[i] : rk->k_cache[i];
                 for (int64_t s = first; s < end_pos; s++, buf += KV) {
-                    uint16_t *at =
-                        cache + ((size_t)seq * (size_t)cap + (size_t)(s % cap)) * (size_t)KV;
+                    uint16_t *at = cache + muse_kv_ring_offset(seq, s, 0, cap, KV);
                     CHECK(c, cudaMemcpyAsync(save ? buf : at, save ? at : buf, row,
                                              cudaMemcpyDeviceToDevice, rk->st));
                 }

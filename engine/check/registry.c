@@ -1,5 +1,5 @@
-/* The kernel registry's table (kernels/registry.h), made from the one list in backend/ops.h. */
-#include "kernels/registry.h"
+/* The kernel registry's table (check/registry.h), made from the one list in backend/ops.h. */
+#include "check/registry.h"
 
 static const muse_kernel_entry table[] = {
 #define MUSE_K_ROW(id, name, op, cuda, fast, ref, widths, tol, tol_fast, check)                    \

@@ -1,0 +1,45 @@
+/* Where a KV cache element lives: the offset of (seq, position, column) in a full layer's
+ * paged blocks through a block table, or in a sliding layer's per-sequence ring of cap
+ * positions. MUSE_HD, so the CPU backend, the CUDA host and the attention kernels address
+ * alike. Rows are width elements (a rank's KV heads); col < width. */
+#ifndef MUSE_KV_ADDR_H
+#define MUSE_KV_ADDR_H
+
+#include <stdint.h>
+
+#include "base/host_device.h"
+
+#define MUSE_KV_BLOCK 16 /* positions a block holds */
+
+/* Sliding layer: rings [seqs][cap][width]; position s sits in slot s mod cap. */
+MUSE_HD int64_t muse_kv_ring_offset(int seq, int64_t s, int64_t col, int64_t cap, int64_t width)
+{
+    return ((int64_t)seq * cap + s % cap) * width + col;
+}
+
+/* Full layer: blocks [n_blocks][MUSE_KV_BLOCK][width] through tables [seqs][blocks_per_seq];
+ * -1 when the block holding s is not reserved (-1 in the table). */
+MUSE_HD int64_t muse_kv_block_offset(const int32_t *tables, int64_t blocks_per_seq, int seq,
+                                     int64_t s, int64_t col, int64_t width)
+{
+    int32_t blk = tables[(int64_t)seq * blocks_per_seq + s / MUSE_KV_BLOCK];
+    if (blk < 0) return -1;
+    return ((int64_t)blk * MUSE_KV_BLOCK + s % MUSE_KV_BLOCK) * width + col;
+}
+
+/* Either layout: a ring when cap > 0, else the blocks (-1: not reserved). */
+MUSE_HD int64_t muse_kv_offset(const int32_t *tables, int64_t blocks_per_seq, int64_t cap, int seq,
+                               int64_t s, int64_t col, int64_t width)
+{
+    if (cap > 0) return muse_kv_ring_offset(seq, s, col, cap, width);
+    return muse_kv_block_offset(tables, blocks_per_seq, seq, s, col, width);
+}
+
+/* A sliding snapshot holds the last `window` positions before end_pos, ascending from this
+ * one: position s is its row s - first. */
+MUSE_HD int64_t muse_kv_window_first(int64_t end_pos, int64_t window)
+{
+    return end_pos > window ? end_pos - window : 0;
+}
+
+#endif

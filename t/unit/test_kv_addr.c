@@ -1,0 +1,90 @@
+/* model/kv_addr.h: block and ring offsets of every position of a few sequences against a
+ * plain computation (a walk that counts rows), ring wrap-around, the last block, unreserved
+ * blocks, and the snapshot window's first position. */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model/kv_addr.h"
+#include "tap.h"
+
+#define SEQS  3
+#define BPS   5 /* blocks per sequence: 80 positions */
+#define WIDTH 12
+
+/* Block tables with no pattern an index formula could lean on; seq 2 holds 3 blocks only. */
+static const int32_t tables[SEQS][BPS] = {
+    {7, 2, 11, 0, 5},
+    {3, 14, 9, 1, 12},
+    {6, 10, 4, -1, -1},
+};
+
+static void test_blocks(void)
+{
+    int good = 1, checked = 0;
+    for (int seq = 0; seq < SEQS; seq++) {
+        /* walk the positions counting within a block, as a writer filling it would */
+        int64_t in_block = 0, b = 0;
+        for (int64_t s = 0; s < BPS * MUSE_KV_BLOCK; s++) {
+            int32_t blk = tables[seq][b];
+            for (int64_t col = 0; col < WIDTH; col += 5) {
+                int64_t want = blk < 0 ? -1 : (blk * MUSE_KV_BLOCK + in_block) * WIDTH + col;
+                int64_t got = muse_kv_block_offset(&tables[0][0], BPS, seq, s, col, WIDTH);
+                good &= got == want;
+                good &= muse_kv_offset(&tables[0][0], BPS, 0, seq, s, col, WIDTH) == want;
+                checked++;
+            }
+            if (++in_block == MUSE_KV_BLOCK) in_block = 0, b++;
+        }
+    }
+    ok(good, "block offsets of every position of %d sequences (%d checks)", SEQS, checked);
+    int64_t last = BPS * MUSE_KV_BLOCK - 1;
+    is_int(muse_kv_block_offset(&tables[0][0], BPS, 1, last, WIDTH - 1, WIDTH),
+           (12 * MUSE_KV_BLOCK + MUSE_KV_BLOCK - 1) * WIDTH + WIDTH - 1,
+           "last column of the last position of the last block");
+    is_int(muse_kv_block_offset(&tables[0][0], BPS, 2, 3 * MUSE_KV_BLOCK, 0, WIDTH), -1,
+           "a position past the reserved blocks: -1");
+    is_int(muse_kv_block_offset(&tables[0][0], BPS, 2, 3 * MUSE_KV_BLOCK - 1, 0, WIDTH),
+           (4 * MUSE_KV_BLOCK + MUSE_KV_BLOCK - 1) * WIDTH, "the last reserved position");
+}
+
+static void test_rings(void)
+{
+    const int64_t caps[] = {1, 7, 16, 33};
+    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+        int64_t cap = caps[i];
+        int good = 1;
+        for (int seq = 0; seq < SEQS; seq++) {
+            int64_t slot = 0; /* the ring's slot, advanced and wrapped by hand */
+            for (int64_t s = 0; s < 3 * cap + 5; s++) {
+                for (int64_t col = 0; col < WIDTH; col += 3) {
+                    int64_t want = (seq * cap + slot) * WIDTH + col;
+                    good &= muse_kv_ring_offset(seq, s, col, cap, WIDTH) == want;
+                    good &= muse_kv_offset(&tables[0][0], BPS, cap, seq, s, col, WIDTH) == want;
+                }
+                if (++slot == cap) slot = 0;
+            }
+        }
+        ok(good, "cap %lld: ring offsets of every position of %d sequences, wrapping 3 times",
+           (long long)cap, SEQS);
+    }
+    is_int(muse_kv_ring_offset(1, 33, 0, 33, WIDTH), muse_kv_ring_offset(1, 0, 0, 33, WIDTH),
+           "position cap reuses slot 0");
+    is_int(muse_kv_ring_offset(2, 32, 4, 33, WIDTH), (2 * 33 + 32) * WIDTH + 4,
+           "the ring's last slot");
+}
+
+static void test_window(void)
+{
+    is_int(muse_kv_window_first(0, 8), 0, "window first: empty sequence");
+    is_int(muse_kv_window_first(5, 8), 0, "window first: shorter than the window");
+    is_int(muse_kv_window_first(8, 8), 0, "window first: exactly the window");
+    is_int(muse_kv_window_first(20, 8), 12, "window first: the last 8 of 20");
+}
+
+int main(void)
+{
+    test_blocks();
+    test_rings();
+    test_window();
+    return done_testing();
+}
