@@ -314,26 +314,32 @@ MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_l
     return f_layout(shapes, n_lin, max_rows, NULL, NULL, NULL);
 }
 
-MUSE_K_API int muse_k_linear_fast(const muse_k_lin *descs, const muse_k_lin *shapes, int n_lin,
-                                  const float *x, long x_stride, long rows, int round16,
-                                  float *const y[], const long y_stride[], int epilogue, void *ws,
-                                  size_t ws_bytes, cudaStream_t st)
+MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue)
 {
-    if (rows <= 0) return 0;
-    if (n_lin < 1 || n_lin > MUSE_K_FAST_MAX_LIN || rows > 65535) return (int)cudaErrorInvalidValue;
-    if (epilogue == MUSE_K_EPI_SWIGLU && (n_lin != 2 || shapes[0].n != shapes[1].n))
-        return (int)cudaErrorInvalidValue;
+    if (n_lin < 1 || n_lin > MUSE_K_FAST_MAX_LIN) return 0;
+    if (epilogue == MUSE_K_EPI_SWIGLU && (n_lin != 2 || shapes[0].n != shapes[1].n)) return 0;
     for (int i = 0; i < n_lin; i++)
         if (!f_valid(shapes + i) || shapes[i].k != shapes[0].k ||
             shapes[i].codebook != shapes[0].codebook)
-            return (int)cudaErrorInvalidValue;
+            return 0;
+    return 1;
+}
+
+MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
+                                  const float *x, long x_stride, int round16, float *const y[],
+                                  const long y_stride[], int epilogue, void *ws, size_t ws_bytes)
+{
+    long rows = ctx->rows;
+    cudaStream_t st = ctx->st;
+    if (rows <= 0) return 0;
+    if (!muse_k_linear_fast_fits(shapes, n_lin, epilogue) || rows > 65535)
+        return (int)cudaErrorInvalidValue;
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     float *part[MUSE_K_FAST_MAX_LIN];
     if (f_layout(shapes, n_lin, rows, a, part, (unsigned char *)ws) > ws_bytes)
         return (int)cudaErrorInvalidValue;
     int target = muse_k_linear_fast_split_target();
 
-    (void)descs; /* the launches take the host copies by value: no device table to keep */
     muse_fast_prep pp;
     pp.k = shapes[0].k;
     pp.n_lin = n_lin;

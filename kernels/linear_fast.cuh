@@ -15,15 +15,16 @@ enum { MUSE_K_EPI_NONE = 0, MUSE_K_EPI_SWIGLU = 1 };
 MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_lin, long max_rows);
 
 /* y_i[R, n_i] = x[R, k] W_i for i < n_lin (up to 4 linears with the same k, one launch a step
- * for all); shapes: the host copies of the descriptors (their pointers are the device's; the
- * launches take them by value, so descs, the device array, may be NULL). Epilogue SWIGLU (n_lin 2,
- * gate then up, same n): gate and up are each rounded to fp16, y[0] = fp16(silu(gate) * up) as
- * kernels/swiglu.cu, y[1] unused. EXL3 only (dense: cudaErrorInvalidValue, the caller takes the
- * exact path); k, n multiples of 128. Returns the CUDA error code. */
-MUSE_K_API int muse_k_linear_fast(const muse_k_lin *descs, const muse_k_lin *shapes, int n_lin,
-                                  const float *x, long x_stride, long rows, int round16,
-                                  float *const y[], const long y_stride[], int epilogue, void *ws,
-                                  size_t ws_bytes, cudaStream_t st);
+ * for all) over ctx's stream and rows R; shapes: the descriptors' host copies (their pointers
+ * are the device's; the launches take them by value). Epilogue SWIGLU (n_lin 2, gate then up,
+ * same n): gate and up are each rounded to fp16, y[0] = fp16(silu(gate) * up) as
+ * kernels/swiglu.cu, y[1] unused. EXL3 only (dense: cudaErrorInvalidValue, the caller takes
+ * the exact path); k, n multiples of 128. Returns the CUDA error code. */
+MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
+                                  const float *x, long x_stride, int round16, float *const y[],
+                                  const long y_stride[], int epilogue, void *ws, size_t ws_bytes);
+/* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
+MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 
 /* Checks: the k x n fp16 bits of Wq (the decoded trellis, no scales, row-major) as the product
  * kernel's decode makes them, into w (device, k * n uint16). Returns the CUDA error code. */

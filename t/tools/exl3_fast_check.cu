@@ -134,19 +134,17 @@ static void run_exact(const weight *w, const float *x, long R, int round16, floa
     CK(muse_k_linear(&kc, w->desc, &w->shape, NULL, NULL, x, w->shape.k, round16, y, ys, wa, wt));
 }
 
-/* n_lin linears in one fast call; their descriptors must be consecutive on the device: copies */
+/* n_lin linears in one fast call (the launches take the host descriptors by value) */
 static void run_fast(weight *const *ws, int n_lin, const float *x, long R, int round16,
                      float *const *y, const long *ys, int epi)
 {
     muse_k_lin shapes[4];
     for (int i = 0; i < n_lin; i++) shapes[i] = ws[i]->shape;
-    static muse_k_lin *d_descs;
-    if (!d_descs) CK(cudaMalloc(&d_descs, 4 * sizeof(muse_k_lin)));
-    CK(cudaMemcpyAsync(d_descs, shapes, n_lin * sizeof(muse_k_lin), cudaMemcpyHostToDevice, 0));
     size_t need = muse_k_linear_fast_workspace(shapes, n_lin, R);
     void *wsp = grow(&d_ws, &ws_cap, need);
-    CK(muse_k_linear_fast(d_descs, shapes, n_lin, x, shapes[0].k, R, round16, y, ys, epi, wsp,
-                          need, 0));
+    muse_k_ctx kc = {0};
+    kc.rows = R;
+    CK(muse_k_linear_fast(&kc, shapes, n_lin, x, shapes[0].k, round16, y, ys, epi, wsp, need));
 }
 
 static std::vector<float> dl(const float *d, size_t n)

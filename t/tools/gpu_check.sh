@@ -3,7 +3,10 @@
 # parity with the CPU on the tiny packs (fp16; EXL3 at 2, 3, 4 bits in each codebook), the demo
 # pack and the medium pack, the logits tests, the serving exactness tests through nginx on
 # --backend cuda, two ranks on one GPU (--gpus 0,0), the sticky-fault test, and the first
-# benchmark tables. Needs build/gpu from
+# benchmark tables; the fast kernel path: exl3-fast-check (the tensor-core EXL3 product against
+# the exact one, batch invariance, timings), kernel-check --kernels fast (ops.t), compare with
+# --kernels-b fast and the kernels table of both paths on the one-GPU shape cut to 4 layers.
+# Needs build/gpu from
 # `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
 # ends inside the device tool's 10 minutes. GPU_CHECK_BACKEND=cpu runs the same steps on the
@@ -11,7 +14,7 @@
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
-STEPS=${GPU_CHECK_STEPS:-setup ops logits compare ranks medium serve fault bench}
+STEPS=${GPU_CHECK_STEPS:-setup fastcheck ops logits compare fastcompare shapebench sanitize ranks medium serve fault bench}
 DEADLINE=${GPU_CHECK_DEADLINE:-560} # seconds: every step ends before it
 out=${OUT:-$(mktemp -d)}
 logs=$(mktemp -d)
@@ -31,8 +34,11 @@ step() {
     timeout "$limit" "$@" >"$logs/$name.txt" 2>&1
     rc=$?
     note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
-    grep -E "^not ok|SUMMARY|rel L2 max|agreement|router margin|PASS|FAIL|^# |Result|copy" \
-        "$logs/$name.txt" | head -40 | tee -a "$sum"
+    case $name in # tables come back whole; other steps their verdict lines
+    fastcheck | shape-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
+    *) grep -E "^not ok|SUMMARY|rel L2 max|agreement|router margin|PASS|FAIL|^# |Result|copy" \
+        "$logs/$name.txt" | head -40 | tee -a "$sum" ;;
+    esac
     tar -czf "$out/logs.tar.gz" -C "$logs" . # each step's log comes back even if the call is cut
     return $rc
 }
@@ -43,8 +49,10 @@ if want setup; then
         # -u: a carried binary replaces an older one only (where build/ is newer, as on the
         # machine that built them, its own binaries are the ones to test)
         mkdir -p build/t build/nginx
+        mkdir -p build/obj/kernels
         cp -u build/gpu/muse-engine build/gpu/muse-pack build/gpu/muse-bench build/
         cp -u build/gpu/t/* build/t/ && cp -u build/gpu/nginx/ngx_muse_module.so build/nginx/
+        cp -u build/gpu/obj/*.o build/obj/kernels/ 2>/dev/null
         deb=/tmp/muse-debs
         for f in build/gpu/debs/*.deb; do dpkg -x "$f" "$deb"; done
         export LD_LIBRARY_PATH="$deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -68,7 +76,15 @@ for bits in 2 3 4; do
     done
 done
 
-want ops && MUSE_OPS_BACKEND=$B step ops 120 prove -v t/ops/ops.t
+# the fast EXL3 product alone: decode bit-identical, within bound of the exact path, batch
+# invariance at 1..256 rows, then its timings beside the exact path's (and its SASS)
+if want fastcheck && [ "$B" = cuda ]; then
+    step fastcheck-quick 60 build/t/exl3-fast-check --quick
+    step fastcheck 240 build/t/exl3-fast-check
+    command -v cuobjdump >/dev/null && [ -f build/obj/kernels/linear_fast.o ] &&
+        cuobjdump --dump-sass build/obj/kernels/linear_fast.o >"$logs/linear_fast.sass" 2>&1
+fi
+want ops && MUSE_OPS_BACKEND=$B step ops 150 prove -v t/ops/ops.t
 if want logits && [ "$B" = cuda ]; then
     step logits 60 prove -v t/ops/cuda_logits.t
     # the whole model on each EXL3 path alone (auto picks tiles from 32 rows, never for the MoE)
@@ -81,6 +97,30 @@ if want compare; then
         step "compare-$(basename "$p")" 40 build/muse-engine compare --model "$p" --tokens "$tokens" \
             --a cpu --b "$B"
     done
+fi
+
+# the fast path against the CPU: the model's bound (rel L2 2e-3, top-1 99.5%, compare's defaults)
+if want fastcompare; then
+    for p in "$packs"/q* conf/packs/demo-en; do
+        step "fastcompare-$(basename "$p")" 40 build/muse-engine compare --model "$p" --tokens "$tokens" \
+            --a cpu --b "$B" --kernels-b fast
+    done
+fi
+
+# the kernels table of both paths on the one-GPU shape cut to 4 layers and 16 experts (2 bits
+# mcg), the exact path the baseline of the fast one; copy bandwidth in the same runs
+if want shapebench; then
+    cut=(--synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg
+        --rows 1,16,256 --context 4096 --min-ms 20)
+    step shape-exact 150 build/muse-bench kernels --backend "$B" "${cut[@]}" --kernels exact \
+        --json "$logs/shape-exact.json"
+    step shape-fast 150 build/muse-bench kernels --backend "$B" "${cut[@]}" --kernels fast \
+        --baseline "$logs/shape-exact.json" --json "$logs/shape-fast.json"
+fi
+
+# the fast kernel under the memory checker (where the machine's runtime lets it run)
+if want sanitize && [ "$B" = cuda ] && command -v compute-sanitizer >/dev/null; then
+    step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
 fi
 
 # two ranks on one GPU (--gpus 0,0) against the CPU backend at --ranks 2, bitwise, on tiny-tp

@@ -4,20 +4,11 @@
 
 #include "backend/cuda/cuda_internal.h"
 
-static const char *const prof_names[PROF_OPS] = {"begin_round (host)",
-                                                 "end_round (host)",
-                                                 "embed",
-                                                 "norm",
-                                                 "add_norm",
-                                                 "linear dense",
-                                                 "linear exl3",
-                                                 "qk_norm_rope",
-                                                 "attention",
-                                                 "swiglu",
-                                                 "moe",
-                                                 "all_reduce",
-                                                 "head",
-                                                 "sample"};
+static const char *const prof_names[PROF_OPS] = {"begin_round (host)", "end_round (host)",
+#define MUSE_PROF_NAME(id, name, ...) name,
+                                                 MUSE_KERNELS(MUSE_PROF_NAME)
+#undef MUSE_PROF_NAME
+};
 
 /* Keeps the first failure with its rank and where it happened; returns -1 on failure. */
 int cuda_ok(cuda_backend *c, int rc, const char *what, const char *file, int line)
@@ -103,6 +94,8 @@ static int allocate_rank(cuda_backend *c, int r)
     muse_model_each_linear(m, exl3_size, &need);
     rk->ws_a = dalloc(c, rows_cap * need.a * sizeof(float), &mem->workspace);
     rk->ws_t = dalloc(c, rows_cap * need.t * sizeof(double), &mem->workspace);
+    if (be->kernels == MUSE_KERNELS_FAST && (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
+        rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
     rk->router_logits = dalloc(c, R * E * sizeof(float), &mem->workspace);
     rk->sel = dalloc(c, P * sizeof(int32_t), &mem->workspace);
     rk->sel_w = dalloc(c, P * sizeof(float), &mem->workspace);
@@ -412,7 +405,7 @@ static void free_rank(cuda_backend *c, int r)
 {
     cuda_rank *rk = &c->rank[r];
     cudaSetDevice(rk->device);
-    void *dev[] = {rk->lin_dev,    rk->experts,  rk->ws_a,    rk->ws_t,        rk->router_logits,
+    void *dev[] = {rk->ws_fast,    rk->lin_dev,    rk->experts,  rk->ws_a,    rk->ws_t,        rk->router_logits,
                    rk->sel_w,      rk->eg,       rk->eu,      rk->ea,          rk->zg,
                    rk->zs,         rk->xsel,     rk->raw,     rk->weights,     rk->sel,
                    rk->pair_src,   rk->red,      rk->gather,  rk->d_tokens,    rk->d_seqs,

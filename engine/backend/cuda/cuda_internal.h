@@ -31,22 +31,15 @@
 #include "kernels/sample.cuh"
 #include "model/shard.h"
 
+/* What a round's profile counts: the host's begin and end, then each kernel of the list
+ * (backend/ops.h), so a new kernel gets its line by being in the list. */
 enum {
     PROF_BEGIN,
     PROF_END,
-    PROF_EMBED,
-    PROF_NORM,
-    PROF_ADD_NORM,
-    PROF_DENSE,
-    PROF_EXL3,
-    PROF_QK,
-    PROF_ATTENTION,
-    PROF_SWIGLU,
-    PROF_MOE,
-    PROF_ALL_REDUCE,
-    PROF_HEAD,
-    PROF_SAMPLE,
-    PROF_OPS
+#define MUSE_PROF_ID(id, ...) PROF_##id,
+    MUSE_KERNELS(MUSE_PROF_ID)
+#undef MUSE_PROF_ID
+        PROF_OPS
 };
 
 /* One uploaded tensor: its host bytes and where they are in a GPU's copy of the pack. */
@@ -99,6 +92,8 @@ typedef struct {
     /* workspaces */
     float *ws_a;
     double *ws_t;
+    void *ws_fast; /* the fast path's workspace (cuda_fast.c), NULL on the exact path */
+    size_t ws_fast_bytes;
     float *router_logits, *sel_w, *eg, *eu, *ea, *zg, *zs, *xsel, *raw, *weights;
     int32_t *sel, *pair_src;
     float *red;    /* [red_floats] a rank-order sum before it is copied back (ranks > 1) */
@@ -211,6 +206,15 @@ int cuda_copy_bandwidth(muse_backend *be, size_t bytes, double *bytes_per_s, cha
 /* cuda_reduce.c: the rank-order sums */
 void reduce(cuda_backend *c, float *const parts[], long n);
 void cuda_all_reduce(muse_backend *be, muse_act x, long width);
+
+/* cuda_fast.c: the fast kernel path. The workspace rank rk's fast calls need at rows rows;
+ * whether the fast kernel takes rank views of ls on every rank (fast path, shapes: else the
+ * exact path runs); one call on rank rk (ys[i] rows at strides[i]). */
+size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows);
+int cuda_fast_fits(const cuda_backend *c, const muse_linear *const *ls, int n, int epilogue);
+void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls, int n,
+                   const float *x, long x_stride, long rows, int round16, float *const ys[],
+                   const long strides[], int epilogue);
 
 /* cuda_ops.c: the operations' table */
 extern const muse_backend_ops cuda_ops;

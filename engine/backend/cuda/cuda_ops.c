@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "kernels/linear_fast.cuh"
 
 #include "kernels/attention.cuh"
 #include "kernels/embed.cuh"
@@ -81,6 +82,10 @@ static void run_linear(cuda_backend *c, cuda_rank *rk, const muse_linear *l, con
                        long rows, int round16, float *y, long y_stride)
 {
     const muse_k_lin *d = &rk->lin[l->id];
+    if (cuda_fast_fits(c, &l, 1, MUSE_K_EPI_NONE)) {
+        cuda_fast_run(c, rk, &l, 1, x, (long)d->k, rows, round16, &y, &y_stride, MUSE_K_EPI_NONE);
+        return;
+    }
     muse_k_ctx kc = kctx(rk, rows);
     CHECK(c, muse_k_linear(&kc, rk->lin_dev + l->id, d, NULL, NULL, x, (long)d->k, round16, y,
                            y_stride, rk->ws_a, rk->ws_t));
@@ -97,7 +102,58 @@ static void cuda_linear(muse_backend *be, const muse_linear *l, muse_act x, int 
         run_linear(c, rk, l, act_r(c, x, r), c->rows, round16, act_r(c, y, r), n);
         c->act_cols[y][r] = n;
     }
-    prof_end(c, c->rank[0].lin[l->id].kind == MUSE_K_EXL3 ? PROF_EXL3 : PROF_DENSE);
+    prof_end(c, c->rank[0].lin[l->id].kind == MUSE_K_EXL3 ? PROF_LINEAR_EXL3 : PROF_LINEAR_DENSE);
+}
+
+/* The linears of one input in one fast launch a step where the fast kernel takes them all,
+ * else one linear after another (the exact path, or a shape it does not take). */
+static void cuda_linears(muse_backend *be, int n, const muse_linear *const *ls, muse_act x,
+                         int round16, const muse_act *ys)
+{
+    cuda_backend *c = cu(be);
+    if (c->failed) return;
+    if (!cuda_fast_fits(c, ls, n, MUSE_K_EPI_NONE)) {
+        muse_backend_linears_parts(be, n, ls, x, round16, ys);
+        return;
+    }
+    prof_begin(c);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        float *y[MUSE_MAX_FUSED];
+        long stride[MUSE_MAX_FUSED];
+        for (int i = 0; i < n; i++) {
+            y[i] = act_r(c, ys[i], r);
+            stride[i] = (long)rk->lin[ls[i]->id].n;
+            c->act_cols[ys[i]][r] = stride[i];
+        }
+        cuda_fast_run(c, rk, ls, n, act_r(c, x, r), (long)rk->lin[ls[0]->id].k, c->rows, round16,
+                      y, stride, MUSE_K_EPI_NONE);
+    }
+    prof_end(c, PROF_LINEARS);
+}
+
+/* gate and up with the swiglu epilogue in one fast call, else linear, linear, swiglu. */
+static void cuda_swiglu_linear(muse_backend *be, const muse_linear *gate, const muse_linear *up,
+                               muse_act x, muse_act g, muse_act u, muse_act out)
+{
+    cuda_backend *c = cu(be);
+    if (c->failed) return;
+    const muse_linear *gu[2] = {gate, up};
+    if (!cuda_fast_fits(c, gu, 2, MUSE_K_EPI_SWIGLU)) {
+        muse_backend_swiglu_linear_parts(be, gate, up, x, g, u, out);
+        return;
+    }
+    prof_begin(c);
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        long n = (long)rk->lin[gate->id].n;
+        float *y[2] = {act_r(c, out, r), NULL};
+        long stride[2] = {n, n};
+        cuda_fast_run(c, rk, gu, 2, act_r(c, x, r), (long)rk->lin[gate->id].k, c->rows, 1, y,
+                      stride, MUSE_K_EPI_SWIGLU);
+        c->act_cols[out][r] = n;
+    }
+    prof_end(c, PROF_SWIGLU_LINEAR);
 }
 
 /* Each rank normalizes the heads its buffer holds (its shard of q, of k, or all of k). */
@@ -114,7 +170,7 @@ static void cuda_qk_norm_rope(muse_backend *be, muse_act x, long heads, long hea
         CHECK(c, muse_k_qk_norm_rope(&kc, act_r(c, x, r), c->act_cols[x][r] / head_dim, head_dim,
                                      theta, (double)eps));
     }
-    prof_end(c, PROF_QK);
+    prof_end(c, PROF_QK_NORM_ROPE);
 }
 
 static muse_k_kv layer_kv(cuda_backend *c, const cuda_rank *rk, int layer)
@@ -149,7 +205,7 @@ static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, 
                                   Hq / Hkv, window, scale));
         c->act_cols[o][r] = hq * hd;
     }
-    prof_end(c, PROF_ATTENTION);
+    prof_end(c, window ? PROF_ATTN_SLIDING : PROF_ATTN_FULL);
 }
 
 static void cuda_swiglu(muse_backend *be, muse_act gate, muse_act up, long width, muse_act out)
@@ -305,8 +361,8 @@ const muse_backend_ops cuda_ops = {
     .add_norm = cuda_add_norm,
     .add_norm_norm = muse_backend_add_norm_norm_parts,
     .linear = cuda_linear,
-    .linears = muse_backend_linears_parts,
-    .swiglu_linear = muse_backend_swiglu_linear_parts,
+    .linears = cuda_linears,
+    .swiglu_linear = cuda_swiglu_linear,
     .qk_norm_rope = cuda_qk_norm_rope,
     .attention = cuda_attention,
     .swiglu = cuda_swiglu,
