@@ -94,7 +94,8 @@ static int allocate_rank(cuda_backend *c, int r)
     muse_model_each_linear(m, exl3_size, &need);
     rk->ws_a = dalloc(c, rows_cap * need.a * sizeof(float), &mem->workspace);
     rk->ws_t = dalloc(c, rows_cap * need.t * sizeof(double), &mem->workspace);
-    if (be->kernels == MUSE_KERNELS_FAST && (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
+    if (be->kernels == MUSE_KERNELS_FAST &&
+        (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
         rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
     rk->router_logits = dalloc(c, R * E * sizeof(float), &mem->workspace);
     rk->sel = dalloc(c, P * sizeof(int32_t), &mem->workspace);
@@ -405,12 +406,16 @@ static void free_rank(cuda_backend *c, int r)
 {
     cuda_rank *rk = &c->rank[r];
     cudaSetDevice(rk->device);
-    void *dev[] = {rk->ws_fast,    rk->lin_dev,    rk->experts,  rk->ws_a,    rk->ws_t,        rk->router_logits,
-                   rk->sel_w,      rk->eg,       rk->eu,      rk->ea,          rk->zg,
-                   rk->zs,         rk->xsel,     rk->raw,     rk->weights,     rk->sel,
-                   rk->pair_src,   rk->red,      rk->gather,  rk->d_tokens,    rk->d_seqs,
-                   rk->d_want,     rk->d_tables, rk->d_drawn, rk->d_positions, rk->d_draw_pos,
-                   rk->d_sampling, rk->snapshots};
+    void *dev[] = {rk->ws_fast,     rk->lin_dev,    rk->experts,
+                   rk->ws_a,        rk->ws_t,       rk->router_logits,
+                   rk->sel_w,       rk->eg,         rk->eu,
+                   rk->ea,          rk->zg,         rk->zs,
+                   rk->xsel,        rk->raw,        rk->weights,
+                   rk->sel,         rk->pair_src,   rk->red,
+                   rk->gather,      rk->d_tokens,   rk->d_seqs,
+                   rk->d_want,      rk->d_tables,   rk->d_drawn,
+                   rk->d_positions, rk->d_draw_pos, rk->d_sampling,
+                   rk->snapshots};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < c->n_acts; i++) cudaFree(c->acts[i][r]);
     if (rk->k_cache)

@@ -39,7 +39,8 @@ size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows
         if (m->cfg.mlp_kind[i] == MUSE_MLP_DENSE) {
             const muse_linear *gu[2] = {&ly->dense.gate, &ly->dense.up};
             MOST(need(rk, gu, 2, MUSE_K_EPI_SWIGLU, rows));
-            for (int j = 0; j < 2; j++) one[0] = gu[j], MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
+            for (int j = 0; j < 2; j++)
+                one[0] = gu[j], MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
             one[0] = &ly->dense.down, MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
         }
     }

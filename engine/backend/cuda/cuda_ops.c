@@ -126,8 +126,8 @@ static void cuda_linears(muse_backend *be, int n, const muse_linear *const *ls, 
             stride[i] = (long)rk->lin[ls[i]->id].n;
             c->act_cols[ys[i]][r] = stride[i];
         }
-        cuda_fast_run(c, rk, ls, n, act_r(c, x, r), (long)rk->lin[ls[0]->id].k, c->rows, round16,
-                      y, stride, MUSE_K_EPI_NONE);
+        cuda_fast_run(c, rk, ls, n, act_r(c, x, r), (long)rk->lin[ls[0]->id].k, c->rows, round16, y,
+                      stride, MUSE_K_EPI_NONE);
     }
     prof_end(c, PROF_LINEARS);
 }
