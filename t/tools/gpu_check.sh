@@ -14,7 +14,7 @@
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
-STEPS=${GPU_CHECK_STEPS:-setup fastcheck ops logits compare fastcompare shapebench sanitize ranks medium serve fault bench}
+STEPS=${GPU_CHECK_STEPS:-setup fastcheck ops logits compare fastcompare shapebench sanitize splits ranks medium serve fault bench}
 DEADLINE=${GPU_CHECK_DEADLINE:-560} # seconds: every step ends before it
 out=${OUT:-$(mktemp -d)}
 logs=$(mktemp -d)
@@ -118,6 +118,13 @@ if want shapebench; then
         --baseline "$logs/shape-exact.json" --json "$logs/shape-fast.json"
 fi
 
+# the fast product's k split: the table again at other split targets (variants of one binary)
+if want splits && [ "$B" = cuda ]; then
+    for t in 66 132 528; do
+        MUSE_FAST_SPLITS=$t step "fastcheck-target$t" 60 build/t/exl3-fast-check
+    done
+fi
+
 # the fast kernel under the memory checker (where the machine's runtime lets it run)
 if want sanitize && [ "$B" = cuda ] && command -v compute-sanitizer >/dev/null; then
     step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
@@ -152,11 +159,17 @@ fi
 if want medium; then
     step medium-pack 150 build/muse-pack --config conf/packs/medium-moe.json --out "$packs/medium" \
         --seed 5 --exl3-random 4 --codebook mul1
+    step medium-fastcompare 150 build/muse-engine compare --model "$packs/medium" \
+        --tokens "$(ids 256 32000)" --a cpu --b "$B" --kernels-b fast
     step medium-compare 150 build/muse-engine compare --model "$packs/medium" \
         --tokens "$(ids 256 32000)" --a cpu --b "$B"
 fi
 
-want serve && MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
+# serving exactness through nginx on each kernel path (the engine reads MUSE_CUDA_PATH)
+if want serve; then
+    MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast 240 prove -v t/stack/serve_exactness.t
+    MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
+fi
 want fault && step fault 60 prove -v t/stack/serve_gpu_fault.t
 
 # the first tables, with the copy bandwidth of the same run; their JSON comes back in the logs
@@ -169,6 +182,15 @@ if want bench; then
         step bench-decode 90 build/muse-bench decode --backend "$B" --model "$packs/medium" \
             --json "$logs/decode-medium.json"
     fi
+fi
+# decode on the one-GPU shape cut to 4 layers, each path (graphs as the engine runs them)
+if want decode; then
+    cut=(--synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg
+        --tokens 32 --prompt 64)
+    step decode-exact 150 build/muse-bench decode --backend "$B" "${cut[@]}" --kernels exact \
+        --json "$logs/decode-exact.json"
+    step decode-fast 150 build/muse-bench decode --backend "$B" "${cut[@]}" --kernels fast \
+        --baseline "$logs/decode-exact.json" --json "$logs/decode-fast.json"
 fi
 
 rm -rf "$packs"
