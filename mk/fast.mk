@@ -7,6 +7,7 @@ $(BUILD)/obj/kernels/linear_fast.o: NVCCFLAGS := $(filter-out -fmad=false,$(NVCC
 EXL3_FAST_CHECK := $(BUILD)/t/exl3-fast-check
 EXTRA_ALL += $(EXL3_FAST_CHECK)
 $(EXL3_FAST_CHECK): t/tools/exl3_fast_check.cu $(LIB) | $(BUILD)/t
+	@mkdir -p $(BUILD)/obj/t
 	$(NVCC_BIN) $(NVCCFLAGS) -MMD -MP -MF $(BUILD)/obj/t/exl3-fast-check.d $< $(LIB) \
 	  -lcjson -lpcre2-8 -levent_core -lm -lpthread -o $@
 endif
