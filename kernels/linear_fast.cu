@@ -314,6 +314,17 @@ MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_l
     return f_layout(shapes, n_lin, max_rows, NULL, NULL, NULL);
 }
 
+/* MUSE_FAST_SKIP (timing only, wrong results): a bitmask of the steps left out (1 prepare,
+ * 2 product, 4 finish), so a stage's share of a call is the difference of two timings. */
+static int f_skip(void)
+{
+    static const int skip = [] {
+        const char *v = getenv("MUSE_FAST_SKIP");
+        return v && *v ? atoi(v) & 7 : 0;
+    }();
+    return skip;
+}
+
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue)
 {
     if (n_lin < 1 || n_lin > MUSE_K_FAST_MAX_LIN) return 0;
@@ -344,7 +355,8 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
     pp.k = shapes[0].k;
     pp.n_lin = n_lin;
     for (int i = 0; i < n_lin; i++) pp.d[i] = shapes[i], pp.a[i] = a[i];
-    int err = muse_k_fast_prepare(&pp, x, x_stride, rows, st);
+    int skip = f_skip();
+    int err = skip & 1 ? 0 : muse_k_fast_prepare(&pp, x, x_stride, rows, st);
     if (err) return err;
 
     /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
@@ -383,7 +395,7 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
             if (err) return err;
         }
-        fn<<<(unsigned)blocks, 128, smem, st>>>(p);
+        if (!(skip & 2)) fn<<<(unsigned)blocks, 128, smem, st>>>(p);
         err = (int)cudaGetLastError();
         if (err) return err;
     }
@@ -402,7 +414,7 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
         f.y_stride[i] = y_stride[i];
         f.blk0[i + 1] = f.blk0[i] + (long)(shapes[i].n / 128);
     }
-    return muse_k_fast_finish(&f, rows, st);
+    return skip & 4 ? 0 : muse_k_fast_finish(&f, rows, st);
 }
 
 MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, cudaStream_t st)

@@ -64,6 +64,7 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, lo
     const float *pr = f.part[li] + r * n + j0;
     for (int i = threadIdx.x; i < HAD; i += 64) {
         double s = 0;
+#pragma unroll 8 /* the loads go out together; the adds keep split order */
         for (int sp = 0; sp < f.splits[li]; sp++) s += (double)pr[(long)sp * R * n + i];
         v[i] = s;
     }
