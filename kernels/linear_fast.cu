@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
         const uint32_t *bs = (const uint32_t *)(base + A_HALVES * 2);
         int64_t ktb = kt0 + (int64_t)st * FB_KC;
         int nkt = kt1 - ktb < FB_KC ? (int)(kt1 - ktb) : FB_KC;
-        for (int kk = 0; kk < nkt; kk++) {
+        /* k-tile kk of the stage: decode the warp's tiles, then every m-tile's mma in k order */
+        auto ktile = [&](int kk) {
             uint32_t bf[FB_NTW][4];
 #pragma unroll
             for (int nt = 0; nt < FB_NTW; nt++)
@@ -200,6 +201,12 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
                     f_mma(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
                 }
             }
+        };
+        if (nkt == FB_KC) { /* a full stage, unrolled: the same k-tiles in the same order */
+#pragma unroll
+            for (int kk = 0; kk < FB_KC; kk++) ktile(kk);
+        } else {
+            for (int kk = 0; kk < nkt; kk++) ktile(kk);
         }
     }
     f_cp_wait<0>();
