@@ -8,20 +8,26 @@
 
 #define HAD 128
 
-/* 128-point Sylvester Hadamard in double on v (shared), 64 threads: k_hadamard128's order */
+/* 128-point Sylvester Hadamard in double on v (shared) by threads 0..63 (k_hadamard128's
+ * order); every thread of the block reaches its barriers. */
 __device__ __forceinline__ void f_hadamard128(double *v)
 {
     int t = threadIdx.x;
+    bool on = t < 64;
     for (int h = 1; h < HAD; h <<= 1) {
         int j = (t / h) * 2 * h + t % h;
-        double a = v[j], b = v[j + h];
+        double a = on ? v[j] : 0, b = on ? v[j + h] : 0;
         __syncthreads();
-        v[j] = a + b;
-        v[j + h] = a - b;
+        if (on) {
+            v[j] = a + b;
+            v[j + h] = a - b;
+        }
         __syncthreads();
     }
-    v[t] *= 0.08838834764831844055;
-    v[t + 64] *= 0.08838834764831844055;
+    if (on) {
+        v[t] *= 0.08838834764831844055;
+        v[t + 64] *= 0.08838834764831844055;
+    }
     __syncthreads();
 }
 
@@ -37,79 +43,123 @@ __device__ __forceinline__ float f_out_scale(const muse_k_lin *d, int64_t j)
     return (d->sv[j >> 4] >> (j & 15)) & 1 ? -1.0f : 1.0f;
 }
 
-/* grid (k / 128, R, n_lin), 64 threads: a_i[r] = fp16(fp32(blockHad(x_r * suh_i))) */
-__global__ void k_fast_prepare(muse_fast_prep p, const float *x, long x_stride)
+/* grid (ceil(k / 512), R, n_lin), 128 threads: warp w of block b prepares 128-chunk 4 b + w:
+ * a_i[r] = fp16(fp32(blockHad(x_r * suh_i))). Lane l holds chunk elements 4 l .. 4 l + 3; the
+ * Hadamard's stages h = 1, 2 stay in the lane, h = 4 .. 64 pair lane l with l ^ (h / 4). Each
+ * stage forms every element as k_hadamard128 does (the lower index a + b, the upper a - b of the
+ * same pair), in double, so a is the exact path's bit for bit, with no block barrier. */
+__global__ void __launch_bounds__(128) k_fast_prepare(muse_fast_prep p, const float *x,
+                                                       long x_stride)
 {
-    __shared__ double v[HAD];
     long r = blockIdx.y;
-    int li = blockIdx.z;
+    int li = blockIdx.z, lane = threadIdx.x % 32;
+    int64_t i0 = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * HAD;
+    if (i0 >= p.k) return;
     const muse_k_lin *d = &p.d[li];
-    int64_t i0 = (int64_t)blockIdx.x * HAD;
-    const float *xr = x + r * x_stride;
-    for (int i = threadIdx.x; i < HAD; i += 64)
-        v[i] = (double)__fmul_rn(xr[i0 + i], f_in_scale(d, i0 + i));
-    __syncthreads();
-    f_hadamard128(v);
-    uint16_t *ar = p.a[li] + r * p.k;
-    for (int i = threadIdx.x; i < HAD; i += 64) ar[i0 + i] = muse_f32_to_f16((float)v[i]);
+    const float *xr = x + r * x_stride + i0;
+    double v[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        v[q] = (double)__fmul_rn(xr[4 * lane + q], f_in_scale(d, i0 + 4 * lane + q));
+#pragma unroll
+    for (int h = 1; h <= 2; h <<= 1) { /* partners in the lane: q and q ^ h */
+        double w[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) w[q] = q & h ? v[q ^ h] - v[q] : v[q] + v[q ^ h];
+#pragma unroll
+        for (int q = 0; q < 4; q++) v[q] = w[q];
+    }
+#pragma unroll
+    for (int h = 4; h < HAD; h <<= 1) { /* partners across lanes: l and l ^ (h / 4) */
+        bool upper = (lane * 4) & h;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            double o = __shfl_xor_sync(0xffffffffu, v[q], h / 4);
+            v[q] = upper ? o - v[q] : v[q] + o;
+        }
+    }
+    uint16_t *ar = p.a[li] + r * p.k + i0;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        ar[4 * lane + q] = muse_f32_to_f16((float)(v[q] * 0.08838834764831844055));
 }
 
-/* Column j of linear li at row r after step 3, from the partials of its 128-column block
- * starting at j0 (all 64 threads call it; v is the block's shared scratch). */
+/* The finish's threads: FIN_GROUPS groups of 64, group g adding the partials of splits
+ * [g S / G, (g + 1) S / G) in split order (loads of a group in flight together), then the
+ * groups' sums added in group order: a fixed order that depends on the shape alone. */
+#define FIN_GROUPS  4
+#define FIN_THREADS (64 * FIN_GROUPS)
+
+/* Column j0 + t and j0 + t + 64 (threads t < 64) of linear li at row r after step 3, from the
+ * partials of its 128-column block (all threads call it; v, gs: the block's shared scratch). */
 __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, long r, int64_t j0,
-                                              double *v, float out[2])
+                                              double *v, double (*gs)[HAD], float out[2])
 {
     int64_t n = f.n[li];
     long R = gridDim.y;
+    int t = threadIdx.x, g = t / 64, S = f.splits[li];
+    int s0 = S * g / FIN_GROUPS, s1 = S * (g + 1) / FIN_GROUPS;
     const float *pr = f.part[li] + r * n + j0;
-    for (int i = threadIdx.x; i < HAD; i += 64) {
+    for (int i = t % 64; i < HAD; i += 64) {
         double s = 0;
-#pragma unroll 8 /* the loads go out together; the adds keep split order */
-        for (int sp = 0; sp < f.splits[li]; sp++) s += (double)pr[(long)sp * R * n + i];
-        v[i] = s;
+#pragma unroll 4
+        for (int sp = s0; sp < s1; sp++) s += (double)pr[(long)sp * R * n + i];
+        gs[g][i] = s;
+    }
+    __syncthreads();
+    if (t < HAD) {
+        double s = gs[0][t];
+#pragma unroll
+        for (int q = 1; q < FIN_GROUPS; q++) s += gs[q][t];
+        v[t] = s;
     }
     __syncthreads();
     f_hadamard128(v);
     const muse_k_lin *d = &f.d[li];
-    for (int q = 0; q < 2; q++) {
-        int i = threadIdx.x + 64 * q;
-        int64_t j = j0 + i;
-        double s = v[i] * (double)f_out_scale(d, j);
-        if (d->bias) s += (double)muse_f16_to_f32(d->bias[j]);
-        out[q] = (float)s;
-    }
+    if (t < 64)
+        for (int q = 0; q < 2; q++) {
+            int i = t + 64 * q;
+            int64_t j = j0 + i;
+            double s = v[i] * (double)f_out_scale(d, j);
+            if (d->bias) s += (double)muse_f16_to_f32(d->bias[j]);
+            out[q] = (float)s;
+        }
     __syncthreads();
 }
 
-/* grid (128-column blocks of all linears, R), 64 threads. SWIGLU: the blocks of the gate only;
- * each also finishes the same columns of up, then swiglu.cu's expression. */
-__global__ void k_fast_finish(muse_fast_fin f)
+/* grid (128-column blocks of all linears, R), FIN_THREADS threads. SWIGLU: the blocks of the
+ * gate only; each also finishes the same columns of up, then swiglu.cu's expression. */
+__global__ void __launch_bounds__(FIN_THREADS) k_fast_finish(muse_fast_fin f)
 {
     __shared__ double v[HAD];
+    __shared__ double gs[FIN_GROUPS][HAD];
     long r = blockIdx.y, b = blockIdx.x;
-    int li = 0;
+    int li = 0, t = threadIdx.x;
     while (li + 1 < f.n_lin && b >= f.blk0[li + 1]) li++;
     int64_t j0 = (b - f.blk0[li]) * HAD;
-    float o[2];
-    f_finish_cols(f, li, r, j0, v, o);
+    float o[2] = {0, 0};
+    f_finish_cols(f, li, r, j0, v, gs, o);
     float *yr = f.y[li] + r * f.y_stride[li] + j0;
     if (f.epilogue == MUSE_K_EPI_SWIGLU) {
-        float u[2];
-        f_finish_cols(f, 1, r, j0, v, u);
-        for (int q = 0; q < 2; q++) {
-            double gv = muse_round_f16(o[q]);
-            float up = muse_round_f16(u[q]);
-            yr[threadIdx.x + 64 * q] = muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up));
-        }
+        float u[2] = {0, 0};
+        f_finish_cols(f, 1, r, j0, v, gs, u);
+        if (t < 64)
+            for (int q = 0; q < 2; q++) {
+                double gv = muse_round_f16(o[q]);
+                float up = muse_round_f16(u[q]);
+                yr[t + 64 * q] = muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up));
+            }
         return;
     }
-    for (int q = 0; q < 2; q++) yr[threadIdx.x + 64 * q] = f.round16 ? muse_round_f16(o[q]) : o[q];
+    if (t < 64)
+        for (int q = 0; q < 2; q++) yr[t + 64 * q] = f.round16 ? muse_round_f16(o[q]) : o[q];
 }
 
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,
                                    long rows, cudaStream_t st)
 {
-    k_fast_prepare<<<dim3((unsigned)(p->k / HAD), (unsigned)rows, (unsigned)p->n_lin), 64, 0, st>>>(
+    unsigned chunks = (unsigned)(p->k / HAD);
+    k_fast_prepare<<<dim3((chunks + 3) / 4, (unsigned)rows, (unsigned)p->n_lin), 128, 0, st>>>(
         *p, x, x_stride);
     return (int)cudaGetLastError();
 }
@@ -117,6 +167,6 @@ MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long
 MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_t st)
 {
     int blocks = (int)(f->epilogue == MUSE_K_EPI_SWIGLU ? f->blk0[1] : f->blk0[f->n_lin]);
-    k_fast_finish<<<dim3((unsigned)blocks, (unsigned)rows), 64, 0, st>>>(*f);
+    k_fast_finish<<<dim3((unsigned)blocks, (unsigned)rows), FIN_THREADS, 0, st>>>(*f);
     return (int)cudaGetLastError();
 }

@@ -121,7 +121,7 @@ fi
 
 # the fast product's k split: the table again at other split targets (variants of one binary)
 if want splits && [ "$B" = cuda ]; then
-    for t in 528 768 1056; do
+    for t in ${GPU_CHECK_SPLITS:-528 768 1056}; do
         MUSE_FAST_SPLITS=$t step "fastcheck-target$t" 60 build/t/exl3-fast-check
     done
 fi
