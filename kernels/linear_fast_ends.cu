@@ -84,11 +84,16 @@ __global__ void __launch_bounds__(128) k_fast_prepare(muse_fast_prep p, const fl
         ar[4 * lane + q] = muse_f32_to_f16((float)(v[q] * 0.08838834764831844055));
 }
 
-/* The finish's threads: FIN_GROUPS groups of 64, group g adding the partials of splits
- * [g S / G, (g + 1) S / G) in split order (loads of a group in flight together), then the
- * groups' sums added in group order: a fixed order that depends on the shape alone. */
+/* The finish's threads: G groups of 64 for a linear of S splits, group g adding the partials
+ * of splits [g S / G, (g + 1) S / G) in split order (loads of a group in flight together),
+ * then the groups' sums added in group order: a fixed order that depends on the shape alone.
+ * Few splits, few groups: at many rows the idle threads of the Hadamard cost more. */
 #define FIN_GROUPS  4
 #define FIN_THREADS (64 * FIN_GROUPS)
+__host__ __device__ __forceinline__ int f_fin_groups(int splits)
+{
+    return splits >= 16 ? 4 : splits >= 8 ? 2 : 1;
+}
 
 /* Column j0 + t and j0 + t + 64 (threads t < 64) of linear li at row r after step 3, from the
  * partials of its 128-column block (all threads call it; v, gs: the block's shared scratch). */
@@ -97,21 +102,21 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, lo
 {
     int64_t n = f.n[li];
     long R = gridDim.y;
-    int t = threadIdx.x, g = t / 64, S = f.splits[li];
-    int s0 = S * g / FIN_GROUPS, s1 = S * (g + 1) / FIN_GROUPS;
+    int t = threadIdx.x, g = t / 64, S = f.splits[li], G = f_fin_groups(S);
+    int s0 = S * g / G, s1 = S * (g + 1) / G;
     const float *pr = f.part[li] + r * n + j0;
-    for (int i = t % 64; i < HAD; i += 64) {
-        double s = 0;
+    if (g < G)
+        for (int i = t % 64; i < HAD; i += 64) {
+            double s = 0;
 #pragma unroll 4
-        for (int sp = s0; sp < s1; sp++) s += (double)pr[(long)sp * R * n + i];
-        gs[g][i] = s;
-    }
+            for (int sp = s0; sp < s1; sp++) s += (double)pr[(long)sp * R * n + i];
+            gs[g][i] = s;
+        }
     __syncthreads();
-    if (t < HAD) {
-        double s = gs[0][t];
-#pragma unroll
-        for (int q = 1; q < FIN_GROUPS; q++) s += gs[q][t];
-        v[t] = s;
+    for (int i = t; i < HAD; i += blockDim.x) { /* 64 threads or more */
+        double s = gs[0][i];
+        for (int q = 1; q < G; q++) s += gs[q][i];
+        v[i] = s;
     }
     __syncthreads();
     f_hadamard128(v);
@@ -167,6 +172,9 @@ MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long
 MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_t st)
 {
     int blocks = (int)(f->epilogue == MUSE_K_EPI_SWIGLU ? f->blk0[1] : f->blk0[f->n_lin]);
-    k_fast_finish<<<dim3((unsigned)blocks, (unsigned)rows), FIN_THREADS, 0, st>>>(*f);
+    int groups = 1; /* the most any linear of the launch takes */
+    for (int i = 0; i < f->n_lin; i++)
+        if (f_fin_groups(f->splits[i]) > groups) groups = f_fin_groups(f->splits[i]);
+    k_fast_finish<<<dim3((unsigned)blocks, (unsigned)rows), 64 * groups, 0, st>>>(*f);
     return (int)cudaGetLastError();
 }
