@@ -52,7 +52,6 @@
       "x[R,W] = the sum over ranks of every rank's x, in rank order (one rank: nothing)")          \
     X(head, (muse_backend * be, muse_act x, muse_act logits),                                      \
       "logits[N,V] of the wanted rows of x[R,H] (already normed): head, multiplier, softcap")      \
-    X(scale, (muse_backend * be, muse_act x, long width, float s), "x[R,W] *= s, fp32")            \
     X(sample, (muse_backend * be, muse_act logits),                                                \
       "draws wanted row i's token from logits row i with the round's sampling[i]")
 
@@ -114,8 +113,6 @@
       0, 0, sample)                                                                                \
     K(ALL_REDUCE, "all_reduce", "all_reduce", "kernels/all_reduce.cu", NULL,                       \
       "cpu all_reduce: ranks summed in rank order", "hidden", 0, 0, all_reduce)                    \
-    K(SCALE, "scale", "scale", "kernels/scale.cu", NULL, "cpu scale: x *= s, fp32", "hidden", 0,   \
-      0, scale)                                                                                    \
     K(FORWARD, "forward plan", "begin_round..end_round", "(every kernel)", NULL,                   \
       "the same backend unpadded (exact_rows), chunked, and with graphs, eager launches",          \
       "vocab logits", 0, 0, NULL)

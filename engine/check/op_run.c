@@ -332,15 +332,6 @@ static void sample_call(muse_op_acts *s, const muse_op_case *k)
     s->be->ops->sample(s->be, muse_op_act(s, (long)s->be->model->head.n, 1));
 }
 
-static void scale_inputs(muse_op_acts *s, const muse_op_case *k, const int64_t *ids, long M)
-{
-    muse_op_write_inputs(s, muse_op_act(s, k->in_width, 0), 26, ids, M, k->in_width, 0);
-}
-static void scale_call(muse_op_acts *s, const muse_op_case *k)
-{
-    s->be->ops->scale(s->be, muse_op_act(s, k->in_width, 0), k->in_width, 0.75f);
-}
-
 /* .round16: the output is rounded to fp16 (the fast path's bound; add_norm_norm's h is not:
  * the fp16 bound over both); .reads, .writes: rows for the bench's generic bytes */
 static const muse_op_run run_none = {0};
@@ -380,9 +371,6 @@ static const muse_op_run run_head = {
     .inputs = head_inputs, .call = head_call, .output = head_output};
 static const muse_op_run run_sample = {
     .inputs = sample_inputs, .call = sample_call, .output = NULL, .round16 = 1};
-
-static const muse_op_run run_scale = {
-    .inputs = scale_inputs, .call = scale_call, .output = out0_output};
 
 #define run_NULL run_none
 static const muse_op_run *const runs[MUSE_K_COUNT] = {

@@ -579,16 +579,6 @@ static void cpu_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_a
 }
 
 /* x = x_0 + x_1 + ... in rank order, then every rank holds the sum. */
-/* every rank's copy of x, one fp32 product an element */
-static void cpu_scale(muse_backend *be, muse_act x, long width, float s)
-{
-    cpu_backend *c = cpu(be);
-    for (int r = 0; r < c->n_ranks; r++) {
-        float *xr = act_r(c, x, r);
-        for (long i = 0; i < c->rows * width; i++) xr[i] *= s;
-    }
-}
-
 static void cpu_all_reduce(muse_backend *be, muse_act x, long width)
 {
     cpu_backend *c = cpu(be);
@@ -838,7 +828,6 @@ static const muse_backend_ops cpu_ops = {
     .swiglu = cpu_swiglu,
     .moe = cpu_moe,
     .all_reduce = cpu_all_reduce,
-    .scale = cpu_scale,
     .head = cpu_head,
     .sample = cpu_sample,
     .snapshot_save = cpu_snapshot_save,

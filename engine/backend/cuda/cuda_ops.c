@@ -14,7 +14,6 @@
 #include "kernels/norm.cuh"
 #include "kernels/qk_rope.cuh"
 #include "kernels/sample.cuh"
-#include "kernels/scale.cuh"
 #include "kernels/swiglu.cuh"
 
 /* Every rank embeds from its GPU's copy: the same bits on each (the replicated stream). */
@@ -349,20 +348,6 @@ static void cuda_sample(muse_backend *be, muse_act logits)
     prof_end(c, PROF_SAMPLE);
 }
 
-/* every rank's copy of x on its stream */
-static void cuda_scale(muse_backend *be, muse_act x, long width, float s)
-{
-    cuda_backend *c = cu(be);
-    if (c->failed) return;
-    prof_begin(c);
-    for (int r = 0; r < c->n_ranks; r++) {
-        cuda_rank *rk = on(c, r);
-        muse_k_ctx kc = kctx(rk, c->rows);
-        CHECK(c, muse_k_scale(&kc, act_r(c, x, r), width, s));
-    }
-    prof_end(c, PROF_SCALE);
-}
-
 const muse_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -385,7 +370,6 @@ const muse_backend_ops cuda_ops = {
     .all_reduce = cuda_all_reduce,
     .head = cuda_head,
     .sample = cuda_sample,
-    .scale = cuda_scale,
     .snapshot_save = cuda_snapshot_save,
     .snapshot_load = cuda_snapshot_load,
     .copy_bandwidth = cuda_copy_bandwidth,
