@@ -1,8 +1,8 @@
 /* The one list of the seam: the round operations (the slots of muse_backend_ops, backend.h)
  * and the kernels that implement them (the registry's rows, engine/check/, the profile names
  * of a device backend, the check and bench dispatch and kernels/CONTRACT.md's table). A new or
- * fused operation is a line in each list here, its wrapper in each backend and its case in
- * engine/check/ops_check.c (docs/gpu.md, "Adding a kernel"). Included by backend.h only. */
+ * fused operation is a line in each list here, its wrapper in each backend and its case record
+ * in engine/check/op_run.c (docs/gpu.md, "Adding a kernel"). Included by backend.h only. */
 #ifndef MUSE_BACKEND_OPS_H
 #define MUSE_BACKEND_OPS_H
 
@@ -62,7 +62,9 @@
 /* K(ID, name, op, kernel files, fast kernel files or NULL (the fast path runs the exact one),
  *   the CPU reference it must equal, the widths it is checked at, exact bound (rel L2 against
  *   the CPU; 0 bitwise), fast bound (rel L2 against the exact path; 0 bitwise;
- *   MUSE_TOL_BY_OUTPUT), its case in engine/check (NULL: a check of its own)) */
+ *   MUSE_TOL_BY_OUTPUT), its case record run_<name> in engine/check/op_run.c (NULL: a check of
+ *   its own)). Widths exactly "hidden" and no case written in op_cases.c: one case at the
+ *   hidden width, named as the entry, made from this line alone. */
 #define MUSE_KERNELS(K)                                                                            \
     K(EMBED, "embed", "embed", "kernels/embed.cu", NULL, "cpu embed: rms(embed[tokens]), fp32",    \
       "hidden", 1e-6, MUSE_TOL_BY_OUTPUT, embed)                                                   \

@@ -94,19 +94,17 @@ double bench_op_bytes(const muse_model *m, const muse_op_case *k, long R, int64_
     case MUSE_K_LINEAR_EXL3:
     case MUSE_K_HEAD:
         return linear_bytes(k->arg, R);
-    case MUSE_K_QK_NORM_ROPE:
-        return 2.0 * r * W * 4;
     case MUSE_K_ATTN_FULL:
     case MUSE_K_ATTN_SLIDING:
         return attention_bytes(c, (int)k->param, R, ctx);
-    case MUSE_K_SWIGLU:
-        return 3.0 * r * W * 4;
     case MUSE_K_MOE:
         return moe_bytes(m, k->arg, R);
     case MUSE_K_SAMPLE:
         return r * W * 4;
+    case MUSE_K_ALL_REDUCE:
+        return 0; /* one rank moves nothing */
     default:
-        return 0; /* all_reduce on one rank moves nothing */
+        return muse_op_io_bytes(k, R); /* a simple op: its fp32 rows in and out */
     }
 }
 
@@ -167,132 +165,19 @@ typedef struct {
     muse_sampling sp[4096];
 } bench_run;
 
-static muse_act slot(bench_run *b, long width, int s)
-{
-    return muse_op_act(&b->acts, width, s);
-}
-
-/* The inputs op k reads, written once: the values do not change what a call costs. */
+/* The inputs op k reads, written once through its record (check/op_run.c): the values do not
+ * change what a call costs. */
 static void prepare(bench_run *b, const muse_op_case *k)
 {
-    const muse_config *c = &b->m->cfg;
-    long R = b->R, H = (long)c->hidden_size, N = (long)b->m->head.n, W = k->in_width;
-    long Q = (long)(c->n_heads * c->head_dim), KV = (long)(c->n_kv_heads * c->head_dim);
     int64_t ids[4096];
-    for (long r = 0; r < R; r++) ids[r] = b->ctx + r;
-    muse_op_acts *a = &b->acts;
-    switch (k->kid) {
-    case MUSE_K_NORM:
-    case MUSE_K_QK_NORM_ROPE:
-        muse_op_write_inputs(a, slot(b, W, 0), 11, ids, R, W, 1);
-        break;
-    case MUSE_K_ADD_NORM:
-    case MUSE_K_ADD_NORM_NORM:
-        muse_op_write_inputs(a, slot(b, W, 0), 12, ids, R, W, 0);
-        muse_op_write_inputs(a, slot(b, W, 1), 13, ids, R, W, 0);
-        slot(b, W, 2);
-        break;
-    case MUSE_K_LINEARS:
-        muse_op_write_inputs(a, slot(b, W, 0), 14, ids, R, W, 1);
-        slot(b, Q, 2), slot(b, Q, 3), slot(b, KV, 2), slot(b, KV, 3);
-        break;
-    case MUSE_K_SWIGLU_LINEAR:
-        muse_op_write_inputs(a, slot(b, W, 0), 14, ids, R, W, 1);
-        for (int s = 2; s < 5; s++) slot(b, k->out_width, s);
-        break;
-    case MUSE_K_LINEAR_DENSE:
-    case MUSE_K_LINEAR_EXL3:
-    case MUSE_K_SWIGLU:
-    case MUSE_K_MOE:
-    case MUSE_K_HEAD:
-        muse_op_write_inputs(a, slot(b, W, 0), 14, ids, R, W, 1);
-        muse_op_write_inputs(a, slot(b, W, 1), 15, ids, R, W, 1);
-        slot(b, k->kid == MUSE_K_HEAD ? N : k->out_width, 2); /* allocated before any round */
-        break;
-    case MUSE_K_ATTN_FULL:
-    case MUSE_K_ATTN_SLIDING:
-        for (int s = 0; s < 3; s++) muse_op_write_inputs(a, slot(b, Q, s), 21 + s, ids, R, Q, 1);
-        for (int s = 3; s < 5; s++) muse_op_write_inputs(a, slot(b, KV, s), 21 + s, ids, R, KV, 1);
-        break;
-    case MUSE_K_SAMPLE: {
-        float *x = MUSE_CALLOC((size_t)(R * N), sizeof *x);
-        for (long r = 0; r < R; r++) muse_op_fill_row(25, ids[r], W, 0, x + r * N);
-        b->acts.be->ops->write(b->acts.be, slot(b, N, 0), x, R);
-        free(x);
-        break;
-    }
-    default:
-        slot(b, H, 0);
-        break; /* embed writes slot 0 */
-    }
+    for (long r = 0; r < b->R; r++) ids[r] = b->ctx + r;
+    muse_op_run_of(k->kid)->inputs(&b->acts, k, ids, b->R);
 }
 
 /* One call of op k, inside a round (nothing allocated: prepare did it). */
 static void call(bench_run *b, const muse_op_case *k)
 {
-    muse_backend *be = b->acts.be;
-    const muse_backend_ops *o = be->ops;
-    const muse_config *c = &b->m->cfg;
-    long W = k->in_width, N = (long)b->m->head.n;
-    long Q = (long)(c->n_heads * c->head_dim), KV = (long)(c->n_kv_heads * c->head_dim);
-    switch (k->kid) {
-    case MUSE_K_EMBED:
-        o->embed(be, slot(b, W, 0));
-        break;
-    case MUSE_K_NORM:
-        o->norm(be, slot(b, W, 0), W, k->arg, (muse_norm_weight)(k->param % 3),
-                (float)c->rms_norm_eps, (int)(k->param / 3), slot(b, W, 1));
-        break;
-    case MUSE_K_ADD_NORM:
-        o->add_norm(be, slot(b, W, 0), slot(b, W, 1), W, k->arg, (float)c->post_norm_eps);
-        break;
-    case MUSE_K_ADD_NORM_NORM:
-        o->add_norm_norm(be, slot(b, W, 0), slot(b, W, 1), W, k->arg, (float)c->post_norm_eps,
-                         &b->m->layers[0].pre_ff_norm, MUSE_NORM_PLUS1, (float)c->rms_norm_eps,
-                         slot(b, W, 2));
-        break;
-    case MUSE_K_LINEARS: {
-        const muse_layer *l0 = k->arg;
-        const muse_linear *ls[4] = {&l0->q, &l0->k, &l0->v, &l0->gate};
-        const muse_act ys[4] = {slot(b, Q, 2), slot(b, KV, 2), slot(b, KV, 3), slot(b, Q, 3)};
-        o->linears(be, 4, ls, slot(b, W, 0), 1, ys);
-        break;
-    }
-    case MUSE_K_SWIGLU_LINEAR: {
-        const muse_mlp *p = k->arg;
-        long I = k->out_width;
-        o->swiglu_linear(be, &p->gate, &p->up, slot(b, W, 0), slot(b, I, 2), slot(b, I, 3),
-                         slot(b, I, 4));
-        break;
-    }
-    case MUSE_K_LINEAR_DENSE:
-    case MUSE_K_LINEAR_EXL3:
-        o->linear(be, k->arg, slot(b, W, 0), (int)k->param, slot(b, k->out_width, 2));
-        break;
-    case MUSE_K_QK_NORM_ROPE:
-        o->qk_norm_rope(be, slot(b, W, 0), W / (long)c->head_dim, (long)c->head_dim,
-                        c->rope_theta_layer[k->param], (float)c->rms_norm_eps);
-        break;
-    case MUSE_K_ATTN_FULL:
-    case MUSE_K_ATTN_SLIDING:
-        o->attention(be, (int)k->param, slot(b, Q, 0), slot(b, KV, 3), slot(b, KV, 4),
-                     slot(b, Q, 1), slot(b, Q, 2));
-        break;
-    case MUSE_K_SWIGLU:
-        o->swiglu(be, slot(b, W, 0), slot(b, W, 1), W, slot(b, W, 2));
-        break;
-    case MUSE_K_MOE:
-        o->moe(be, k->arg, slot(b, W, 0), slot(b, W, 2));
-        break;
-    case MUSE_K_HEAD:
-        o->head(be, slot(b, W, 0), slot(b, N, 2));
-        break;
-    case MUSE_K_SAMPLE:
-        o->sample(be, slot(b, N, 0));
-        break;
-    default:
-        break;
-    }
+    muse_op_run_of(k->kid)->call(&b->acts, k);
 }
 
 /* Seconds of one round of `calls` calls of k (k NULL: an empty round); -1 on a device error. */

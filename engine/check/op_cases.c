@@ -104,6 +104,20 @@ static int attention_cases(const muse_model *m, muse_op_case *cs, int n, int i)
     return add_case(cs, n, name, full ? MUSE_K_ATTN_FULL : MUSE_K_ATTN_SLIDING, Q, Q, NULL, i);
 }
 
+/* The list's convention (ops.h): an entry whose widths are "hidden" and has no case above is
+ * one case at the hidden width, named as the entry, so a simple op needs no line here. */
+static int hidden_cases(muse_op_case *cs, int n, long H)
+{
+    size_t n_reg;
+    const muse_kernel_entry *reg = muse_kernel_registry(&n_reg);
+    for (size_t r = 0; r < n_reg; r++) {
+        int have = !strcmp(reg[r].widths, "hidden") && muse_op_run_of(reg[r].id) ? 0 : 1;
+        for (int i = 0; i < n && !have; i++) have = cs[i].kid == reg[r].id;
+        if (!have) n = add_case(cs, n, reg[r].name, reg[r].id, H, H, NULL, 0);
+    }
+    return n;
+}
+
 int muse_op_cases(const muse_model *m, muse_op_case *cs)
 {
     const muse_config *c = &m->cfg;
@@ -161,7 +175,7 @@ int muse_op_cases(const muse_model *m, muse_op_case *cs)
             n = add_case(cs, n, name, MUSE_K_MOE, H, H, ly, 0);
         }
     }
-    n = add_case(cs, n, "all_reduce", MUSE_K_ALL_REDUCE, H, H, NULL, 0);
+    n = hidden_cases(cs, n, H);
     n = add_case(cs, n, "head", MUSE_K_HEAD, H, (long)c->vocab_size, &m->head, 0);
     n = add_case(cs, n, "sample", MUSE_K_SAMPLE, (long)c->vocab_size, 1, NULL, 0);
     return n;

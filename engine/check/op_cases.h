@@ -24,7 +24,8 @@ typedef struct {
 /* Every case of m in registry order of first use: embed, six norm modes, add_norm, every
  * distinct linear shape of a layer (q, k, v, g, o, dense and expert gate/up/down, shared
  * experts), qk_norm_rope and attention of the first full and first sliding layer, swiglu, moe,
- * all_reduce, head, sample. Returns the count (at most MUSE_OP_MAX_CASES). */
+ * one case a "hidden" entry written nowhere else (all_reduce; ops.h), head, sample. Returns the
+ * count (at most MUSE_OP_MAX_CASES). */
 int muse_op_cases(const muse_model *m, muse_op_case *cs);
 
 /* A backend's activations by width, MUSE_OP_SLOTS a width, allocated on first use. */
@@ -44,5 +45,39 @@ void muse_op_fill_row(uint64_t seed, int64_t id, long width, int round16, float 
 /* Writes rows ids[0..M) of muse_op_fill_row into activation a (outside a round). */
 void muse_op_write_inputs(muse_op_acts *s, muse_act a, uint64_t seed, const int64_t *ids, long M,
                           long W, int round16);
+/* Inputs of an op that reads a rank's slice of its input (an input-split linear, attention's
+ * q and g) with several ranks: each row's columns [lo, lo + w) packed at stride w, which is how
+ * the op reads rank 0's share of a replicated buffer (write gives every rank the whole rows), so
+ * rank 0 computes its true partial and every row depends on that row alone. */
+void muse_op_write_sliced(muse_op_acts *s, muse_act a, uint64_t seed, const int64_t *ids, long M,
+                          long W, long lo, long w);
+/* Rows [0, rows) of a set to a NaN: an output the op must overwrite. */
+void muse_op_poison(muse_op_acts *s, muse_act a, long width, long rows);
+/* Rows [0, M) of a, W values each, into out[M, W]. */
+void muse_op_read(muse_op_acts *s, muse_act a, long M, long W, float *out);
+
+/* How a case runs (op_run.c, a record a kernel: the list's last column names run_<name>),
+ * shared by the checker (inputs, a round around call, output) and the bench (inputs once, call
+ * inside its timed rounds). */
+typedef struct {
+    /* writes the case's inputs for rows ids (outside a round), poisons its outputs; every
+     * activation the case uses is allocated here, none in call */
+    void (*inputs)(muse_op_acts *s, const muse_op_case *k, const int64_t *ids, long M);
+    /* the op calls only, inside a round */
+    void (*call)(muse_op_acts *s, const muse_op_case *k);
+    /* the case's output rows into out[M, out_width] (NULL: the checker reads its own) */
+    void (*output)(muse_op_acts *s, const muse_op_case *k, long M, float *out);
+    int round16;                              /* the output is fp16-rounded (the fast bound) */
+    int (*round16_of)(const muse_op_case *k); /* ... where the case says (NULL: round16) */
+    int reads, writes; /* fp32 rows of in_width read, of out_width written (0: 1), the bench's
+                        * floor where it has no rule of its own */
+} muse_op_run;
+
+/* The record of a kernel; NULL where the list names none. */
+const muse_op_run *muse_op_run_of(muse_kernel_id kid);
+/* Whether case k's output is rounded to fp16. */
+int muse_op_round16(const muse_op_case *k);
+/* The generic bytes of case k at R rows: its fp32 rows in and out. */
+double muse_op_io_bytes(const muse_op_case *k, long R);
 
 #endif

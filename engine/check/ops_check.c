@@ -28,14 +28,6 @@ static const muse_ops_check_opts *opts_g; /* the ranks and devices of every back
 /* one side of a comparison: a backend and its activations by width (op_cases.h) */
 typedef muse_op_acts side;
 
-static void poison(side *s, muse_act a, long width, long rows)
-{
-    float *p = MUSE_MALLOC((size_t)(rows * width) * sizeof *p);
-    for (long i = 0; i < rows * width; i++) p[i] = muse_bits_to_f32(0x7fc0beefu); /* a NaN */
-    s->be->ops->write(s->be, a, p, rows);
-    free(p);
-}
-
 /* ---- a case: one op on rows with global ids, out[M, out_width] ---- */
 typedef struct op_case op_case;
 typedef void (*case_fn)(side *s, const op_case *k, const int64_t *ids, long M, float *out);
@@ -44,10 +36,11 @@ struct op_case {
     muse_kernel_id kid;
     long in_width, out_width;
     case_fn fn;
-    const void *arg;  /* the weight or layer */
-    long param;       /* mode, heads, layer */
-    double tol;       /* relative L2 against the reference */
-    int rows_related; /* attention: rows of one sequence (checked prompt == decode instead) */
+    const muse_op_case *oc; /* the shared case (op_cases.h), its record's argument */
+    const void *arg;        /* the weight or layer */
+    long param;             /* mode, heads, layer */
+    double tol;             /* relative L2 against the reference */
+    int rows_related;       /* attention: rows of one sequence (checked prompt == decode instead) */
 };
 
 static void round_begin(side *s, const int64_t *ids, long M, int seq, const int64_t *pos)
@@ -72,216 +65,15 @@ static void round_end(side *s)
     MUSE_CHECK(s->be->ops->end_round(s->be, &out, &e) == 0);
 }
 
-/* Inputs of an op that reads a rank's slice of its input (an input-split linear, attention's
- * q and g) with several ranks: each row's columns [lo, lo + w) packed at stride w, which is how
- * the op reads rank 0's share of a replicated buffer (write gives every rank the whole rows), so
- * rank 0 computes its true partial and every row depends on that row alone. */
-static void write_sliced(side *s, muse_act a, uint64_t seed, const int64_t *ids, long M, long W,
-                         long lo, long w)
+/* A case through its record (op_run.c): inputs, one round around the call, the output. */
+static void case_run(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
-    float *x = MUSE_MALLOC((size_t)(M * W) * sizeof *x),
-          *row = MUSE_MALLOC((size_t)W * sizeof *row);
-    for (long r = 0; r < M * W; r++) x[r] = 0.5f;
-    for (long r = 0; r < M; r++) {
-        muse_op_fill_row(seed, ids[r], W, 1, row);
-        memcpy(x + r * w, row + lo, (size_t)w * sizeof *x);
-    }
-    s->be->ops->write(s->be, a, x, M);
-    free(row);
-    free(x);
-}
-
-static void read_out(side *s, muse_act a, long M, long W, float *out)
-{
-    long aw = W; /* the head's output is [M, V] inside an [M, N] buffer */
-    float *tmp = MUSE_MALLOC((size_t)(s->be->opts.max_rows * (aw + 128)) * sizeof *tmp);
-    s->be->ops->read(s->be, a, tmp, M);
-    memcpy(out, tmp, (size_t)(M * W) * sizeof *out);
-    free(tmp);
-}
-
-static void case_embed(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    muse_act o = muse_op_act(s, k->out_width, 0);
-    poison(s, o, k->out_width, M);
+    const muse_op_run *r = muse_op_run_of(k->kid);
+    r->inputs(s, k->oc, ids, M);
     round_begin(s, ids, M, 0, NULL);
-    s->be->ops->embed(s->be, o);
+    r->call(s, k->oc);
     round_end(s);
-    read_out(s, o, M, k->out_width, out);
-}
-
-static void case_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    long W = k->in_width;
-    muse_act x = muse_op_act(s, W, 0), o = muse_op_act(s, W, 1);
-    muse_op_write_inputs(s, x, 11, ids, M, W, 0);
-    poison(s, o, W, M);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->norm(s->be, x, W, k->arg, (muse_norm_weight)(k->param % 3), 1e-5f,
-                     (int)(k->param / 3), o);
-    round_end(s);
-    read_out(s, o, M, W, out);
-}
-
-static void case_add_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    long W = k->in_width;
-    muse_act h = muse_op_act(s, W, 0), y = muse_op_act(s, W, 1);
-    muse_op_write_inputs(s, h, 12, ids, M, W, 0);
-    muse_op_write_inputs(s, y, 13, ids, M, W, 0);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->add_norm(s->be, h, y, W, k->arg, 1e-6f);
-    round_end(s);
-    read_out(s, h, M, W, out);
-}
-
-static void case_linear(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    const muse_linear *l = k->arg;
-    muse_act x = muse_op_act(s, (long)l->k, 0), y = muse_op_act(s, (long)l->n, 1);
-    int ranks = s->be->n_ranks;
-    if (ranks > 1 && l->shard == MUSE_SHARD_INPUT) {
-        int64_t lo, hi;
-        muse_shard_range(s->be->model, l, 0, ranks, &lo, &hi);
-        write_sliced(s, x, 14, ids, M, (long)l->k, (long)lo, (long)(hi - lo));
-    } else {
-        muse_op_write_inputs(s, x, 14, ids, M, (long)l->k, 1); /* fp16 activations in */
-    }
-    poison(s, y, (long)l->n, M);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->linear(s->be, l, x, (int)k->param, y);
-    round_end(s);
-    read_out(s, y, M, (long)l->n, out);
-}
-
-static void case_qk(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    const muse_config *c = &s->be->model->cfg;
-    long W = k->in_width, heads = W / (long)c->head_dim;
-    muse_act x = muse_op_act(s, W, 0);
-    muse_op_write_inputs(s, x, 15, ids, M, W, 1);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->qk_norm_rope(s->be, x, heads, (long)c->head_dim, c->rope_theta_layer[k->param],
-                             1e-5f);
-    round_end(s);
-    read_out(s, x, M, W, out);
-}
-
-static void case_swiglu(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    long W = k->in_width;
-    muse_act g = muse_op_act(s, W, 0), u = muse_op_act(s, W, 1), o = muse_op_act(s, W, 2);
-    muse_op_write_inputs(s, g, 16, ids, M, W, 1);
-    muse_op_write_inputs(s, u, 17, ids, M, W, 1);
-    poison(s, o, W, M);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->swiglu(s->be, g, u, W, o);
-    round_end(s);
-    read_out(s, o, M, W, out);
-}
-
-static void case_moe(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    long H = k->in_width;
-    muse_act b = muse_op_act(s, H, 0), y = muse_op_act(s, H, 1);
-    muse_op_write_inputs(s, b, 18, ids, M, H, 1);
-    poison(s, y, H, M);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->moe(s->be, k->arg, b, y);
-    round_end(s);
-    read_out(s, y, M, H, out);
-}
-
-static void case_all_reduce(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    long H = k->in_width;
-    muse_act x = muse_op_act(s, H, 0);
-    muse_op_write_inputs(s, x, 19, ids, M, H, 0);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->all_reduce(s->be, x, H);
-    round_end(s);
-    read_out(s, x, M, H, out);
-}
-
-static void case_head(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    const muse_model *m = s->be->model;
-    long H = (long)m->cfg.hidden_size, N = (long)m->head.n;
-    muse_act x = muse_op_act(s, H, 0), lg = muse_op_act(s, N, 0);
-    muse_op_write_inputs(s, x, 20, ids, M, H, 1);
-    poison(s, lg, N, M);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->head(s->be, x, lg);
-    round_end(s);
-    read_out(s, lg, M, k->out_width, out);
-}
-
-/* add_norm then the next norm (1+w, fp16 out): the normed output, then h, side by side */
-static void case_add_norm_norm(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    long W = k->in_width;
-    muse_act h = muse_op_act(s, W, 0), y = muse_op_act(s, W, 1), o = muse_op_act(s, W, 2);
-    muse_op_write_inputs(s, h, 12, ids, M, W, 0);
-    muse_op_write_inputs(s, y, 13, ids, M, W, 0);
-    poison(s, o, W, M);
-    const muse_layer *l0 = &s->be->model->layers[0];
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->add_norm_norm(s->be, h, y, W, k->arg, 1e-6f, &l0->pre_ff_norm, MUSE_NORM_PLUS1,
-                              1e-5f, o);
-    round_end(s);
-    float *t = MUSE_MALLOC((size_t)(M * W) * sizeof *t),
-          *hh = MUSE_MALLOC((size_t)(M * W) * sizeof *hh);
-    read_out(s, o, M, W, t);
-    read_out(s, h, M, W, hh);
-    for (long r = 0; r < M; r++) { /* row r: [normed | h], so each row of out depends on r alone */
-        memcpy(out + r * 2 * W, t + r * W, (size_t)W * sizeof *t);
-        memcpy(out + r * 2 * W + W, hh + r * W, (size_t)W * sizeof *t);
-    }
-    free(t);
-    free(hh);
-}
-
-/* The linears of one input (q, k, v, gate of layer 0): each row's outputs side by side. */
-static void case_linears(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    const muse_layer *l0 = k->arg;
-    const muse_linear *ls[4] = {&l0->q, &l0->k, &l0->v, &l0->gate};
-    long K = (long)l0->q.k;
-    muse_act x = muse_op_act(s, K, 0), ys[4];
-    for (int i = 0; i < 4; i++) {
-        ys[i] = muse_op_act(s, (long)ls[i]->n, i + 1 < MUSE_OP_SLOTS ? i + 1 : 0);
-        for (int j = 0; j < i; j++) MUSE_CHECK(ys[i] != ys[j] && ys[i] != x);
-    }
-    muse_op_write_inputs(s, x, 14, ids, M, K, 1);
-    for (int i = 0; i < 4; i++) poison(s, ys[i], (long)ls[i]->n, M);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->linears(s->be, 4, ls, x, 1, ys);
-    round_end(s);
-    long at = 0;
-    for (int i = 0; i < 4; i++) {
-        long n = (long)ls[i]->n;
-        float *t = MUSE_MALLOC((size_t)(M * n) * sizeof *t);
-        read_out(s, ys[i], M, n, t);
-        for (long r = 0; r < M; r++)
-            memcpy(out + r * k->out_width + at, t + r * n, (size_t)n * sizeof *t);
-        at += n;
-        free(t);
-    }
-}
-
-/* gate and up with the swiglu epilogue, of the MLP in arg */
-static void case_swiglu_linear(side *s, const op_case *k, const int64_t *ids, long M, float *out)
-{
-    const muse_mlp *p = k->arg;
-    long K = (long)p->gate.k, I = (long)p->gate.n;
-    muse_act x = muse_op_act(s, K, 0);
-    muse_act g = muse_op_act(s, I, 1), u = muse_op_act(s, I, 2), o = muse_op_act(s, I, 3);
-    muse_op_write_inputs(s, x, 25, ids, M, K, 1);
-    poison(s, o, I, M);
-    round_begin(s, ids, M, 0, NULL);
-    s->be->ops->swiglu_linear(s->be, &p->gate, &p->up, x, g, u, o);
-    round_end(s);
-    read_out(s, o, M, I, out);
+    r->output(s, k->oc, M, out);
 }
 
 /* Attention over one sequence: M rows at positions 0 .. M-1 of a fresh slot, or (param2) the
@@ -300,15 +92,15 @@ static void attention_rows(side *s, const op_case *k, long M, int seq, int one_b
         int64_t ids[4096], pos[4096];
         for (long r = 0; r < step; r++) ids[r] = pos[r] = at + r;
         long hq = Q / s->be->n_ranks; /* rank 0's query heads [0, hq / head_dim) */
-        write_sliced(s, q, 21, ids, step, Q, 0, hq);
-        write_sliced(s, g, 22, ids, step, Q, 0, hq);
+        muse_op_write_sliced(s, q, 21, ids, step, Q, 0, hq);
+        muse_op_write_sliced(s, g, 22, ids, step, Q, 0, hq);
         muse_op_write_inputs(s, kk, 23, ids, step, KV, 1);
         muse_op_write_inputs(s, v, 24, ids, step, KV, 1);
-        poison(s, o, Q, step);
+        muse_op_poison(s, o, Q, step);
         round_begin(s, ids, step, seq, pos);
         s->be->ops->attention(s->be, layer, q, kk, v, g, o);
         round_end(s);
-        read_out(s, o, step, Q, out + at * Q);
+        muse_op_read(s, o, step, Q, out + at * Q);
     }
 }
 
@@ -563,40 +355,14 @@ static void run_case(tally *t, side *test, side *ref, const op_case *k, long M)
 }
 
 /* ---- the cases of a model (op_cases.c), each with the function that runs it here ---- */
-#define case_NULL NULL
-static const case_fn case_fns[MUSE_K_COUNT] = {
-#define MUSE_K_CASE(id, name, op, cuda, fast, ref, widths, tol, tol_fast, check)                   \
-    [MUSE_K_##id] = case_##check,
-    MUSE_KERNELS(MUSE_K_CASE)
-#undef MUSE_K_CASE
-};
-#undef case_NULL
-
 static case_fn case_fn_of(muse_kernel_id kid)
 {
-    MUSE_CHECK(case_fns[kid] != NULL); /* a registry entry without a case */
-    return case_fns[kid];
-}
-
-/* Whether a case's output is rounded to fp16 (its fast path bound; add_norm_norm's normed half
- * is, its h is not: the fp16 bound over both). */
-static int case_round16(const op_case *k)
-{
-    switch (k->kid) {
-    case MUSE_K_LINEAR_DENSE:
-    case MUSE_K_LINEAR_EXL3:
-        return (int)k->param;
-    case MUSE_K_NORM:
-        return k->param >= 3;
-    case MUSE_K_EMBED:
-    case MUSE_K_ADD_NORM:
-    case MUSE_K_MOE:
-    case MUSE_K_HEAD:
-    case MUSE_K_ALL_REDUCE:
-        return 0;
-    default:
-        return 1;
-    }
+    if (kid == MUSE_K_ATTN_SLIDING || kid == MUSE_K_ATTN_FULL)
+        return case_attention; /* rows of one sequence: prompt and decode rounds of its own */
+    if (kid == MUSE_K_SAMPLE) return case_sample; /* the host sampler's rows and parameters */
+    const muse_op_run *r = muse_op_run_of(kid);
+    MUSE_CHECK(r != NULL && r->output != NULL); /* a registry entry without a case */
+    return case_run;
 }
 
 static int make_cases(const muse_model *m, op_case *cs)
@@ -611,11 +377,13 @@ static int make_cases(const muse_model *m, op_case *cs)
         k->in_width = oc[i].in_width;
         k->out_width = oc[i].out_width;
         k->fn = case_fn_of(oc[i].kid);
+        k->oc = &oc[i];
         k->arg = oc[i].arg;
         k->param = oc[i].param;
         const muse_kernel_entry *ke = muse_kernel_entry_of(oc[i].kid);
-        k->tol = opts_g->kernels == MUSE_KERNELS_FAST ? muse_kernel_tol_fast(ke, case_round16(k))
-                                                      : ke->tol;
+        k->tol = opts_g->kernels == MUSE_KERNELS_FAST
+                     ? muse_kernel_tol_fast(ke, muse_op_round16(&oc[i]))
+                     : ke->tol;
         k->rows_related = k->fn == case_attention;
     }
     return n;
@@ -998,7 +766,7 @@ static void check_snapshot(tally *t, side *test, const muse_model *m)
             round_begin(test, &id, 1, seq, &pos);
             test->be->ops->attention(test->be, i, q, kk, v, g, o);
             round_end(test);
-            read_out(test, o, 1, Q, seq == 1 ? d1 : d3);
+            muse_op_read(test, o, 1, Q, seq == 1 ? d1 : d3);
         }
         char nm[64];
         snprintf(nm, sizeof nm, "snapshot slot, attention layer %d", i);
