@@ -10,6 +10,20 @@
 #include "base/f16.h" /* the CPU's own conversions, compiled for the device too */
 #include "launch.h"
 
+/* An EXL3 linear's input-side scale of row i and output-side scale of column j: suh / svh, or
+ * the legacy sign words su / sv (bit set: -1). Both EXL3 paths read them here. */
+__device__ __forceinline__ float k_in_scale(const muse_k_lin *d, int64_t i)
+{
+    if (d->suh) return muse_f16_to_f32(d->suh[i]);
+    return (d->su[i >> 4] >> (i & 15)) & 1 ? -1.0f : 1.0f;
+}
+
+__device__ __forceinline__ float k_out_scale(const muse_k_lin *d, int64_t j)
+{
+    if (d->svh) return muse_f16_to_f32(d->svh[j]);
+    return (d->sv[j >> 4] >> (j & 15)) & 1 ? -1.0f : 1.0f;
+}
+
 /* Element i of a float tensor of dtype (MUSE_K_F16, MUSE_K_BF16, MUSE_K_F32) as fp32. */
 __device__ __forceinline__ float k_load(const void *p, int dtype, int64_t i)
 {

@@ -90,18 +90,6 @@ __device__ __forceinline__ void k_hadamard128(double *v)
     __syncthreads();
 }
 
-__device__ __forceinline__ float k_in_scale(const muse_k_lin *d, int64_t i)
-{
-    if (d->suh) return muse_f16_to_f32(d->suh[i]);
-    return (d->su[i >> 4] >> (i & 15)) & 1 ? -1.0f : 1.0f;
-}
-
-__device__ __forceinline__ float k_out_scale(const muse_k_lin *d, int64_t j)
-{
-    if (d->svh) return muse_f16_to_f32(d->svh[j]);
-    return (d->sv[j >> 4] >> (j & 15)) & 1 ? -1.0f : 1.0f;
-}
-
 /* step 1: grid (k / 128, R), 64 threads */
 __global__ void k_exl3_prepare(const muse_k_lin *descs, const int32_t *row_desc,
                                const int32_t *row_src, const float *x, long x_stride, float *a)

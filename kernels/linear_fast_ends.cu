@@ -31,18 +31,6 @@ __device__ __forceinline__ void f_hadamard128(double *v)
     __syncthreads();
 }
 
-__device__ __forceinline__ float f_in_scale(const muse_k_lin *d, int64_t i)
-{
-    if (d->suh) return muse_f16_to_f32(d->suh[i]);
-    return (d->su[i >> 4] >> (i & 15)) & 1 ? -1.0f : 1.0f;
-}
-
-__device__ __forceinline__ float f_out_scale(const muse_k_lin *d, int64_t j)
-{
-    if (d->svh) return muse_f16_to_f32(d->svh[j]);
-    return (d->sv[j >> 4] >> (j & 15)) & 1 ? -1.0f : 1.0f;
-}
-
 /* grid (ceil(k / 512), R, n_lin), 128 threads: warp w of block b prepares 128-chunk 4 b + w:
  * a_i[r] = fp16(fp32(blockHad(x_r * suh_i))). Lane l holds chunk elements 4 l .. 4 l + 3; the
  * Hadamard's stages h = 1, 2 stay in the lane, h = 4 .. 64 pair lane l with l ^ (h / 4). Each
@@ -60,7 +48,7 @@ __global__ void __launch_bounds__(128) k_fast_prepare(muse_fast_prep p, const fl
     double v[4];
 #pragma unroll
     for (int q = 0; q < 4; q++)
-        v[q] = (double)__fmul_rn(xr[4 * lane + q], f_in_scale(d, i0 + 4 * lane + q));
+        v[q] = (double)__fmul_rn(xr[4 * lane + q], k_in_scale(d, i0 + 4 * lane + q));
 #pragma unroll
     for (int h = 1; h <= 2; h <<= 1) { /* partners in the lane: q and q ^ h */
         double w[4];
@@ -125,7 +113,7 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, lo
         for (int q = 0; q < 2; q++) {
             int i = t + 64 * q;
             int64_t j = j0 + i;
-            double s = v[i] * (double)f_out_scale(d, j);
+            double s = v[i] * (double)k_out_scale(d, j);
             if (d->bias) s += (double)muse_f16_to_f32(d->bias[j]);
             out[q] = (float)s;
         }
