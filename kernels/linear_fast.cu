@@ -1,7 +1,6 @@
 /* linear_fast: the fast EXL3 product y = x W (linear_fast.cuh). Step 1 and 3 (prepare, finish)
  * are the exact path's math (linear_fast_ends.cu); step 2 here: t = a Wq on tensor cores.
- * A block is 4 x 2 warps x 2 n-tiles (128 columns; a pair of warps on the same n-tiles, one
- * on the even k-tiles and one on the odd) x MT m-tiles (16 rows each; rows >= R read as
+ * A block is 4 warps x 2 n-tiles (128 columns) x MT m-tiles (16 rows each; rows >= R read as
  * zero and are never written) x one k split. The trellis and the A rows of KC k-tiles a stage
  * go to shared memory by cp.async (3 stages in flight); each lane decodes its 8 states of a
  * tile (linear_fast.h) in registers straight into the mma B fragment and applies it to every
@@ -17,9 +16,7 @@
 #include "linear_fast.h"
 #include "linear_fast_ends.cuh"
 
-#define FB_WARPS   4                    /* n-groups of warps: a warp's 2 n-tiles each */
-#define FB_KW      2                    /* k-groups: warp w takes the stage's k-tiles kk = w / 4 (mod 2) */
-#define FB_THREADS (32 * FB_WARPS * FB_KW)
+#define FB_WARPS   4
 #define FB_NTW     2                    /* n-tiles a warp */
 #define FB_NT      (FB_WARPS * FB_NTW)  /* n-tiles a block */
 #define FB_KC      4                    /* k-tiles a pipeline stage */
@@ -107,12 +104,9 @@ __device__ __forceinline__ void f_tile_frag(const uint32_t *words, int lane, uin
     for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
 }
 
-/* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), FB_THREADS threads.
- * Warps w and w + 4 share n-tiles: w takes the even k-tiles of every stage, w + 4 the odd ones,
- * each chain in ascending k; at the end w + 4 hands its sums to w through shared memory, which
- * adds them (even + odd): one fixed order for every R. */
+/* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads */
 template <int CB, int BITS, int MT>
-__global__ void __launch_bounds__(FB_THREADS) k_fast_product(fast_prod p)
+__global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
 {
     extern __shared__ __align__(16) unsigned char f_sm[];
     constexpr int A_HALVES = MT * 16 * FB_AROW;
@@ -131,7 +125,7 @@ __global__ void __launch_bounds__(FB_THREADS) k_fast_product(fast_prod p)
     int64_t kt1 = muse_fast_split_begin(kt_all, L.splits, sp + 1);
     long R = p.R, m0 = (long)mg * MT * 16;
     int64_t tn0 = (int64_t)nb * FB_NT;
-    int th = threadIdx.x, warp = (th / 32) % FB_WARPS, kw = th / (32 * FB_WARPS), lane = th % 32;
+    int th = threadIdx.x, warp = th / 32, lane = th % 32;
     int mt_live = (int)((R - m0 + 15) / 16);
     mt_live = mt_live < MT ? mt_live : MT;
     int nstages = (int)((kt1 - kt0 + FB_KC - 1) / FB_KC);
@@ -142,14 +136,14 @@ __global__ void __launch_bounds__(FB_THREADS) k_fast_product(fast_prod p)
         uint16_t *as = (uint16_t *)base;
         uint32_t *bs = (uint32_t *)(base + A_HALVES * 2);
         int64_t ktb = kt0 + (int64_t)st * FB_KC;
-        for (int c = th; c < MT * 16 * FB_KC * 2; c += FB_THREADS) {
+        for (int c = th; c < MT * 16 * FB_KC * 2; c += 128) {
             int row = c / (FB_KC * 2), ch = c % (FB_KC * 2);
             bool ok = m0 + row < R && ktb + ch / 2 < kt1;
             const uint16_t *src = ok ? L.a + (m0 + row) * L.k + ktb * 16 + ch * 8 : L.a;
             f_cp16(as + row * FB_AROW + ch * 8, src, ok);
         }
         constexpr int CH_ROW = FB_NT * 2 * BITS; /* 16-byte chunks of one k-tile's 8 tiles */
-        for (int c = th; c < FB_KC * CH_ROW; c += FB_THREADS) {
+        for (int c = th; c < FB_KC * CH_ROW; c += 128) {
             int kk = c / CH_ROW, ch = c % CH_ROW;
             int64_t tn = tn0 + ch / (2 * BITS);
             bool ok = ktb + kk < kt1 && tn < ntiles;
@@ -210,41 +204,12 @@ __global__ void __launch_bounds__(FB_THREADS) k_fast_product(fast_prod p)
         };
         if (nkt == FB_KC) { /* a full stage, unrolled: the same k-tiles in the same order */
 #pragma unroll
-            for (int kk = 0; kk < FB_KC; kk += FB_KW) ktile(kk + kw);
+            for (int kk = 0; kk < FB_KC; kk++) ktile(kk);
         } else {
-            for (int kk = kw; kk < nkt; kk += FB_KW) ktile(kk);
+            for (int kk = 0; kk < nkt; kk++) ktile(kk);
         }
     }
     f_cp_wait<0>();
-    __syncthreads(); /* every warp is done with the stage buffers: they hold the hand-over now */
-    float *hand = (float *)f_sm; /* [FB_WARPS][MT][FB_NTW][2][4][32] */
-    constexpr int PER_WARP = MT * FB_NTW * 2 * 4 * 32;
-    static_assert(FB_KW == 2, "the hand-over adds one odd chain to one even chain");
-    /* the launch gives max(stages, hand-over) bytes (f_stage_bytes) */
-    if (kw == 1) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < FB_NTW; nt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        hand[warp * PER_WARP + (((mt * FB_NTW + nt) * 2 + h) * 4 + q) * 32 + lane] =
-                            acc[mt][nt][h][q];
-    }
-    __syncthreads();
-    if (kw == 1) return;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < FB_NTW; nt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int q = 0; q < 4; q++)
-                    acc[mt][nt][h][q] +=
-                        hand[warp * PER_WARP + (((mt * FB_NTW + nt) * 2 + h) * 4 + q) * 32 + lane];
 
     /* c0, c1: row lane/4, columns 2(lane%4) + {0,1}; c2, c3: row lane/4 + 8 */
 #pragma unroll
@@ -291,9 +256,7 @@ typedef void (*dec_fn)(const uint16_t *, int64_t, int64_t, uint16_t *);
 
 template <int CB, int BITS, int MT> static int f_stage_bytes(void)
 {
-    int stages = FB_STAGES * (MT * 16 * FB_AROW * 2 + FB_KC * FB_NT * 8 * BITS * 4);
-    int hand = FB_WARPS * MT * FB_NTW * 2 * 4 * 32 * 4; /* the odd chains' hand-over */
-    return stages > hand ? stages : hand;
+    return FB_STAGES * (MT * 16 * FB_AROW * 2 + FB_KC * FB_NT * 8 * BITS * 4);
 }
 
 #define F_BITS(CB, MT)                                                                             \
@@ -439,7 +402,7 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
             if (err) return err;
         }
-        if (!(skip & 2)) fn<<<(unsigned)blocks, FB_THREADS, smem, st>>>(p);
+        if (!(skip & 2)) fn<<<(unsigned)blocks, 128, smem, st>>>(p);
         err = (int)cudaGetLastError();
         if (err) return err;
     }
