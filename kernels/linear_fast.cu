@@ -321,15 +321,18 @@ MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_l
     return f_layout(shapes, n_lin, max_rows, NULL, NULL, NULL);
 }
 
-/* MUSE_FAST_SKIP (timing only, wrong results): a bitmask of the steps left out (1 prepare,
- * 2 product, 4 finish), so a stage's share of a call is the difference of two timings. */
+/* Steps left out, for timing only (wrong results): set by exl3-fast-check alone, never read
+ * from the environment here, so no engine can run with a step missing. */
+static int f_skip_steps;
+
+MUSE_K_API void muse_k_linear_fast_skip(int steps)
+{
+    f_skip_steps = steps & 7;
+}
+
 static int f_skip(void)
 {
-    static const int skip = [] {
-        const char *v = getenv("MUSE_FAST_SKIP");
-        return v && *v ? atoi(v) & 7 : 0;
-    }();
-    return skip;
+    return f_skip_steps;
 }
 
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue)

@@ -30,6 +30,10 @@ MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int 
  * kernel's decode makes them, into w (device, k * n uint16). Returns the CUDA error code. */
 MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, cudaStream_t st);
 
+/* Timing only (exl3-fast-check's MUSE_FAST_SKIP): leave out steps, a bitmask of 1 prepare,
+ * 2 product, 4 finish; the results are then wrong. 0 (the default): every step. */
+MUSE_K_API void muse_k_linear_fast_skip(int steps);
+
 /* The split target in use: MUSE_FAST_SPLIT_TARGET, or MUSE_FAST_SPLITS=N from the environment
  * (tuning only; read once a process, so every call of the process splits alike). */
 MUSE_K_API int muse_k_linear_fast_split_target(void);

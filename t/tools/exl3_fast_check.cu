@@ -440,6 +440,8 @@ static void time_all(void)
 int main(int argc, char **argv)
 {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    const char *skip = getenv("MUSE_FAST_SKIP"); /* timing a step's share: its checks then fail */
+    if (skip && *skip) muse_k_linear_fast_skip(atoi(skip));
     for (int cb = 0; cb < 3; cb++)
         d_table[cb] = (float *)upload(muse_exl3_value_table((muse_codebook)cb), 65536 * 4);
     for (int cb = 0; cb < 3; cb++)
