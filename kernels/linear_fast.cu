@@ -330,11 +330,6 @@ MUSE_K_API void muse_k_linear_fast_skip(int steps)
     f_skip_steps = steps & 7;
 }
 
-static int f_skip(void)
-{
-    return f_skip_steps;
-}
-
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue)
 {
     if (n_lin < 1 || n_lin > MUSE_K_FAST_MAX_LIN) return 0;
@@ -365,7 +360,7 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
     pp.k = shapes[0].k;
     pp.n_lin = n_lin;
     for (int i = 0; i < n_lin; i++) pp.d[i] = shapes[i], pp.a[i] = a[i];
-    int skip = f_skip();
+    int skip = f_skip_steps;
     int err = skip & 1 ? 0 : muse_k_fast_prepare(&pp, x, x_stride, rows, st);
     if (err) return err;
 

@@ -120,7 +120,8 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, lo
     __syncthreads();
 }
 
-/* grid (128-column blocks of all linears, R), FIN_THREADS threads. SWIGLU: the blocks of the
+/* grid (128-column blocks of all linears, R), 64 threads a group of the launch's most groups
+ * (at most FIN_THREADS). SWIGLU: the blocks of the
  * gate only; each also finishes the same columns of up, then swiglu.cu's expression. */
 __global__ void __launch_bounds__(FIN_THREADS) k_fast_finish(muse_fast_fin f)
 {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "base/clock.h"
+#include "backend/backend.h"
 #include "base/flags.h"
 
 /* The subcommands: each takes its own argv (argv[0] is the subcommand) and returns the exit
@@ -27,9 +28,9 @@ int bench_parse_flags(const char *cmd, const char *about, const muse_flag *flags
 
 /* Prints "muse-bench CMD: MSG (see muse-bench CMD --help)" and returns 2. */
 int bench_usage_error(const char *cmd, const char *msg);
-/* --kernels TEXT (NULL: not given) into MUSE_CUDA_PATH, which every backend the command makes
- * reads; 0, or the usage error's exit code. */
-int bench_kernels_flag(const char *cmd, const char *text);
+/* --kernels TEXT (NULL: not given: the backend's default) into *k for the backends the command
+ * makes; 0, or the usage error's exit code. */
+int bench_kernels_flag(const char *cmd, const char *text, muse_kernels *k);
 
 /* The EXL3 codebooks' names in muse_codebook order, for an ENUM flag. */
 extern const char *const bench_codebooks[];

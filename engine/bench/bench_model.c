@@ -28,11 +28,14 @@ typedef struct {
     int64_t vocab;
 } engine_ctx;
 
-static int engine_start(engine_ctx *c, const char *backend, long max_rows, int64_t context,
-                        int threads, muse_err *e)
+static int engine_start(engine_ctx *c, const char *backend, muse_kernels kernels, long max_rows,
+                        int64_t context, int threads, muse_err *e)
 {
-    muse_backend_opts o = {
-        .max_rows = max_rows, .max_seqs = 1, .context = context, .threads = threads};
+    muse_backend_opts o = {.max_rows = max_rows,
+                           .max_seqs = 1,
+                           .context = context,
+                           .threads = threads,
+                           .kernels = kernels};
     if (!(c->be = muse_backend_create(backend, &c->model, &o, e))) {
         muse_model_free(&c->model);
         return -1;
@@ -47,7 +50,7 @@ static int engine_open(engine_ctx *c, const char *dir, long max_rows, int64_t co
 {
     memset(c, 0, sizeof *c);
     if (muse_model_load(dir, &c->model, e)) return -1;
-    return engine_start(c, "cpu", max_rows, context, threads, e);
+    return engine_start(c, "cpu", MUSE_KERNELS_DEFAULT, max_rows, context, threads, e);
 }
 
 static void engine_close(engine_ctx *c)
@@ -105,6 +108,7 @@ static double decode_step_median(engine_ctx *c, int steps)
 
 typedef struct {
     const char *backend, *json, *baseline, *kernels;
+    muse_kernels path; /* --kernels */
     bench_weights w;
     long long tokens, prompt, threads, copy_mib;
 } decode_flags;
@@ -122,7 +126,7 @@ static int decode_open(engine_ctx *c, const decode_flags *f, const char *dir, mu
     bench_weights w = f->w;
     w.dir = dir;
     if (bench_weights_load(&w, &c->model, e)) return -1;
-    return engine_start(c, f->backend, 64, f->prompt + f->tokens + 1, (int)f->threads, e);
+    return engine_start(c, f->backend, f->path, 64, f->prompt + f->tokens + 1, (int)f->threads, e);
 }
 
 /* One row: the prompt in rounds of 64 rows, then the decode steps of one row; -1 on error. */
@@ -182,7 +186,7 @@ int bench_cmd_decode(int argc, char **argv)
         "decode", "Forward tokens/s on a backend: prompt in rows of 64, decode 1 row.\n", table,
         sizeof table / sizeof *table, argc, argv);
     if (prc != MUSE_FLAGS_RUN) return prc;
-    if ((prc = bench_kernels_flag("decode", f.kernels))) return prc;
+    if ((prc = bench_kernels_flag("decode", f.kernels, &f.path))) return prc;
     if (!ndirs && f.w.synthetic < 0)
         return bench_usage_error("decode", "--model DIR (or --synthetic-weights SEED --config "
                                            "FILE) is required");

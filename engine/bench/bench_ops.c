@@ -280,6 +280,7 @@ static int wanted_case(const muse_op_case *k)
 
 typedef struct {
     const char *backend, *rows_s, *json, *baseline, *kernels;
+    muse_kernels path; /* --kernels */
     bench_weights w;
     long long ctx, threads, copy_mib, device;
     double min_ms;
@@ -296,7 +297,8 @@ static muse_backend *kernels_backend(const kernels_flags *f, const muse_model *m
     muse_backend_opts o = {.max_rows = max_rows,
                            .max_seqs = 1,
                            .context = f->ctx + max_rows + 1,
-                           .threads = (int)f->threads};
+                           .threads = (int)f->threads,
+                           .kernels = f->path};
     o.devices[0] = (int)f->device;
     return muse_backend_create(f->backend, m, &o, e);
 }
@@ -455,7 +457,7 @@ int bench_cmd_kernels(int argc, char **argv)
                                 "bytes floor.\n",
                                 table, sizeof table / sizeof *table, argc, argv);
     if (prc != MUSE_FLAGS_RUN) return prc;
-    if ((prc = bench_kernels_flag("kernels", f.kernels))) return prc;
+    if ((prc = bench_kernels_flag("kernels", f.kernels, &f.path))) return prc;
     long long rows[MAX_ROW_COUNTS];
     char why[160];
     int n_rows =

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
 #include "bench.h"
 #include "base/flags.h"
 #include "base/muse_common.h"
@@ -21,12 +20,10 @@ int bench_parse_flags(const char *cmd, const char *about, const muse_flag *flags
     return muse_flags_parse(&set, argc, argv);
 }
 
-int bench_kernels_flag(const char *cmd, const char *text)
+int bench_kernels_flag(const char *cmd, const char *text, muse_kernels *k)
 {
-    muse_kernels k;
     muse_err e = {{0}};
-    if (muse_kernels_parse("--kernels", text, &k, &e)) return bench_usage_error(cmd, e.msg);
-    if (text) setenv("MUSE_CUDA_PATH", text, 1);
+    if (muse_kernels_parse("--kernels", text, k, &e)) return bench_usage_error(cmd, e.msg);
     return 0;
 }
 

@@ -62,8 +62,9 @@ void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls,
                    const float *x, long x_stride, long rows, int round16, float *const ys[],
                    const long strides[], int epilogue)
 {
-    muse_k_lin shapes[MUSE_K_FAST_MAX_LIN];
-    MUSE_CHECK(fits(rk, ls, n, epilogue, shapes)); /* the caller asked cuda_fast_fits */
+    muse_k_lin
+        shapes[MUSE_K_FAST_MAX_LIN]; /* the caller asked cuda_fast_fits; the launcher checks */
+    for (int i = 0; i < n; i++) shapes[i] = rk->lin[ls[i]->id];
     muse_k_ctx kc = kctx(rk, rows);
     CHECK(c, muse_k_linear_fast(&kc, shapes, n, x, x_stride, round16, ys, strides, epilogue,
                                 rk->ws_fast, rk->ws_fast_bytes));
