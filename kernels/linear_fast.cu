@@ -17,26 +17,31 @@
 #include "linear_fast_ends.cuh"
 
 #define FB_WARPS   4
-#define FB_NTW     2                    /* n-tiles a warp */
-#define FB_NT      (FB_WARPS * FB_NTW)  /* n-tiles a block */
-#define FB_KC      4                    /* k-tiles a pipeline stage */
+#define FB_NTW     2                   /* n-tiles a warp */
+#define FB_NT      (FB_WARPS * FB_NTW) /* n-tiles a block */
+#define FB_KC      4                   /* k-tiles a pipeline stage */
 #define FB_STAGES  3
-#define FB_AROW    (FB_KC * 16 + 8)     /* halves a staged A row: padded, ldmatrix conflict-free */
-#define FB_MT_MANY 8                    /* m-tiles a block from 17 rows on */
+#define FB_AROW    (FB_KC * 16 + 8) /* halves a staged A row: padded, ldmatrix conflict-free */
+#define FB_MT_MANY 8                /* m-tiles a block from 17 rows on */
 
 typedef struct {
     const uint16_t *trellis;
     int64_t tiles_ld, k, n;
-    const uint16_t *a; /* [R][k] fp16 */
-    float *part;       /* [splits][R][n] */
-    long blk0;         /* first block of this linear in the launch */
+    const uint16_t *a;       /* [R][k] fp16 */
+    float *part;             /* [splits][R][n] */
+    const muse_k_lin *descs; /* grouped: the experts' device descriptors [E]; else NULL */
+    long blk0;               /* first block of this linear in the launch */
     int splits, nblk, aligned;
 } fast_lin;
 
+/* Grouped (the MoE): m-group g is the rows [x.y, x.y + x.z) of groups[g] (rows in group
+ * order, each group one expert x.x), groups from n_groups on are empty blocks. */
 typedef struct {
     fast_lin l[MUSE_K_FAST_MAX_LIN];
     int n_lin, mgroups;
     long R;
+    const int4 *groups;
+    const int32_t *n_groups;
 } fast_prod;
 
 __device__ __forceinline__ uint32_t f_smem(const void *p)
@@ -123,10 +128,23 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
     int64_t kt_all = L.k / 16, ntiles = L.n / 16;
     int64_t kt0 = muse_fast_split_begin(kt_all, L.splits, sp);
     int64_t kt1 = muse_fast_split_begin(kt_all, L.splits, sp + 1);
-    long R = p.R, m0 = (long)mg * MT * 16;
+    long R = p.R, m0 = (long)mg * MT * 16, rend = R; /* R: the partials' row count */
+    const uint16_t *trellis = L.trellis;
+    int64_t tiles_ld = L.tiles_ld;
+    bool aligned = L.aligned;
+    if (L.descs) { /* grouped: this m-group's rows and its expert's trellis */
+        if (mg >= *p.n_groups) return;
+        int4 g = p.groups[mg];
+        const muse_k_lin *d = L.descs + g.x;
+        trellis = d->trellis;
+        tiles_ld = d->tiles_ld ? d->tiles_ld : ntiles;
+        aligned = (uintptr_t)trellis % 16 == 0;
+        m0 = g.y;
+        rend = (long)g.y + g.z;
+    }
     int64_t tn0 = (int64_t)nb * FB_NT;
     int th = threadIdx.x, warp = th / 32, lane = th % 32;
-    int mt_live = (int)((R - m0 + 15) / 16);
+    int mt_live = (int)((rend - m0 + 15) / 16);
     mt_live = mt_live < MT ? mt_live : MT;
     int nstages = (int)((kt1 - kt0 + FB_KC - 1) / FB_KC);
 
@@ -138,7 +156,7 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
         int64_t ktb = kt0 + (int64_t)st * FB_KC;
         for (int c = th; c < MT * 16 * FB_KC * 2; c += 128) {
             int row = c / (FB_KC * 2), ch = c % (FB_KC * 2);
-            bool ok = m0 + row < R && ktb + ch / 2 < kt1;
+            bool ok = m0 + row < rend && ktb + ch / 2 < kt1;
             const uint16_t *src = ok ? L.a + (m0 + row) * L.k + ktb * 16 + ch * 8 : L.a;
             f_cp16(as + row * FB_AROW + ch * 8, src, ok);
         }
@@ -148,10 +166,10 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
             int64_t tn = tn0 + ch / (2 * BITS);
             bool ok = ktb + kk < kt1 && tn < ntiles;
             const uint16_t *src =
-                L.trellis + ((ktb + kk) * L.tiles_ld + tn0) * 16 * BITS + (int64_t)ch * 8;
+                trellis + ((ktb + kk) * tiles_ld + tn0) * 16 * BITS + (int64_t)ch * 8;
             uint32_t *dst = bs + kk * FB_NT * 8 * BITS + ch * 4;
-            if (L.aligned) {
-                f_cp16(dst, ok ? src : L.trellis, ok);
+            if (aligned) {
+                f_cp16(dst, ok ? src : trellis, ok);
             } else { /* a 2-byte aligned trellis: plain loads, visible after the stage's sync */
                 for (int q = 0; q < 4; q++)
                     dst[q] = ok ? (uint32_t)src[2 * q] | (uint32_t)src[2 * q + 1] << 16 : 0;
@@ -223,7 +241,7 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
 #pragma unroll
                 for (int half = 0; half < 2; half++) {
                     long row = m0 + mt * 16 + lane / 4 + 8 * half;
-                    if (row >= R) continue;
+                    if (row >= rend) continue;
                     int64_t col = tn * 16 + h * 8 + 2 * (lane % 4);
                     float2 v = make_float2(acc[mt][nt][h][2 * half], acc[mt][nt][h][2 * half + 1]);
                     *(float2 *)(L.part + ((long)sp * R + row) * L.n + col) = v;
@@ -260,13 +278,17 @@ template <int CB, int BITS, int MT> static int f_stage_bytes(void)
 }
 
 #define F_BITS(CB, MT)                                                                             \
-    {k_fast_product<CB, 1, MT>, k_fast_product<CB, 2, MT>, k_fast_product<CB, 3, MT>,              \
-     k_fast_product<CB, 4, MT>, k_fast_product<CB, 5, MT>, k_fast_product<CB, 6, MT>,              \
-     k_fast_product<CB, 7, MT>, k_fast_product<CB, 8, MT>}
+    {                                                                                              \
+        k_fast_product<CB, 1, MT>, k_fast_product<CB, 2, MT>, k_fast_product<CB, 3, MT>,           \
+            k_fast_product<CB, 4, MT>, k_fast_product<CB, 5, MT>, k_fast_product<CB, 6, MT>,       \
+            k_fast_product<CB, 7, MT>, k_fast_product<CB, 8, MT>                                   \
+    }
 #define F_SMEM(CB, MT)                                                                             \
-    {f_stage_bytes<CB, 1, MT>, f_stage_bytes<CB, 2, MT>, f_stage_bytes<CB, 3, MT>,                 \
-     f_stage_bytes<CB, 4, MT>, f_stage_bytes<CB, 5, MT>, f_stage_bytes<CB, 6, MT>,                 \
-     f_stage_bytes<CB, 7, MT>, f_stage_bytes<CB, 8, MT>}
+    {                                                                                              \
+        f_stage_bytes<CB, 1, MT>, f_stage_bytes<CB, 2, MT>, f_stage_bytes<CB, 3, MT>,              \
+            f_stage_bytes<CB, 4, MT>, f_stage_bytes<CB, 5, MT>, f_stage_bytes<CB, 6, MT>,          \
+            f_stage_bytes<CB, 7, MT>, f_stage_bytes<CB, 8, MT>                                     \
+    }
 static const prod_fn f_prod[2][3][8] = {
     {F_BITS(0, 1), F_BITS(1, 1), F_BITS(2, 1)},
     {F_BITS(0, FB_MT_MANY), F_BITS(1, FB_MT_MANY), F_BITS(2, FB_MT_MANY)}};
@@ -274,8 +296,10 @@ static int (*const f_smem_bytes[2][3][8])(void) = {
     {F_SMEM(0, 1), F_SMEM(1, 1), F_SMEM(2, 1)},
     {F_SMEM(0, FB_MT_MANY), F_SMEM(1, FB_MT_MANY), F_SMEM(2, FB_MT_MANY)}};
 #define F_DEC(CB)                                                                                  \
-    {k_fast_decode<CB, 1>, k_fast_decode<CB, 2>, k_fast_decode<CB, 3>, k_fast_decode<CB, 4>,       \
-     k_fast_decode<CB, 5>, k_fast_decode<CB, 6>, k_fast_decode<CB, 7>, k_fast_decode<CB, 8>}
+    {                                                                                              \
+        k_fast_decode<CB, 1>, k_fast_decode<CB, 2>, k_fast_decode<CB, 3>, k_fast_decode<CB, 4>,    \
+            k_fast_decode<CB, 5>, k_fast_decode<CB, 6>, k_fast_decode<CB, 7>, k_fast_decode<CB, 8> \
+    }
 static const dec_fn f_dec[3][8] = {F_DEC(0), F_DEC(1), F_DEC(2)};
 
 MUSE_K_API int muse_k_linear_fast_split_target(void)
@@ -300,8 +324,8 @@ static size_t f_align(size_t v)
 }
 
 /* the workspace of n_lin linears at rows rows: a_i then part_i, each 256-byte aligned */
-static size_t f_layout(const muse_k_lin *shapes, int n_lin, long rows, uint16_t *a[],
-                       float *part[], unsigned char *ws)
+static size_t f_layout(const muse_k_lin *shapes, int n_lin, long rows, uint16_t *a[], float *part[],
+                       unsigned char *ws)
 {
     size_t off = 0;
     int target = muse_k_linear_fast_split_target();
@@ -341,14 +365,22 @@ MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int 
     return 1;
 }
 
-MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
-                                  const float *x, long x_stride, int round16, float *const y[],
-                                  const long y_stride[], int epilogue, void *ws, size_t ws_bytes)
+MUSE_K_API int muse_k_linear_fast_group_rows(long rows)
+{
+    return rows > 16 ? 16 * FB_MT_MANY : 16;
+}
+
+/* The three steps of one call; g NULL: plain rows, else the grouped pairs (linear_fast.cuh). */
+static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
+                 const muse_k_fast_groups *g, const float *x, long x_stride, int round16,
+                 float *const y[], const long y_stride[], int epilogue, void *ws, size_t ws_bytes)
 {
     long rows = ctx->rows;
     cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     if (!muse_k_linear_fast_fits(shapes, n_lin, epilogue) || rows > 65535)
+        return (int)cudaErrorInvalidValue;
+    if (g && (g->max_groups < 1 || (g->group_rows != 16 && g->group_rows != 16 * FB_MT_MANY)))
         return (int)cudaErrorInvalidValue;
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     float *part[MUSE_K_FAST_MAX_LIN];
@@ -359,14 +391,17 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
     muse_fast_prep pp;
     pp.k = shapes[0].k;
     pp.n_lin = n_lin;
+    pp.grouped = g != NULL;
+    if (g) pp.g = *g;
     for (int i = 0; i < n_lin; i++) pp.d[i] = shapes[i], pp.a[i] = a[i];
     int skip = f_skip_steps;
     int err = skip & 1 ? 0 : muse_k_fast_prepare(&pp, x, x_stride, rows, st);
     if (err) return err;
 
     /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
-    int many = rows > 16, mt = many ? FB_MT_MANY : 1, cb = shapes[0].codebook;
-    int mgroups = (int)((rows + 16 * mt - 1) / (16 * mt));
+    int many = g ? g->group_rows > 16 : rows > 16, mt = many ? FB_MT_MANY : 1;
+    int cb = shapes[0].codebook;
+    int mgroups = g ? g->max_groups : (int)((rows + 16 * mt - 1) / (16 * mt));
     int done[MUSE_K_FAST_MAX_LIN] = {0};
     for (int i = 0; i < n_lin; i++) {
         if (done[i]) continue;
@@ -374,6 +409,8 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
         p.n_lin = 0;
         p.mgroups = mgroups;
         p.R = rows;
+        p.groups = g ? (const int4 *)g->groups : NULL;
+        p.n_groups = g ? g->n_groups : NULL;
         long blocks = 0;
         for (int j = i; j < n_lin; j++) {
             if (done[j] || shapes[j].bits != shapes[i].bits) continue;
@@ -386,6 +423,7 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
             L->n = s->n;
             L->a = a[j];
             L->part = part[j];
+            L->descs = g ? g->descs[j] : NULL;
             L->splits = muse_fast_splits(s->k, s->n, target);
             L->nblk = (int)((s->n + MUSE_FAST_BLOCK_COLS - 1) / MUSE_FAST_BLOCK_COLS);
             L->aligned = (uintptr_t)s->trellis % 16 == 0; /* tile rows are 32 * bits bytes */
@@ -409,6 +447,8 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
     f.n_lin = n_lin;
     f.round16 = round16;
     f.epilogue = epilogue;
+    f.grouped = g != NULL;
+    if (g) f.g = *g;
     f.blk0[0] = 0;
     for (int i = 0; i < n_lin; i++) {
         f.d[i] = shapes[i];
@@ -420,6 +460,26 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
         f.blk0[i + 1] = f.blk0[i] + (long)(shapes[i].n / 128);
     }
     return skip & 4 ? 0 : muse_k_fast_finish(&f, rows, st);
+}
+
+MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
+                                  const float *x, long x_stride, int round16, float *const y[],
+                                  const long y_stride[], int epilogue, void *ws, size_t ws_bytes)
+{
+    return f_run(ctx, shapes, n_lin, NULL, x, x_stride, round16, y, y_stride, epilogue, ws,
+                 ws_bytes);
+}
+
+MUSE_K_API int muse_k_linear_fast_grouped(const muse_k_ctx *ctx, const muse_k_lin *shapes,
+                                          int n_lin, const muse_k_fast_groups *g, const float *x,
+                                          long x_stride, int round16, float *const y[],
+                                          const long y_stride[], int epilogue, void *ws,
+                                          size_t ws_bytes)
+{
+    if (!g) return (int)cudaErrorInvalidValue;
+    for (int i = 0; i < n_lin; i++)
+        if (!g->descs[i]) return (int)cudaErrorInvalidValue;
+    return f_run(ctx, shapes, n_lin, g, x, x_stride, round16, y, y_stride, epilogue, ws, ws_bytes);
 }
 
 MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, cudaStream_t st)

@@ -23,6 +23,26 @@ MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_l
 MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
                                   const float *x, long x_stride, int round16, float *const y[],
                                   const long y_stride[], int epilogue, void *ws, size_t ws_bytes);
+/* The MoE's (row, slot) pairs through the same product, grouped by expert (kernels/moe_fast.cu
+ * plans the groups on the device): ctx rows = P pairs; pair p reads row src[p] of x (src NULL:
+ * row p) with linear i's descriptor descs[i][sel[p]] (device arrays of the experts' [E]);
+ * perm [P]: the pairs in group order; groups [max_groups][4]: (expert, first place in perm,
+ * count <= group_rows, 0), the first *n_groups of them used. y_i row p is pair p's. A pair's
+ * bits depend on its own input row and expert only: the same chain as muse_k_linear_fast. */
+typedef struct {
+    const muse_k_lin *descs[MUSE_K_FAST_MAX_LIN];
+    const int32_t *sel, *src, *perm, *groups, *n_groups;
+    int max_groups, group_rows;
+} muse_k_fast_groups;
+/* The rows a group holds at most for a round of rows rows (the product's m-tiles a block). */
+MUSE_K_API int muse_k_linear_fast_group_rows(long rows);
+/* shapes: host copies of expert 0's descriptors (every expert's k, n, bits and codebook are
+ * the same; the caller checks). Workspace: muse_k_linear_fast_workspace at P rows. */
+MUSE_K_API int muse_k_linear_fast_grouped(const muse_k_ctx *ctx, const muse_k_lin *shapes,
+                                          int n_lin, const muse_k_fast_groups *g, const float *x,
+                                          long x_stride, int round16, float *const y[],
+                                          const long y_stride[], int epilogue, void *ws,
+                                          size_t ws_bytes);
 /* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 

@@ -36,15 +36,9 @@ __device__ __forceinline__ void f_hadamard128(double *v)
  * Hadamard's stages h = 1, 2 stay in the lane, h = 4 .. 64 pair lane l with l ^ (h / 4). Each
  * stage forms every element as k_hadamard128 does (the lower index a + b, the upper a - b of the
  * same pair), in double, so a is the exact path's bit for bit, with no block barrier. */
-__global__ void __launch_bounds__(128) k_fast_prepare(muse_fast_prep p, const float *x,
-                                                       long x_stride)
+__device__ __forceinline__ void f_prepare_chunk(const muse_k_lin *d, const float *xr, uint16_t *ar,
+                                                int64_t i0, int lane)
 {
-    long r = blockIdx.y;
-    int li = blockIdx.z, lane = threadIdx.x % 32;
-    int64_t i0 = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * HAD;
-    if (i0 >= p.k) return;
-    const muse_k_lin *d = &p.d[li];
-    const float *xr = x + r * x_stride + i0;
     double v[4];
 #pragma unroll
     for (int q = 0; q < 4; q++)
@@ -66,10 +60,26 @@ __global__ void __launch_bounds__(128) k_fast_prepare(muse_fast_prep p, const fl
             v[q] = upper ? o - v[q] : v[q] + o;
         }
     }
-    uint16_t *ar = p.a[li] + r * p.k + i0;
 #pragma unroll
     for (int q = 0; q < 4; q++)
         ar[4 * lane + q] = muse_f32_to_f16((float)(v[q] * 0.08838834764831844055));
+}
+
+__global__ void __launch_bounds__(128)
+    k_fast_prepare(muse_fast_prep p, const float *x, long x_stride)
+{
+    long r = blockIdx.y;
+    int li = blockIdx.z, lane = threadIdx.x % 32;
+    int64_t i0 = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * HAD;
+    if (i0 >= p.k) return;
+    const muse_k_lin *d = &p.d[li];
+    long src = r;
+    if (p.grouped) { /* row r of a is pair perm[r]: its input row and its expert */
+        int32_t pair = p.g.perm[r];
+        d = p.g.descs[li] + p.g.sel[pair];
+        src = p.g.src ? p.g.src[pair] : pair;
+    }
+    f_prepare_chunk(d, x + src * x_stride + i0, p.a[li] + r * p.k + i0, i0, lane);
 }
 
 /* The finish's threads: G groups of 64 for a linear of S splits, group g adding the partials
@@ -85,8 +95,9 @@ __host__ __device__ __forceinline__ int f_fin_groups(int splits)
 
 /* Column j0 + t and j0 + t + 64 (threads t < 64) of linear li at row r after step 3, from the
  * partials of its 128-column block (all threads call it; v, gs: the block's shared scratch). */
-__device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, long r, int64_t j0,
-                                              double *v, double (*gs)[HAD], float out[2])
+__device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, const muse_k_lin *d,
+                                              long r, int64_t j0, double *v, double (*gs)[HAD],
+                                              float out[2])
 {
     int64_t n = f.n[li];
     long R = gridDim.y;
@@ -108,7 +119,6 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, lo
     }
     __syncthreads();
     f_hadamard128(v);
-    const muse_k_lin *d = &f.d[li];
     if (t < 64)
         for (int q = 0; q < 2; q++) {
             int i = t + 64 * q;
@@ -131,12 +141,20 @@ __global__ void __launch_bounds__(FIN_THREADS) k_fast_finish(muse_fast_fin f)
     int li = 0, t = threadIdx.x;
     while (li + 1 < f.n_lin && b >= f.blk0[li + 1]) li++;
     int64_t j0 = (b - f.blk0[li]) * HAD;
+    const muse_k_lin *d = &f.d[li], *du = &f.d[1];
+    long out_row = r;
+    if (f.grouped) { /* partial row r is pair perm[r]'s: its expert's scales, its output row */
+        int32_t pair = f.g.perm[r], e = f.g.sel[pair];
+        d = f.g.descs[li] + e;
+        du = f.epilogue == MUSE_K_EPI_SWIGLU ? f.g.descs[1] + e : d;
+        out_row = pair;
+    }
     float o[2] = {0, 0};
-    f_finish_cols(f, li, r, j0, v, gs, o);
-    float *yr = f.y[li] + r * f.y_stride[li] + j0;
+    f_finish_cols(f, li, d, r, j0, v, gs, o);
+    float *yr = f.y[li] + out_row * f.y_stride[li] + j0;
     if (f.epilogue == MUSE_K_EPI_SWIGLU) {
         float u[2] = {0, 0};
-        f_finish_cols(f, 1, r, j0, v, gs, u);
+        f_finish_cols(f, 1, du, r, j0, v, gs, u);
         if (t < 64)
             for (int q = 0; q < 2; q++) {
                 double gv = muse_round_f16(o[q]);

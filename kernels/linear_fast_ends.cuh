@@ -11,6 +11,8 @@ typedef struct {
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     int64_t k;
     int n_lin;
+    int grouped; /* g: pair row q of a_i is perm[q]'s, with its expert's descriptor */
+    muse_k_fast_groups g;
 } muse_fast_prep;
 
 /* step 3: y_i = blockHad(sum of the splits' partials in split order) * svh + bias */
@@ -23,6 +25,8 @@ typedef struct {
     long y_stride[MUSE_K_FAST_MAX_LIN];
     long blk0[MUSE_K_FAST_MAX_LIN + 1]; /* first 128-column block of each linear */
     int n_lin, round16, epilogue;
+    int grouped; /* g: partial row q is pair perm[q]'s, finished with its expert's scales */
+    muse_k_fast_groups g;
 } muse_fast_fin;
 
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,

@@ -13,6 +13,7 @@ extern "C" {
 }
 #include "kernels/linear.cuh"
 #include "kernels/linear_fast.cuh"
+#include "kernels/moe_fast.cuh"
 #include "kernels/swiglu.cuh"
 
 static int n_pass, n_fail;
@@ -314,6 +315,156 @@ static void check_multi(int cb, int bits)
     weight_free(&up);
 }
 
+/* ---- the MoE's grouped product ---- */
+
+/* E experts (gate, up: k x I; down: I x k) and the device table [3][E] of their descriptors */
+typedef struct {
+    std::vector<weight> w; /* gate 0..E-1, up E..2E-1, down 2E..3E-1 */
+    muse_k_lin *table;
+    long E;
+} experts;
+
+static void experts_make(experts *x, long E, int64_t H, int64_t I, int bits, int cb)
+{
+    x->E = E;
+    x->w.resize(3 * E);
+    std::vector<muse_k_lin> h(3 * E);
+    for (long i = 0; i < 3 * E; i++) {
+        bool down = i >= 2 * E;
+        weight_make(&x->w[i], down ? I : H, down ? H : I, bits, cb, 0, 0);
+        h[i] = x->w[i].shape;
+    }
+    x->table = (muse_k_lin *)upload(h.data(), h.size() * sizeof h[0]);
+}
+static void experts_free(experts *x)
+{
+    for (auto &w : x->w) weight_free(&w);
+    CK(cudaFree(x->table));
+}
+
+/* the device plan of P pairs, as cuda_fast.c lays it out */
+typedef struct {
+    int32_t *sel, *src, *plan;
+    int most, gr, mg;
+} moe_plan;
+
+static void plan_make(moe_plan *p, const std::vector<int32_t> &sel, long R, long K, long E)
+{
+    long P = R * K;
+    std::vector<int32_t> src(P);
+    for (long i = 0; i < P; i++) src[i] = (int32_t)(i / K);
+    p->sel = (int32_t *)upload(sel.data(), P * 4);
+    p->src = (int32_t *)upload(src.data(), P * 4);
+    p->gr = muse_k_linear_fast_group_rows(R);
+    p->mg = muse_k_moe_max_groups(P, E, p->gr);
+    p->most = p->mg;
+    CK(cudaMalloc(&p->plan, ((size_t)p->most * 4 + P + 4) * 4));
+}
+static void plan_free(moe_plan *p)
+{
+    for (int32_t *q : {p->sel, p->src, p->plan}) CK(cudaFree(q));
+}
+
+/* z [P, H] of every pair: plan, gate/up + swiglu into act [P, I], down into z */
+static void run_grouped(const experts *x, const moe_plan *pl, const float *b, long R, long K,
+                        float *act, float *z)
+{
+    long P = R * K, E = x->E;
+    int64_t H = x->w[0].shape.k, I = x->w[0].shape.n;
+    int32_t *groups = pl->plan, *perm = groups + (size_t)pl->most * 4, *n_groups = perm + P;
+    muse_k_ctx pc = {0};
+    pc.rows = P;
+    CK(muse_k_moe_group(&pc, pl->sel, E, pl->gr, pl->mg, perm, groups, n_groups));
+    muse_k_lin shapes[3] = {x->w[0].shape, x->w[E].shape, x->w[2 * E].shape};
+    size_t need = std::max(muse_k_linear_fast_workspace(shapes, 2, P),
+                           muse_k_linear_fast_workspace(shapes + 2, 1, P));
+    void *wsp = grow(&d_ws, &ws_cap, need);
+    muse_k_fast_groups g = {{x->table, x->table + E}, pl->sel, pl->src, perm, groups, n_groups,
+                            pl->mg, pl->gr};
+    float *y[2] = {act, NULL};
+    long ys[2] = {(long)I, (long)I};
+    CK(muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, H, 1, y, ys, MUSE_K_EPI_SWIGLU, wsp, need));
+    muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL, perm, groups, n_groups, pl->mg,
+                             pl->gr};
+    float *yd[1] = {z};
+    long yds[1] = {(long)H};
+    CK(muse_k_linear_fast_grouped(&pc, shapes + 2, 1, &gd, act, I, 0, yd, yds, MUSE_K_EPI_NONE,
+                                  wsp, need));
+}
+
+/* K distinct experts a row, drawn at random */
+static std::vector<int32_t> rand_sel(long R, long K, long E)
+{
+    std::vector<int32_t> sel(R * K);
+    for (long r = 0; r < R; r++)
+        for (long s = 0; s < K; s++) {
+            int32_t e;
+            bool again;
+            do {
+                e = (int32_t)(rng64() % (uint64_t)E);
+                again = false;
+                for (long q = 0; q < s; q++) again |= sel[r * K + q] == e;
+            } while (again);
+            sel[r * K + s] = e;
+        }
+    return sel;
+}
+
+/* every pair of the grouped call equal bit for bit to its row through its expert alone (the
+ * plain fast product, gate/up + swiglu then down), at 1 row, a few, and past 16 rows */
+static void check_grouped(int cb, int bits)
+{
+    char what[200];
+    const long E = 6, K = 3;
+    const int64_t H = 256, I = 384;
+    experts x;
+    experts_make(&x, E, H, I, bits, cb);
+    long diff = 0, pairs = 0;
+    double worst = 0;
+    for (long R : {1L, 5L, 20L}) {
+        long P = R * K;
+        std::vector<int32_t> sel = rand_sel(R, K, E);
+        moe_plan pl;
+        plan_make(&pl, sel, R, K, E);
+        float *b = rand_x(R, H), *act = dalloc(P * I), *z = dalloc(P * H);
+        poison(act, P * I);
+        poison(z, P * H);
+        run_grouped(&x, &pl, b, R, K, act, z);
+        std::vector<float> got = dl(z, P * H);
+        float *a1 = dalloc(I), *z1 = dalloc(H), *g1 = dalloc(I), *u1 = dalloc(I), *s1 = dalloc(I);
+        for (long p = 0; p < P; p++) {
+            long e = sel[p];
+            weight *gu[2] = {&x.w[e], &x.w[E + e]}, *dn = &x.w[2 * E + e];
+            float *outs[2] = {a1, NULL};
+            long ys2[2] = {(long)I, (long)I}, ysd = H;
+            poison(z1, H);
+            run_fast(gu, 2, b + (p / K) * H, 1, 1, outs, ys2, MUSE_K_EPI_SWIGLU);
+            run_fast(&dn, 1, a1, 1, 0, &z1, &ysd, MUSE_K_EPI_NONE);
+            std::vector<float> one = dl(z1, H);
+            diff += memcmp(one.data(), got.data() + p * H, H * 4) != 0;
+            pairs++;
+            /* and within tolerance of the exact path's gate, up, swiglu, down */
+            muse_k_ctx kc = {0};
+            kc.rows = 1;
+            run_exact(&x.w[e], b + (p / K) * H, 1, 1, g1, I);
+            run_exact(&x.w[E + e], b + (p / K) * H, 1, 1, u1, I);
+            CK(muse_k_swiglu(&kc, g1, u1, I, s1));
+            run_exact(dn, s1, 1, 0, z1, H);
+            worst = std::max(worst, rel_l2(std::vector<float>(got.begin() + p * H,
+                                                              got.begin() + (p + 1) * H),
+                                           dl(z1, H)));
+        }
+        for (float *q : {b, act, z, a1, z1, g1, u1, s1}) CK(cudaFree(q));
+        plan_free(&pl);
+    }
+    snprintf(what, sizeof what,
+             "%s %d bits: grouped experts == each pair alone %ld/%ld, rel L2 vs exact %.3g",
+             cb_name[cb], bits, pairs - diff, pairs, worst);
+    verdict(diff == 0 && worst <= 2e-3, what);
+    experts_free(&x);
+}
+
+
 /* ---- timing ---- */
 
 static void *d_flush;
@@ -437,6 +588,37 @@ static void time_all(void)
     }
 }
 
+/* the experts of one MoE layer at the one-GPU shape: E experts 6144 -> 3072 -> 6144, top 8 */
+static void time_moe(void)
+{
+    const long E = 32, K = 8;
+    printf("%-24s %5s %4s %-5s %10s %10s %8s %6s\n", "moe experts (top 8 of 32)", "M", "bits",
+           "cb", "fast_us", "", "Tw/s", "%bw");
+    for (int cb = 0; cb < 3; cb++) {
+        experts x;
+        experts_make(&x, E, 6144, 3072, 2, cb);
+        for (long M : {1L, 4L, 16L, 256L}) {
+            long P = M * K;
+            std::vector<int32_t> sel = rand_sel(M, K, E);
+            moe_plan pl;
+            plan_make(&pl, sel, M, K, E);
+            float *b = rand_x(M, 6144), *act = dalloc(P * 3072), *z = dalloc(P * 6144);
+            double t = median_us([&] { run_grouped(&x, &pl, b, M, K, act, z); }, 20, true);
+            std::vector<bool> used(E);
+            for (int32_t e : sel) used[e] = true;
+            double w = 0;
+            for (long e = 0; e < E; e++) w += used[e] ? 3.0 * 6144 * 3072 : 0;
+            printf("%-24s %5ld %4d %-5s %10.1f %10s %8.3f %6.1f\n", "moe experts", M, 2,
+                   cb_name[cb], t, "", w / (t * 1e-6) / 1e12,
+                   100.0 * (w * 2 / 8) / (t * 1e-6) / copy_bw);
+            fflush(stdout);
+            for (float *q : {b, act, z}) CK(cudaFree(q));
+            plan_free(&pl);
+        }
+        experts_free(&x);
+    }
+}
+
 int main(int argc, char **argv)
 {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -450,10 +632,13 @@ int main(int argc, char **argv)
         check_one(256, 384, 3, cb, 1, 0); /* legacy sign words */
         check_one(384, 256, 2, cb, 0, 1); /* bias */
         check_multi(cb, 2);
+        check_grouped(cb, 2);
     }
+    check_grouped(1, 3);
     if (!quick) {
         for (int bits : {2, 3, 4, 6}) check_one(6144, 4096, bits, 2, 0, 0);
         time_all();
+        time_moe();
     }
     printf("exl3-fast-check: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

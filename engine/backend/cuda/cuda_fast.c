@@ -5,6 +5,7 @@
  * kernels: the same call falls back by shape alone, so a row's path never depends on its batch. */
 #include "backend/cuda/cuda_internal.h"
 #include "kernels/linear_fast.cuh"
+#include "kernels/moe_fast.cuh"
 
 /* The descriptors of rank rk's views of ls into shapes; whether the fast kernel takes them. */
 static int fits(const cuda_rank *rk, const muse_linear *const *ls, int n, int epilogue,
@@ -22,6 +23,50 @@ static size_t need(const cuda_rank *rk, const muse_linear *const *ls, int n, int
     muse_k_lin shapes[MUSE_K_FAST_MAX_LIN];
     if (!fits(rk, ls, n, epilogue, shapes)) return 0;
     return muse_k_linear_fast_workspace(shapes, n, rows);
+}
+
+/* Whether layer i's experts take the grouped fast product on rank rk: every expert's gate, up
+ * and down a fast shape, the same k, n, bits and codebook in each role (one launch's
+ * template); shapes: expert 0's three descriptors. */
+static int moe_fits(const muse_model *m, const cuda_rank *rk, int64_t i, muse_k_lin shapes[3])
+{
+    const muse_layer *ly = &m->layers[i];
+    int64_t E = m->cfg.num_experts;
+    if (m->cfg.mlp_kind[i] != MUSE_MLP_MOE || E < 1 || m->cfg.num_experts_per_tok < 1 ||
+        !ly->experts)
+        return 0;
+    for (int role = 0; role < 3; role++)
+        for (int64_t x = 0; x < E; x++) {
+            const muse_mlp *ex = &ly->experts[x];
+            const muse_linear *l = role == 0 ? &ex->gate : role == 1 ? &ex->up : &ex->down;
+            const muse_k_lin *s = &rk->lin[l->id];
+            if (x == 0) {
+                shapes[role] = *s;
+                if (!muse_k_linear_fast_fits(s, 1, MUSE_K_EPI_NONE)) return 0;
+            } else if (s->kind != shapes[role].kind || s->k != shapes[role].k ||
+                       s->n != shapes[role].n || s->bits != shapes[role].bits ||
+                       s->codebook != shapes[role].codebook) {
+                return 0;
+            }
+        }
+    return muse_k_linear_fast_fits(shapes, 2, MUSE_K_EPI_SWIGLU) && shapes[2].k == shapes[0].n;
+}
+
+/* The ints of a rank's MoE plan (moe_fast.cuh): groups [most][4], perm [P], n_groups. */
+static size_t plan_ints(const muse_config *cfg, long rows, int *most)
+{
+    long K = (long)cfg->num_experts_per_tok, E = (long)cfg->num_experts, P = rows * K;
+    int a = muse_k_moe_max_groups(P, E, muse_k_linear_fast_group_rows(rows));
+    int b = muse_k_moe_max_groups(P, E, 16); /* fewer rows: smaller groups, at most this */
+    *most = a > b ? a : b;
+    return (size_t)*most * 4 + (size_t)P + 4;
+}
+
+size_t cuda_fast_plan_ints(const cuda_backend *c, long rows)
+{
+    int most;
+    if (c->base.model->cfg.num_experts_per_tok < 1) return 0;
+    return plan_ints(&c->base.model->cfg, rows, &most);
 }
 
 size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows)
@@ -42,6 +87,17 @@ size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows
             for (int j = 0; j < 2; j++)
                 one[0] = gu[j], MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
             one[0] = &ly->dense.down, MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
+        }
+        muse_k_lin ex[3];
+        if (moe_fits(m, rk, i, ex)) {
+            long P = rows * (long)m->cfg.num_experts_per_tok;
+            MOST(muse_k_linear_fast_workspace(ex, 2, P));
+            MOST(muse_k_linear_fast_workspace(ex + 2, 1, P));
+        }
+        if (m->cfg.mlp_kind[i] == MUSE_MLP_MOE && m->cfg.num_shared_experts > 0) {
+            const muse_linear *gu[2] = {&ly->shared.gate, &ly->shared.up};
+            MOST(need(rk, gu, 2, MUSE_K_EPI_SWIGLU, rows));
+            one[0] = &ly->shared.down, MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
         }
     }
     one[0] = &m->head, MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
@@ -68,4 +124,47 @@ void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls,
     muse_k_ctx kc = kctx(rk, rows);
     CHECK(c, muse_k_linear_fast(&kc, shapes, n, x, x_stride, round16, ys, strides, epilogue,
                                 rk->ws_fast, rk->ws_fast_bytes));
+}
+
+int cuda_fast_moe_fits(const cuda_backend *c, const muse_layer *ly)
+{
+    const muse_model *m = c->base.model;
+    muse_k_lin shapes[3];
+    if (c->base.kernels != MUSE_KERNELS_FAST) return 0;
+    for (int r = 0; r < c->n_ranks; r++)
+        if (!c->rank[r].ws_fast || !c->rank[r].moe_plan ||
+            !moe_fits(m, &c->rank[r], ly - m->layers, shapes))
+            return 0;
+    return 1;
+}
+
+/* Every (row, slot) pair of rows rows through its expert on rank rk: the plan of groups, then
+ * gate/up with the swiglu epilogue into rk->ea [P, I] and down into z [P, n] (pair order). */
+void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, const float *b,
+                       long x_stride, long rows, float *z)
+{
+    const muse_model *m = c->base.model;
+    int64_t i = ly - m->layers;
+    long E = (long)m->cfg.num_experts, P = rows * (long)m->cfg.num_experts_per_tok;
+    muse_k_lin shapes[3];
+    if (CHECK(c, moe_fits(m, rk, i, shapes) ? cudaSuccess : cudaErrorInvalidValue))
+        return; /* the caller asked cuda_fast_moe_fits */
+    int most, gr = muse_k_linear_fast_group_rows(rows);
+    plan_ints(&m->cfg, rows, &most);
+    int mg = muse_k_moe_max_groups(P, E, gr);
+    int32_t *groups = rk->moe_plan, *perm = groups + (size_t)most * 4, *n_groups = perm + P;
+    muse_k_ctx pc = kctx(rk, P);
+    CHECK(c, muse_k_moe_group(&pc, rk->sel, E, gr, mg, perm, groups, n_groups));
+    const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
+    long I = (long)shapes[0].n, H = (long)shapes[2].n;
+    muse_k_fast_groups g = {{ex, ex + E}, rk->sel, rk->pair_src, perm, groups, n_groups, mg, gr};
+    float *y[2] = {rk->ea, NULL};
+    long ys[2] = {I, I};
+    CHECK(c, muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, x_stride, 1, y, ys,
+                                        MUSE_K_EPI_SWIGLU, rk->ws_fast, rk->ws_fast_bytes));
+    muse_k_fast_groups gd = {{ex + 2 * E}, rk->sel, NULL, perm, groups, n_groups, mg, gr};
+    float *yd[1] = {z};
+    long yds[1] = {H};
+    CHECK(c, muse_k_linear_fast_grouped(&pc, shapes + 2, 1, &gd, rk->ea, I, 0, yd, yds,
+                                        MUSE_K_EPI_NONE, rk->ws_fast, rk->ws_fast_bytes));
 }

@@ -11,6 +11,7 @@
 #include "kernels/head.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/moe.cuh"
+#include "kernels/moe_fast.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/qk_rope.cuh"
 #include "kernels/sample.cuh"
@@ -241,10 +242,31 @@ static void run_mlp(cuda_backend *c, cuda_rank *rk, const muse_k_lin *descs[3],
                            rk->ws_t));
 }
 
+/* The shared experts of rows rows on rank rk into out: the fast gate/up + swiglu and down
+ * where the fast path takes them, else run_mlp's exact launches. */
+static void run_shared(cuda_backend *c, cuda_rank *rk, const muse_mlp *s, const float *b, long H,
+                       long rows, float *out)
+{
+    const muse_linear *gu[2] = {&s->gate, &s->up}, *dn = &s->down;
+    if (cuda_fast_fits(c, gu, 2, MUSE_K_EPI_SWIGLU) && cuda_fast_fits(c, &dn, 1, MUSE_K_EPI_NONE)) {
+        long I = (long)rk->lin[s->gate.id].n, n = (long)rk->lin[s->down.id].n;
+        float *y[2] = {rk->eg, NULL}, *yd = out;
+        long ys[2] = {I, I};
+        cuda_fast_run(c, rk, gu, 2, b, H, rows, 1, y, ys, MUSE_K_EPI_SWIGLU);
+        cuda_fast_run(c, rk, &dn, 1, rk->eg, I, rows, 0, &yd, &n, MUSE_K_EPI_NONE);
+        return;
+    }
+    const muse_k_lin *sd[3] = {rk->lin_dev + s->gate.id, rk->lin_dev + s->up.id,
+                               rk->lin_dev + s->down.id};
+    const muse_k_lin *ss[3] = {&rk->lin[s->gate.id], &rk->lin[s->up.id], &rk->lin[s->down.id]};
+    run_mlp(c, rk, sd, ss, NULL, NULL, b, H, rows, out);
+}
+
 /* Router and selection per row (every rank the same), then every (row, slot) pair through the
  * rank's share of its expert and the shared experts; the ranks' partial outputs summed in rank
  * order (the CPU backend sums each expert's before its norm); then on every rank the expert
- * output norm and the weighted sum in ascending expert index, plus the shared experts. */
+ * output norm and the weighted sum in ascending expert index, plus the shared experts. The
+ * fast path: the warp router and the experts grouped through the fast product (cuda_fast.c). */
 static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_act y_a)
 {
     cuda_backend *c = cu(be);
@@ -254,31 +276,32 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     const muse_config *cfg = &m->cfg;
     long H = (long)cfg->hidden_size, E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
     long i = (long)(ly - m->layers), R = c->rows;
-    int shared = cfg->num_shared_experts > 0;
+    int shared = cfg->num_shared_experts > 0, fast = cuda_fast_moe_fits(c, ly);
     float *zg[MUSE_MAX_RANKS], *zs[MUSE_MAX_RANKS];
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         const float *b = act_r(c, b_a, r);
         muse_k_ctx kc = kctx(rk, R);
-        CHECK(c, muse_k_router(&kc, b, H, dev_ptr(c, rk, ly->router->data),
-                               kdtype(ly->router->dtype), E, rk->router_logits));
+        const void *router = dev_ptr(c, rk, ly->router->data);
+        int rdt = kdtype(ly->router->dtype);
+        if (be->kernels == MUSE_KERNELS_FAST)
+            CHECK(c, muse_k_router_fast(&kc, b, H, router, rdt, E, rk->router_logits));
+        else
+            CHECK(c, muse_k_router(&kc, b, H, router, rdt, E, rk->router_logits));
         CHECK(c,
               muse_k_select(&kc, rk->router_logits, E, K, rk->router_bias[i], cfg->norm_topk_prob,
                             (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w));
-        const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
-        const muse_k_lin *descs[3] = {ex, ex + E, ex + 2 * E};
-        const muse_k_lin *shape[3] = {&rk->lin[ly->experts[0].gate.id],
-                                      &rk->lin[ly->experts[0].up.id],
-                                      &rk->lin[ly->experts[0].down.id]};
-        run_mlp(c, rk, descs, shape, rk->sel, rk->pair_src, b, H, R * K, rk->zg);
-        if (shared) {
-            const muse_mlp *s = &ly->shared;
-            const muse_k_lin *sd[3] = {rk->lin_dev + s->gate.id, rk->lin_dev + s->up.id,
-                                       rk->lin_dev + s->down.id};
-            const muse_k_lin *ss[3] = {&rk->lin[s->gate.id], &rk->lin[s->up.id],
-                                       &rk->lin[s->down.id]};
-            run_mlp(c, rk, sd, ss, NULL, NULL, b, H, R, rk->zs);
+        if (fast) {
+            cuda_fast_experts(c, rk, ly, b, H, R, rk->zg);
+        } else {
+            const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
+            const muse_k_lin *descs[3] = {ex, ex + E, ex + 2 * E};
+            const muse_k_lin *shape[3] = {&rk->lin[ly->experts[0].gate.id],
+                                          &rk->lin[ly->experts[0].up.id],
+                                          &rk->lin[ly->experts[0].down.id]};
+            run_mlp(c, rk, descs, shape, rk->sel, rk->pair_src, b, H, R * K, rk->zg);
         }
+        if (shared) run_shared(c, rk, &ly->shared, b, H, R, rk->zs);
         zg[r] = rk->zg;
         zs[r] = rk->zs;
     }

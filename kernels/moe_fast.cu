@@ -1,0 +1,88 @@
+/* moe_fast: the fast path's router (a warp an (row, expert) instead of a thread) and the plan
+ * that groups a MoE's (row, slot) pairs by expert for the grouped product. The grouping is a
+ * counting sort done by one block in a fixed order: pair p's place depends on sel alone, and
+ * its bits on its own row and expert alone (the product's chain), never on its group. */
+#include "common.cuh"
+#include "moe_fast.cuh"
+
+#define MG_THREADS 256
+
+/* grid (ceil(E / 4), R), 128 threads: warp w of block b is expert 4 b + w. Lane l sums the
+ * products of elements l, l + 32, ... in double; the lanes' sums then add in a shuffle tree. */
+__global__ void __launch_bounds__(128)
+    k_router_fast(const float *b, long H, const void *router, int dtype, long E, float *logits)
+{
+    long r = blockIdx.y, x = (long)blockIdx.x * 4 + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (x >= E) return;
+    const float *br = b + r * H;
+    int64_t base = (int64_t)x * H;
+    double acc = 0;
+    for (long i = lane; i < H; i += 32)
+        acc += (double)br[i] * (double)k_load(router, dtype, base + i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) logits[r * E + x] = (float)acc;
+}
+
+/* one block of MG_THREADS; shared: cnt[E], first[E] */
+__global__ void __launch_bounds__(MG_THREADS)
+    k_moe_group(const int32_t *sel, long P, long E, int group_rows, int max_groups, int32_t *perm,
+                int4 *groups, int32_t *n_groups)
+{
+    extern __shared__ int32_t mg_sh[];
+    int32_t *cnt = mg_sh, *first = mg_sh + E;
+    int t = threadIdx.x;
+    for (long e = t; e < E; e += MG_THREADS) {
+        int32_t c = 0;
+        for (long p = 0; p < P; p++) c += sel[p] == e;
+        cnt[e] = c;
+    }
+    __syncthreads();
+    if (t == 0) { /* places and groups in expert order */
+        int32_t at = 0, g = 0;
+        for (long e = 0; e < E; e++) {
+            first[e] = at;
+            for (int32_t c0 = 0; c0 < cnt[e] && g < max_groups; c0 += group_rows, g++) {
+                int32_t c = cnt[e] - c0 < group_rows ? cnt[e] - c0 : group_rows;
+                groups[g] = make_int4((int)e, at + c0, c, 0);
+            }
+            at += cnt[e];
+        }
+        *n_groups = g;
+    }
+    __syncthreads();
+    for (long e = t; e < E; e += MG_THREADS) {
+        int32_t at = first[e];
+        for (long p = 0; p < P; p++)
+            if (sel[p] == e) perm[at++] = (int32_t)p;
+    }
+}
+
+MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H, const void *router,
+                                  int dtype, long E, float *logits)
+{
+    long rows = ctx->rows;
+    if (rows <= 0) return 0;
+    k_router_fast<<<dim3((unsigned)((E + 3) / 4), (unsigned)rows), 128, 0, ctx->st>>>(
+        b, H, router, dtype, E, logits);
+    return (int)cudaGetLastError();
+}
+
+MUSE_K_API int muse_k_moe_max_groups(long P, long E, int group_rows)
+{
+    long g = (P < E ? P : E) + P / (group_rows > 0 ? group_rows : 1);
+    return g > 0 ? (int)g : 1;
+}
+
+MUSE_K_API int muse_k_moe_group(const muse_k_ctx *ctx, const int32_t *sel, long E, int group_rows,
+                                int max_groups, int32_t *perm, int32_t *groups, int32_t *n_groups)
+{
+    long P = ctx->rows;
+    if (P <= 0) return 0;
+    size_t shared = (size_t)E * 2 * sizeof(int32_t);
+    if (shared > 48 * 1024 || group_rows < 1 || max_groups < 1) return (int)cudaErrorInvalidValue;
+    k_moe_group<<<1, MG_THREADS, shared, ctx->st>>>(sel, P, E, group_rows, max_groups, perm,
+                                                    (int4 *)groups, n_groups);
+    return (int)cudaGetLastError();
+}

@@ -1,0 +1,19 @@
+/* moe_fast: the fast path's router and the grouping of a MoE's (row, slot) pairs by expert for
+ * the grouped fast product (kernels/linear_fast.cuh muse_k_fast_groups). */
+#ifndef MUSE_K_MOE_FAST_CUH
+#define MUSE_K_MOE_FAST_CUH
+#include "launch.h"
+/* logits[R, E] = b[R, H] router^T as kernels/moe.cu's router, a warp an (row, expert): the same
+ * double products summed in a fixed lane-then-tree order, so the float logits equal the exact
+ * path's unless a double sum falls within an ulp of a float rounding boundary. ctx: st, rows */
+MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H, const void *router,
+                                  int dtype, long E, float *logits);
+/* The groups of P = ctx rows pairs: perm [P] the pairs by ascending expert, each expert's in
+ * ascending pair order; groups [max_groups][4] (expert, first place in perm, count <=
+ * group_rows, 0) in that order; *n_groups their number. sel [P] in [0, E) (others skipped).
+ * One block: the order is a function of sel alone. ctx: st, rows */
+MUSE_K_API int muse_k_moe_group(const muse_k_ctx *ctx, const int32_t *sel, long E, int group_rows,
+                                int max_groups, int32_t *perm, int32_t *groups, int32_t *n_groups);
+/* The most groups P pairs of top-k over E experts make at group_rows rows a group. */
+MUSE_K_API int muse_k_moe_max_groups(long P, long E, int group_rows);
+#endif
