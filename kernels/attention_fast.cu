@@ -129,9 +129,13 @@ __global__ void __launch_bounds__(AF_THREADS)
 #pragma unroll
             for (int j = 0; j < AF_G / 2; j++) {
                 int g = gs + 2 * j;
-                if (g < G)
+                if (g < G) {
+                    float4 qa0 = *(const float4 *)&sm.q[g][d],
+                           qa1 = *(const float4 *)&sm.q[g][d + 4];
+                    const float qf[8] = {qa0.x, qa0.y, qa0.z, qa0.w, qa1.x, qa1.y, qa1.z, qa1.w};
 #pragma unroll
-                    for (int e = 0; e < 8; e++) sc[j] = fmaf(sm.q[g][d + e], kf[e], sc[j]);
+                    for (int e = 0; e < 8; e++) sc[j] = fmaf(qf[e], kf[e], sc[j]);
+                }
             }
         }
         int64_t s = base + pos;
@@ -174,15 +178,22 @@ __global__ void __launch_bounds__(AF_THREADS)
                 acc[j].y *= al;
             }
         }
-        for (int i = 0; i < AF_T; i++) {
-            float2 v = __half22float2(*(const __half2 *)&sm.v[i][2 * d2]);
+        for (int i = 0; i < AF_T; i += 4) { /* 4 positions: one 16-byte read of each P row */
+            float2 v[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                v[e] = __half22float2(*(const __half2 *)&sm.v[i + e][2 * d2]);
 #pragma unroll
             for (int j = 0; j < PVJ; j++) {
                 int g = gb + NG * j;
                 if (g < G) {
-                    float pw = sm.p[g][i];
-                    acc[j].x = fmaf(pw, v.x, acc[j].x);
-                    acc[j].y = fmaf(pw, v.y, acc[j].y);
+                    float4 p4 = *(const float4 *)&sm.p[g][i];
+                    const float pw[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) { /* position order, as one at a time */
+                        acc[j].x = fmaf(pw[e], v[e].x, acc[j].x);
+                        acc[j].y = fmaf(pw[e], v[e].y, acc[j].y);
+                    }
                 }
             }
         }
