@@ -94,10 +94,12 @@
     K(QK_NORM_ROPE, "qk_norm_rope", "qk_norm_rope", "kernels/qk_rope.cu", NULL,                    \
       "cpu qk_norm_rope: per-head rms, RoPE NEOX (theta 0: none), fp16",                           \
       "Q and KV widths, a RoPE and a NoPE layer", 1e-6, MUSE_TOL_BY_OUTPUT, qk)                    \
-    K(ATTN_SLIDING, "kv write + attention sliding", "attention", "kernels/attention.cu", NULL,     \
+    K(ATTN_SLIDING, "kv write + attention sliding", "attention", "kernels/attention.cu",           \
+      "kernels/attention_fast.cu",                                                                 \
       "cpu attention: cache write, causal softmax within the window, sigmoid gate",                \
       "Q, KV of the first sliding layer; prompt and decode", 1e-6, MUSE_TOL_BY_OUTPUT, attention)  \
-    K(ATTN_FULL, "kv write + attention full", "attention", "kernels/attention.cu", NULL,           \
+    K(ATTN_FULL, "kv write + attention full", "attention", "kernels/attention.cu",                 \
+      "kernels/attention_fast.cu",                                                                 \
       "cpu attention: paged cache write, causal softmax, sigmoid gate",                            \
       "Q, KV of the first full layer; prompt and decode", 1e-6, MUSE_TOL_BY_OUTPUT, attention)     \
     K(SWIGLU, "swiglu", "swiglu", "kernels/swiglu.cu", NULL, "cpu swiglu: fp16(silu(g) * u)",      \

@@ -99,6 +99,9 @@ static int allocate_rank(cuda_backend *c, int r)
         rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
     size_t plan = be->kernels == MUSE_KERNELS_FAST ? cuda_fast_plan_ints(c, (long)R) : 0;
     if (plan) rk->moe_plan = dalloc(c, plan * sizeof(int32_t), &mem->workspace);
+    if (be->kernels == MUSE_KERNELS_FAST &&
+        (rk->ws_attn_bytes = cuda_attn_workspace(c, rk, (long)R)))
+        rk->ws_attn = dalloc(c, rk->ws_attn_bytes, &mem->workspace);
     rk->router_logits = dalloc(c, R * E * sizeof(float), &mem->workspace);
     rk->sel = dalloc(c, P * sizeof(int32_t), &mem->workspace);
     rk->sel_w = dalloc(c, P * sizeof(float), &mem->workspace);
@@ -417,7 +420,7 @@ static void free_rank(cuda_backend *c, int r)
                    rk->gather,      rk->d_tokens,   rk->d_seqs,
                    rk->d_want,      rk->d_tables,   rk->d_drawn,
                    rk->d_positions, rk->d_draw_pos, rk->d_sampling,
-                   rk->snapshots,   rk->moe_plan};
+                   rk->snapshots,   rk->moe_plan,   rk->ws_attn};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < c->n_acts; i++) cudaFree(c->acts[i][r]);
     if (rk->k_cache)

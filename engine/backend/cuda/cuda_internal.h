@@ -18,7 +18,8 @@
  * peers over NVLink), or after an NCCL all-gather where GPUs lack peer access.
  * Its files: cuda_upload.c (placement and upload), cuda_device.c (devices, peers, start-up,
  * destroy), cuda_round.c (staging, graphs, profiling, snapshots), cuda_ops.c (the operations
- * and the ops table), cuda_reduce.c (the rank-order sums). */
+ * and the ops table), cuda_reduce.c (the rank-order sums), cuda_fast.c and cuda_attn.c (the
+ * fast path's linears and attention). */
 
 #ifndef MUSE_CUDA_INTERNAL_H
 #define MUSE_CUDA_INTERNAL_H
@@ -94,6 +95,8 @@ typedef struct {
     double *ws_t;
     void *ws_fast; /* the fast path's workspace (cuda_fast.c), NULL on the exact path */
     size_t ws_fast_bytes;
+    void *ws_attn; /* the fast attention's split partials (kernels/attention_fast.cu), or NULL */
+    size_t ws_attn_bytes;
     float *router_logits, *sel_w, *eg, *eu, *ea, *zg, *zs, *xsel, *raw, *weights;
     int32_t *sel, *pair_src;
     int32_t *moe_plan; /* the fast MoE's groups, perm and count (cuda_fast.c), fast path only */
@@ -222,6 +225,11 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
 void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls, int n,
                    const float *x, long x_stride, long rows, int round16, float *const ys[],
                    const long strides[], int epilogue);
+
+/* cuda_attn.c: the fast attention's workspace on rank rk at rows rows (0: the exact kernel
+ * runs, by shape), and the longest key range a row of layer reads */
+size_t cuda_attn_workspace(const cuda_backend *c, const cuda_rank *rk, long rows);
+int64_t cuda_attn_max_len(const cuda_backend *c, int layer);
 
 /* cuda_ops.c: the operations' table */
 extern const muse_backend_ops cuda_ops;

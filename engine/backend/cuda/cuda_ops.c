@@ -7,6 +7,7 @@
 #include "kernels/linear_fast.cuh"
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_fast.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/head.cuh"
 #include "kernels/linear.cuh"
@@ -202,8 +203,14 @@ static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, 
         muse_k_kv kv = layer_kv(c, rk, layer);
         muse_k_ctx kc = kctx(rk, c->rows);
         CHECK(c, muse_k_kv_write(&kc, kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw));
-        CHECK(c, muse_k_attention(&kc, kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), hq, hd,
-                                  Hq / Hkv, window, scale));
+        if (c->base.kernels == MUSE_KERNELS_FAST && rk->ws_attn) /* shape fits: cuda_attn.c */
+            CHECK(c,
+                  muse_k_attention_fast(&kc, kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), hq,
+                                        hd, Hq / Hkv, window, scale, cuda_attn_max_len(c, layer),
+                                        rk->ws_attn, rk->ws_attn_bytes));
+        else
+            CHECK(c, muse_k_attention(&kc, kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), hq,
+                                      hd, Hq / Hkv, window, scale));
         c->act_cols[o][r] = hq * hd;
     }
     prof_end(c, window ? PROF_ATTN_SLIDING : PROF_ATTN_FULL);

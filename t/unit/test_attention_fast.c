@@ -1,0 +1,206 @@
+/* The fast attention's split logic (kernels/attention_fast.h) on the CPU: every row's chunks
+ * cover its key range in order, aligned to absolute positions, at most MUSE_ATTN_MAX_SPLITS
+ * and within the launch's grid; and a host emulation of the kernel's arithmetic (fp32 tiles of
+ * online softmax in the log2 domain, chunks merged in ascending order) against a double
+ * reference with a relative bound, sliding windows and peaked scores included. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/f16.h"
+#include "kernels/attention_fast.h"
+#include "tap.h"
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static double urand(void) /* [-1, 1) */
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) / 4503599627370496.0 - 1.0;
+}
+
+/* every (p, window): chunks a power-of-two multiple of the tile, aligned, contiguous, ascending,
+ * non-empty, the fewest that fit MUSE_ATTN_MAX_SPLITS, within the grid of the longest range */
+static void test_splits(void)
+{
+    const int64_t windows[] = {0, 1, 5, 8, 64, 100, 1024, 4096};
+    const int64_t max_ctx = 140000;
+    long bad_cover = 0, bad_align = 0, bad_count = 0, bad_min = 0, bad_grid = 0, rows = 0;
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        int64_t win = windows[w];
+        int64_t max_len = win > 0 ? win : max_ctx;
+        for (int64_t p = 0; p < max_ctx; p += p < 9000 ? 1 : 997) {
+            int64_t first = muse_attn_first(p, win);
+            int64_t c = muse_attn_chunk(first, p), n = muse_attn_count(first, p, c);
+            rows++;
+            bad_cover += first < 0 || first > p || (win > 0 && p - first + 1 > win) ||
+                         (win == 0 && first != 0) || (win > 0 && p >= win && p - first + 1 != win);
+            bad_align += c < MUSE_ATTN_TILE || c % MUSE_ATTN_TILE || (c & (c - 1)) != 0;
+            bad_count += n < 1 || n > MUSE_ATTN_MAX_SPLITS;
+            bad_min +=
+                c > MUSE_ATTN_TILE && muse_attn_count(first, p, c / 2) <= MUSE_ATTN_MAX_SPLITS;
+            bad_grid += n > muse_attn_max_splits(max_len);
+            int64_t next = first;
+            for (int64_t s = 0; s < n; s++) {
+                int64_t lo, hi;
+                muse_attn_split_range(first, p, c, s, &lo, &hi);
+                bad_cover += lo != next || hi < lo || hi > p;
+                bad_align +=
+                    (s > 0 && lo % c != 0) || (hi < p && (hi + 1) % c != 0) || lo / c != hi / c;
+                next = hi + 1;
+            }
+            bad_cover += next != p + 1;
+        }
+    }
+    ok(bad_cover == 0, "%ld rows: the splits cover [first, p] in order, none empty", rows);
+    ok(bad_align == 0, "chunks are 64 * 2^k, every boundary on an absolute multiple");
+    ok(bad_count == 0, "1 to %d splits a row", MUSE_ATTN_MAX_SPLITS);
+    ok(bad_min == 0, "the smallest chunk that fits: a row never splits coarser than it must");
+    ok(bad_grid == 0, "no row needs more splits than muse_attn_max_splits of its longest range");
+    is_int(muse_attn_chunk(0, 4095), 64, "context 4096: chunks of 64");
+    is_int(muse_attn_count(0, 4095, 64), 64, "context 4096: 64 splits");
+    is_int(muse_attn_chunk(0, 32767), 512, "context 32768: chunks of 512");
+    is_int(muse_attn_chunk(0, 131071), 2048, "context 131072: chunks of 2048");
+    is_int(muse_attn_max_splits(8), 2, "window 8: a range spans at most 2 chunks");
+    is_int(muse_attn_max_splits(1 << 20), MUSE_ATTN_MAX_SPLITS, "long contexts: the cap");
+    is_int(muse_attn_ws_row_bytes(64, 64, 4096), 64 * 64 * 66 * 4,
+           "workspace: a row's (max, sum, acc) per head and split");
+}
+
+static void test_rescale(void)
+{
+    ok(muse_attn_rescale(-INFINITY, -INFINITY) == 0.0f, "an empty partial merges as 0, not NaN");
+    ok(muse_attn_rescale(-INFINITY, 3.0f) == 0.0f, "an empty partial against a real max: 0");
+    ok(muse_attn_rescale(2.0f, 2.0f) == 1.0f, "the max partial keeps weight 1");
+    ok(fabsf(muse_attn_rescale(1.0f, 3.0f) - 0.25f) < 1e-7f, "2^(m - mx)");
+}
+
+#define HD 64
+#define G  4
+
+typedef struct {
+    float m, l, acc[HD];
+} partial;
+
+/* The kernel's arithmetic for one query head over split [lo, hi]: tiles of 64 aligned
+ * positions, fp32 scores (d order, fma), log2 domain, the running max, sum and accumulator. */
+static void emulate_split(const float *q, const uint16_t *k, const uint16_t *v, int64_t lo,
+                          int64_t hi, float scale_l2, partial *pt)
+{
+    pt->m = -INFINITY;
+    pt->l = 0;
+    for (int d = 0; d < HD; d++) pt->acc[d] = 0;
+    for (int64_t base = lo / MUSE_ATTN_TILE * MUSE_ATTN_TILE; base <= hi; base += MUSE_ATTN_TILE) {
+        float s[MUSE_ATTN_TILE], mx = -INFINITY;
+        for (int i = 0; i < MUSE_ATTN_TILE; i++) {
+            int64_t at = base + i;
+            float acc = 0;
+            if (at >= lo && at <= hi)
+                for (int d = 0; d < HD; d++) acc = fmaf(q[d], muse_f16_to_f32(k[at * HD + d]), acc);
+            s[i] = at >= lo && at <= hi ? acc * scale_l2 : -INFINITY;
+            mx = fmaxf(mx, s[i]);
+        }
+        float m_new = fmaxf(pt->m, mx), sum = 0;
+        for (int i = 0; i < MUSE_ATTN_TILE; i++) sum += s[i] = muse_attn_rescale(s[i], m_new);
+        float alpha = muse_attn_rescale(pt->m, m_new);
+        pt->m = m_new;
+        pt->l = fmaf(pt->l, alpha, sum);
+        for (int d = 0; d < HD; d++) {
+            float a = pt->acc[d] * alpha;
+            for (int i = 0; i < MUSE_ATTN_TILE; i++) {
+                int64_t at = base + i;
+                float vv = at >= lo && at <= hi ? muse_f16_to_f32(v[at * HD + d]) : 0.0f;
+                a = fmaf(s[i], vv, a);
+            }
+            pt->acc[d] = a;
+        }
+    }
+}
+
+/* rel L2 of the emulated output (splits merged in ascending order) against double softmax */
+static double emulate_row(const float *q, const uint16_t *k, const uint16_t *v, int64_t p,
+                          int64_t window, double scale, double *den_out)
+{
+    int64_t first = muse_attn_first(p, window);
+    int64_t c = muse_attn_chunk(first, p), n = muse_attn_count(first, p, c);
+    static partial pt[MUSE_ATTN_MAX_SPLITS];
+    float scale_l2 = (float)(scale * 1.4426950408889634);
+    for (int64_t s = 0; s < n; s++) {
+        int64_t lo, hi;
+        muse_attn_split_range(first, p, c, s, &lo, &hi);
+        emulate_split(q, k, v, lo, hi, scale_l2, &pt[s]);
+    }
+    float mx = -INFINITY;
+    for (int64_t s = 0; s < n; s++) mx = fmaxf(mx, pt[s].m);
+    float l = 0, out[HD] = {0};
+    for (int64_t s = 0; s < n; s++) {
+        float w = muse_attn_rescale(pt[s].m, mx);
+        l = fmaf(w, pt[s].l, l);
+        for (int d = 0; d < HD; d++) out[d] = fmaf(w, pt[s].acc[d], out[d]);
+    }
+    /* the reference: double scores, max, sum and weighted V in position order */
+    double rm = -INFINITY, rs = 0, ro[HD] = {0};
+    double *sc = malloc((size_t)(p - first + 1) * sizeof *sc);
+    for (int64_t at = first; at <= p; at++) {
+        double d0 = 0;
+        for (int d = 0; d < HD; d++) d0 += (double)q[d] * muse_f16_to_f32(k[at * HD + d]);
+        sc[at - first] = d0 * scale;
+        if (sc[at - first] > rm) rm = sc[at - first];
+    }
+    for (int64_t at = first; at <= p; at++) rs += exp(sc[at - first] - rm);
+    for (int64_t at = first; at <= p; at++)
+        for (int d = 0; d < HD; d++)
+            ro[d] += exp(sc[at - first] - rm) / rs * muse_f16_to_f32(v[at * HD + d]);
+    free(sc);
+    double num = 0, den = 0;
+    for (int d = 0; d < HD; d++) {
+        double e = (double)(out[d] / l) - ro[d];
+        num += e * e;
+        den += ro[d] * ro[d];
+    }
+    *den_out = den;
+    return sqrt(num / den);
+}
+
+static void test_emulation(void)
+{
+    const int64_t n_pos = 20000;
+    uint16_t *k = malloc((size_t)n_pos * HD * sizeof *k),
+             *v = malloc((size_t)n_pos * HD * sizeof *v);
+    for (int64_t i = 0; i < n_pos * HD; i++) {
+        k[i] = muse_f32_to_f16((float)urand());
+        v[i] = muse_f32_to_f16((float)urand());
+    }
+    const struct {
+        int64_t p, window;
+        double q_scale; /* larger: peaked scores, so the running max moves across chunks */
+    } rows[] = {{0, 0, 1},     {1, 0, 1},       {62, 0, 1},       {63, 0, 1},
+                {64, 0, 1},    {200, 0, 4},     {4095, 0, 1},     {4096, 0, 8},
+                {9999, 0, 2},  {19999, 0, 1},   {19999, 0, 16},   {10, 8, 1},
+                {700, 100, 4}, {5000, 4096, 1}, {19999, 4096, 8}, {129, 64, 16}};
+    double worst = 0, min_den = INFINITY;
+    for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
+        for (int g = 0; g < G; g++) {
+            float q[HD];
+            for (int d = 0; d < HD; d++) q[d] = muse_round_f16((float)(urand() * rows[r].q_scale));
+            double den, e = emulate_row(q, k, v, rows[r].p, rows[r].window, 1.0 / sqrt(HD), &den);
+            if (!(e <= worst)) worst = e;
+            if (den < min_den) min_den = den;
+        }
+    }
+    ok(worst <= 2e-5, "the chunked fp32 online softmax within rel L2 2e-5 of double (worst %.2e)",
+       worst);
+    ok(min_den > 1e-8, "the reference outputs are not zeros (smallest |o|^2 %.2e)", min_den);
+    free(k);
+    free(v);
+}
+
+int main(void)
+{
+    test_splits();
+    test_rescale();
+    test_emulation();
+    return done_testing();
+}
