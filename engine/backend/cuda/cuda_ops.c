@@ -402,8 +402,13 @@ static void cuda_sample(muse_backend *be, muse_act logits)
     prof_begin(c);
     cuda_rank *r0 = on(c, 0);
     muse_k_ctx wanted = kctx(r0, c->wanted);
-    CHECK(c, muse_k_sample(&wanted, act_r(c, logits, 0), (long)be->model->cfg.vocab_size,
-                           c->weight_bits, r0->weights, r0->d_drawn));
+    long V = (long)be->model->cfg.vocab_size;
+    if (fast_small(c)) /* r0->weights: muse_k_sample_fast_bytes on this path (cuda_device.c) */
+        CHECK(c, muse_k_sample_fast(&wanted, act_r(c, logits, 0), V, c->weight_bits, r0->weights,
+                                    r0->d_drawn));
+    else
+        CHECK(c, muse_k_sample(&wanted, act_r(c, logits, 0), V, c->weight_bits, r0->weights,
+                               r0->d_drawn));
     prof_end(c, PROF_SAMPLE);
 }
 
