@@ -48,18 +48,14 @@ static int64_t proto_sample(proto *s, const float *lg, int64_t V, const muse_sam
     int64_t best = V;
     for (int64_t c0 = 0; c0 < V; c0 += CHUNK) {
         float cm = -INFINITY;
-        int64_t cf = V;
         for (int64_t i = c0; i < V && i < c0 + CHUNK; i++) cm = lg[i] > cm ? lg[i] : cm;
-        for (int64_t i = c0; i < V && i < c0 + CHUNK; i++)
-            if (lg[i] == cm && i < cf) cf = i;
         if (cm > mx) mx = cm;
-        (void)cf;
     }
-    for (int64_t c0 = 0; c0 < V; c0 += CHUNK) {
+    for (int64_t c0 = 0; c0 < V; c0 += CHUNK) { /* each chunk's lowest id holding the maximum */
         float cm = -INFINITY;
         for (int64_t i = c0; i < V && i < c0 + CHUNK; i++) cm = lg[i] > cm ? lg[i] : cm;
         for (int64_t i = c0; i < V && i < c0 + CHUNK && cm == mx; i++)
-            if (lg[i] == cm && i < best) best = i;
+            if (i < best && lg[i] == cm) best = i;
     }
     if (mx == -INFINITY || !(p->temperature > 0) || mx == INFINITY) return best < V ? best : 0;
     float inv_t = 1.0f / p->temperature;
