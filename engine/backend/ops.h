@@ -66,15 +66,16 @@
  *   its own)). Widths exactly "hidden" and no case written in op_cases.c: one case at the
  *   hidden width, named as the entry, made from this line alone. */
 #define MUSE_KERNELS(K)                                                                            \
-    K(EMBED, "embed", "embed", "kernels/embed.cu", NULL, "cpu embed: rms(embed[tokens]), fp32",    \
-      "hidden", 1e-6, MUSE_TOL_BY_OUTPUT, embed)                                                   \
-    K(NORM, "norm", "norm", "kernels/norm.cu", NULL,                                               \
+    K(EMBED, "embed", "embed", "kernels/embed.cu", "kernels/embed_fast.cu",                        \
+      "cpu embed: rms(embed[tokens]), fp32", "hidden", 1e-6, MUSE_TOL_BY_OUTPUT, embed)            \
+    K(NORM, "norm", "norm", "kernels/norm.cu", "kernels/norm_fast.cu",                             \
       "cpu norm: rms(x) * (1 | 1+w | w), fp32 or fp16 out", "hidden, each weight mode, fp32/fp16", \
       1e-6, MUSE_TOL_BY_OUTPUT, norm)                                                              \
-    K(ADD_NORM, "add_norm", "add_norm", "kernels/norm.cu", NULL,                                   \
+    K(ADD_NORM, "add_norm", "add_norm", "kernels/norm.cu", "kernels/norm_fast.cu",                 \
       "cpu add_norm: h += (1+w) rms(y)", "hidden", 1e-6, MUSE_TOL_BY_OUTPUT, add_norm)             \
-    K(ADD_NORM_NORM, "add_norm + norm", "add_norm_norm", "kernels/norm.cu (add_norm, norm)", NULL, \
-      "cpu add_norm then norm (1+w, fp16 out)", "hidden", 1e-6, MUSE_TOL_BY_OUTPUT, add_norm_norm) \
+    K(ADD_NORM_NORM, "add_norm + norm", "add_norm_norm", "kernels/norm.cu (add_norm, norm)",       \
+      "kernels/norm_fast.cu (one launch)", "cpu add_norm then norm (1+w, fp16 out)", "hidden",     \
+      1e-6, MUSE_TOL_BY_OUTPUT, add_norm_norm)                                                     \
     K(LINEAR_DENSE, "linear dense", "linear", "kernels/linear.cu", NULL,                           \
       "cpu linear, fp16/bf16 weights: fp32 sums in the CPU order",                                 \
       "q, k, o, dense gate/down, expert up/down of the pack", 1e-6, MUSE_TOL_BY_OUTPUT, linear)    \
@@ -91,7 +92,8 @@
     K(SWIGLU_LINEAR, "gate/up + swiglu", "swiglu_linear", "kernels/linear.cu, kernels/swiglu.cu",  \
       "kernels/linear_fast.cu", "cpu linear gate, linear up (fp16 out), swiglu",                   \
       "the first dense or expert MLP", 1e-6, MUSE_TOL_BY_OUTPUT, swiglu_linear)                    \
-    K(QK_NORM_ROPE, "qk_norm_rope", "qk_norm_rope", "kernels/qk_rope.cu", NULL,                    \
+    K(QK_NORM_ROPE, "qk_norm_rope", "qk_norm_rope", "kernels/qk_rope.cu",                          \
+      "kernels/qk_rope_fast.cu",                                                                   \
       "cpu qk_norm_rope: per-head rms, RoPE NEOX (theta 0: none), fp16",                           \
       "Q and KV widths, a RoPE and a NoPE layer", 1e-6, MUSE_TOL_BY_OUTPUT, qk)                    \
     K(ATTN_SLIDING, "kv write + attention sliding", "attention", "kernels/attention.cu",           \
@@ -102,15 +104,16 @@
       "kernels/attention_fast.cu",                                                                 \
       "cpu attention: paged cache write, causal softmax, sigmoid gate",                            \
       "Q, KV of the first full layer; prompt and decode", 1e-6, MUSE_TOL_BY_OUTPUT, attention)     \
-    K(SWIGLU, "swiglu", "swiglu", "kernels/swiglu.cu", NULL, "cpu swiglu: fp16(silu(g) * u)",      \
-      "dense and expert widths", 1e-6, MUSE_TOL_BY_OUTPUT, swiglu)                                 \
+    K(SWIGLU, "swiglu", "swiglu", "kernels/swiglu.cu", "kernels/swiglu_fast.cu",                   \
+      "cpu swiglu: fp16(silu(g) * u)", "dense and expert widths", 1e-6, MUSE_TOL_BY_OUTPUT,        \
+      swiglu)                                                                                      \
     K(MOE, "moe + router", "moe", "kernels/moe.cu", "kernels/moe_fast.cu, kernels/linear_fast.cu", \
       "cpu moe: router, top-k (ties to the lower expert), weights, experts, shared experts",       \
       "hidden of the first moe layer", 1e-6, 2e-4, moe)                                            \
     K(HEAD, "head", "head", "kernels/head.cu", NULL,                                               \
       "cpu head: lm_head, output multiplier, softcap", "hidden x vocab", 1e-6, MUSE_TOL_BY_OUTPUT, \
       head)                                                                                        \
-    K(SAMPLE, "sample", "sample", "kernels/sample.cu", NULL,                                       \
+    K(SAMPLE, "sample", "sample", "kernels/sample.cu", "kernels/sample_fast.cu",                   \
       "cpu sample = the host muse_sample (ties to the lower id, NaN never, +inf wins)", "vocab",   \
       0, 0, sample)                                                                                \
     K(ALL_REDUCE, "all_reduce", "all_reduce", "kernels/all_reduce.cu", NULL,                       \

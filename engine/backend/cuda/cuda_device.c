@@ -3,6 +3,7 @@
  * access and NCCL, each rank's start and buffers, the backend's creation and its destroy. */
 
 #include "backend/cuda/cuda_internal.h"
+#include "kernels/sample_fast.cuh"
 
 static const char *const prof_names[PROF_OPS] = {"begin_round (host)", "end_round (host)",
 #define MUSE_PROF_NAME(id, name, ...) name,
@@ -113,7 +114,10 @@ static int allocate_rank(cuda_backend *c, int r)
     rk->zs = dalloc(c, R * H * sizeof(float), &mem->workspace);
     rk->xsel = dalloc(c, R * H * sizeof(float), &mem->workspace);
     rk->raw = dalloc(c, R * head_w * sizeof(float), &mem->workspace);
-    if (r == 0) rk->weights = dalloc(c, R * V * sizeof(float), &mem->workspace);
+    size_t sample_ws = R * V * sizeof(float); /* the fast sampler's keys and histograms: more */
+    if (be->kernels == MUSE_KERNELS_FAST && muse_k_sample_fast_bytes((long)R, (long)V) > sample_ws)
+        sample_ws = muse_k_sample_fast_bytes((long)R, (long)V);
+    if (r == 0) rk->weights = dalloc(c, sample_ws, &mem->workspace);
     if (c->n_ranks > 1) rk->red = dalloc(c, c->red_floats * sizeof(float), &mem->workspace);
     if (c->nccl)
         rk->gather = dalloc(c, (size_t)c->n_ranks * c->red_floats * sizeof(float), &mem->workspace);

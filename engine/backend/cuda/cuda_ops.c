@@ -9,14 +9,26 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_fast.cuh"
 #include "kernels/embed.cuh"
+#include "kernels/embed_fast.cuh"
 #include "kernels/head.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/moe_fast.cuh"
 #include "kernels/norm.cuh"
+#include "kernels/norm_fast.cuh"
 #include "kernels/qk_rope.cuh"
+#include "kernels/qk_rope_fast.cuh"
 #include "kernels/sample.cuh"
+#include "kernels/sample_fast.cuh"
 #include "kernels/swiglu.cuh"
+#include "kernels/swiglu_fast.cuh"
+
+/* Whether the small operations take their fast kernels (chosen at start: a row's path never
+ * depends on its batch). */
+static int fast_small(const cuda_backend *c)
+{
+    return c->base.kernels == MUSE_KERNELS_FAST;
+}
 
 /* Every rank embeds from its GPU's copy: the same bits on each (the replicated stream). */
 static void cuda_embed(muse_backend *be, muse_act out)
@@ -29,8 +41,12 @@ static void cuda_embed(muse_backend *be, muse_act out)
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         muse_k_ctx kc = kctx(rk, c->rows);
-        CHECK(c, muse_k_embed(&kc, dev_ptr(c, rk, m->embed->data), kdtype(m->embed->dtype), H,
-                              m->cfg.rms_norm_eps, act_r(c, out, r)));
+        const void *table = dev_ptr(c, rk, m->embed->data);
+        int dt = kdtype(m->embed->dtype);
+        if (fast_small(c))
+            CHECK(c, muse_k_embed_fast(&kc, table, dt, H, m->cfg.rms_norm_eps, act_r(c, out, r)));
+        else
+            CHECK(c, muse_k_embed(&kc, table, dt, H, m->cfg.rms_norm_eps, act_r(c, out, r)));
         c->act_cols[out][r] = H;
     }
     prof_end(c, PROF_EMBED);
@@ -55,9 +71,13 @@ static void cuda_norm(muse_backend *be, muse_act x, long width, const muse_vec *
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         muse_k_ctx kc = kctx(rk, c->rows);
-        CHECK(c,
-              muse_k_norm(&kc, act_r(c, x, r), width, mode == MUSE_NORM_NONE ? NULL : vec(c, rk, w),
-                          0, NULL, kmode, (double)eps, round16, act_r(c, out, r)));
+        const float *wv = mode == MUSE_NORM_NONE ? NULL : vec(c, rk, w);
+        if (fast_small(c))
+            CHECK(c, muse_k_norm_fast(&kc, act_r(c, x, r), width, wv, kmode, (double)eps, round16,
+                                      act_r(c, out, r)));
+        else
+            CHECK(c, muse_k_norm(&kc, act_r(c, x, r), width, wv, 0, NULL, kmode, (double)eps,
+                                 round16, act_r(c, out, r)));
         c->act_cols[out][r] = width;
     }
     prof_end(c, PROF_NORM);
@@ -72,10 +92,41 @@ static void cuda_add_norm(muse_backend *be, muse_act h, muse_act y, long width, 
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         muse_k_ctx kc = kctx(rk, c->rows);
-        CHECK(c, muse_k_add_norm(&kc, act_r(c, h, r), act_r(c, y, r), width, vec(c, rk, w),
-                                 (double)eps));
+        if (fast_small(c))
+            CHECK(c, muse_k_add_norm_fast(&kc, act_r(c, h, r), act_r(c, y, r), width, vec(c, rk, w),
+                                          (double)eps));
+        else
+            CHECK(c, muse_k_add_norm(&kc, act_r(c, h, r), act_r(c, y, r), width, vec(c, rk, w),
+                                     (double)eps));
     }
     prof_end(c, PROF_ADD_NORM);
+}
+
+/* add_norm and the norm after it in one fast launch; the exact path runs the two ops. */
+static void cuda_add_norm_norm(muse_backend *be, muse_act h, muse_act y, long width,
+                               const muse_vec *w, float eps, const muse_vec *next_w,
+                               muse_norm_weight next_mode, float next_eps, muse_act out)
+{
+    cuda_backend *c = cu(be);
+    if (!fast_small(c)) {
+        muse_backend_add_norm_norm_parts(be, h, y, width, w, eps, next_w, next_mode, next_eps, out);
+        return;
+    }
+    if (c->failed) return;
+    prof_begin(c);
+    int kmode = next_mode == MUSE_NORM_PLUS1   ? MUSE_K_NORM_PLUS1
+                : next_mode == MUSE_NORM_PLAIN ? MUSE_K_NORM_PLAIN
+                                               : MUSE_K_NORM_NONE;
+    for (int r = 0; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        muse_k_ctx kc = kctx(rk, c->rows);
+        const float *nw = next_mode == MUSE_NORM_NONE ? NULL : vec(c, rk, next_w);
+        CHECK(c, muse_k_add_norm_norm_fast(&kc, act_r(c, h, r), act_r(c, y, r), width,
+                                           vec(c, rk, w), (double)eps, nw, kmode, (double)next_eps,
+                                           act_r(c, out, r)));
+        c->act_cols[out][r] = width;
+    }
+    prof_end(c, PROF_ADD_NORM_NORM);
 }
 
 /* y = x W over rows rows with rank rk's descriptor of linear l (x rows of its k floats), y rows
@@ -169,8 +220,12 @@ static void cuda_qk_norm_rope(muse_backend *be, muse_act x, long heads, long hea
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         muse_k_ctx kc = kctx(rk, c->rows);
-        CHECK(c, muse_k_qk_norm_rope(&kc, act_r(c, x, r), c->act_cols[x][r] / head_dim, head_dim,
-                                     theta, (double)eps));
+        long hr = c->act_cols[x][r] / head_dim; /* the heads this rank's buffer holds */
+        if (fast_small(c))
+            CHECK(c,
+                  muse_k_qk_norm_rope_fast(&kc, act_r(c, x, r), hr, head_dim, theta, (double)eps));
+        else
+            CHECK(c, muse_k_qk_norm_rope(&kc, act_r(c, x, r), hr, head_dim, theta, (double)eps));
     }
     prof_end(c, PROF_QK_NORM_ROPE);
 }
@@ -226,7 +281,11 @@ static void cuda_swiglu(muse_backend *be, muse_act gate, muse_act up, long width
         cuda_rank *rk = on(c, r);
         long w = c->act_cols[gate][r];     /* the rank's share of the intermediate width */
         muse_k_ctx kc = kctx(rk, c->rows); /* c->rows * w elements */
-        CHECK(c, muse_k_swiglu(&kc, act_r(c, gate, r), act_r(c, up, r), w, act_r(c, out, r)));
+        if (fast_small(c))
+            CHECK(c,
+                  muse_k_swiglu_fast(&kc, act_r(c, gate, r), act_r(c, up, r), w, act_r(c, out, r)));
+        else
+            CHECK(c, muse_k_swiglu(&kc, act_r(c, gate, r), act_r(c, up, r), w, act_r(c, out, r)));
         c->act_cols[out][r] = w;
     }
     prof_end(c, PROF_SWIGLU);
@@ -373,8 +432,13 @@ static void cuda_sample(muse_backend *be, muse_act logits)
     prof_begin(c);
     cuda_rank *r0 = on(c, 0);
     muse_k_ctx wanted = kctx(r0, c->wanted);
-    CHECK(c, muse_k_sample(&wanted, act_r(c, logits, 0), (long)be->model->cfg.vocab_size,
-                           c->weight_bits, r0->weights, r0->d_drawn));
+    long V = (long)be->model->cfg.vocab_size;
+    if (fast_small(c)) /* r0->weights: muse_k_sample_fast_bytes on this path (cuda_device.c) */
+        CHECK(c, muse_k_sample_fast(&wanted, act_r(c, logits, 0), V, c->weight_bits, r0->weights,
+                                    r0->d_drawn));
+    else
+        CHECK(c, muse_k_sample(&wanted, act_r(c, logits, 0), V, c->weight_bits, r0->weights,
+                               r0->d_drawn));
     prof_end(c, PROF_SAMPLE);
 }
 
@@ -389,7 +453,7 @@ const muse_backend_ops cuda_ops = {
     .embed = cuda_embed,
     .norm = cuda_norm,
     .add_norm = cuda_add_norm,
-    .add_norm_norm = muse_backend_add_norm_norm_parts,
+    .add_norm_norm = cuda_add_norm_norm,
     .linear = cuda_linear,
     .linears = cuda_linears,
     .swiglu_linear = cuda_swiglu_linear,

@@ -1,0 +1,402 @@
+/* sample (fast path): the host sampler's token (engine/text/sampler.c) by integer selection,
+ * in four launches. 1: a block a chunk of SF_CHUNK logits finds its maximum and the lowest id
+ * holding it, and zeroes the row's histograms. 2: the same blocks weigh their logits
+ * (muse_ss_weight: the host's float sequence) and add per-bin counts and weight sums into the
+ * row's histograms. 3: they weigh again and scatter each candidate's key into its bin's
+ * segment (bins highest first, a bin's keys in any order). 4: a block a row runs the plan of
+ * kernels/sample.cu (top_k, top_p, min_p, the draw), each crossing a suffix scan over the bins
+ * and at most five 10-bit digit passes over one bin's keys (base/sampler_select.h, prototyped
+ * and held to the host on the CPU in t/unit/test_sampler_select.c). Every sum is an integer
+ * and every choice a key comparison, so neither the atomics' order nor the row's place in the
+ * batch can change a bit: the token is the host's. */
+#include <float.h>
+
+#include "common.cuh"
+#include "sample_fast.cuh"
+#include "base/sampler_select.h"
+
+#define SF_CHUNK       4096 /* logits a block in launches 1-3 */
+#define SF_THREADS     256
+#define SF_SEL_THREADS 1024 /* = MUSE_SS_DIGITS, = MUSE_SS_BINS / 2 */
+#define SF_SEG_CAP     4096 /* a bin's keys copied to shared memory up to this many */
+
+typedef unsigned long long sf_u64; /* atomicAdd's type */
+
+/* A row's workspace: keys [V], bin weights and counts, the launch-3 cursors, the chunk maxima. */
+typedef struct {
+    uint64_t *keys, *bin_weight;
+    uint32_t *bin_count, *cursor;
+    float *part_max;
+    int32_t *part_first;
+} sf_row;
+
+__host__ __device__ static inline long sf_chunks(long V)
+{
+    return (V + SF_CHUNK - 1) / SF_CHUNK;
+}
+
+__host__ __device__ static inline size_t sf_row_bytes(long V)
+{
+    return (size_t)V * 8 + (size_t)MUSE_SS_BINS * 16 + (size_t)sf_chunks(V) * 8;
+}
+
+__device__ static sf_row k_sf_row(void *ws, long V, long row)
+{
+    char *p = (char *)ws + (size_t)row * sf_row_bytes(V);
+    sf_row w;
+    w.keys = (uint64_t *)p;
+    w.bin_weight = w.keys + V;
+    w.bin_count = (uint32_t *)(w.bin_weight + MUSE_SS_BINS);
+    w.cursor = w.bin_count + MUSE_SS_BINS;
+    w.part_max = (float *)(w.cursor + MUSE_SS_BINS);
+    w.part_first = (int32_t *)(w.part_max + sf_chunks(V));
+    return w;
+}
+
+/* The sum over the threads above this one (higher index) of v; integers, so any order. */
+__device__ static uint64_t k_sf_above(uint64_t v)
+{
+    __shared__ uint64_t warp_tot[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    uint64_t inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        uint64_t y = __shfl_down_sync(0xffffffffu, inc, o);
+        if (lane + o < 32) inc += y;
+    }
+    if (lane == 0) warp_tot[w] = inc;
+    __syncthreads();
+    uint64_t above = inc - v;
+    for (int j = w + 1; j < nw; j++) above += warp_tot[j];
+    __syncthreads();
+    return above;
+}
+
+__device__ static uint64_t k_sf_sum(uint64_t v)
+{
+    __shared__ uint64_t total;
+    uint64_t a = k_sf_above(v);
+    if (threadIdx.x == 0) total = a + v;
+    __syncthreads();
+    uint64_t s = total;
+    __syncthreads();
+    return s;
+}
+
+/* The row's maximum (NaN never; -inf when nothing is above) and the lowest id holding it, from
+ * the chunks' (thread 0; the same whatever the order, as the host's). */
+__device__ static void k_sf_combine(const sf_row *w, long V, float *mx, long *best)
+{
+    long nb = sf_chunks(V), f = V;
+    float m = -INFINITY;
+    for (long b = 0; b < nb; b++) m = w->part_max[b] > m ? w->part_max[b] : m;
+    for (long b = 0; b < nb; b++)
+        if (w->part_max[b] == m && w->part_first[b] < f) f = w->part_first[b];
+    *mx = m;
+    *best = f;
+}
+
+__device__ static bool k_sf_forced(float mx, float temperature)
+{
+    return mx == -INFINITY || !(temperature > 0) || mx == INFINITY;
+}
+
+__device__ static float k_sf_inv_t(float temperature)
+{
+    float inv_t = __fdiv_rn(1.0f, temperature);
+    return inv_t > FLT_MAX ? FLT_MAX : inv_t;
+}
+
+/* Launch 1. Shape: grid (chunks, rows), block SF_THREADS. */
+__global__ void k_sf_max(const float *logits, long V, void *ws)
+{
+    __shared__ float wm[SF_THREADS / 32];
+    __shared__ long wf[SF_THREADS / 32];
+    long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
+    int t = threadIdx.x, lane = t & 31;
+    const float *lg = logits + row * V;
+    sf_row w = k_sf_row(ws, V, row);
+    float m = -INFINITY;
+    for (long i = c0 + t; i < c1; i += SF_THREADS) m = lg[i] > m ? lg[i] : m;
+    for (int o = 16; o > 0; o >>= 1) {
+        float y = __shfl_xor_sync(0xffffffffu, m, o);
+        m = y > m ? y : m;
+    }
+    if (lane == 0) wm[t >> 5] = m;
+    __syncthreads();
+    for (int j = 0; j < SF_THREADS / 32; j++) m = wm[j] > m ? wm[j] : m;
+    long f = V;
+    for (long i = c0 + t; i < c1; i += SF_THREADS)
+        if (lg[i] == m && i < f) f = i;
+    for (int o = 16; o > 0; o >>= 1) {
+        long y = __shfl_xor_sync(0xffffffffu, f, o);
+        f = y < f ? y : f;
+    }
+    if (lane == 0) wf[t >> 5] = f;
+    __syncthreads();
+    if (t == 0) {
+        for (int j = 0; j < SF_THREADS / 32; j++) f = wf[j] < f ? wf[j] : f;
+        w.part_max[blockIdx.x] = m;
+        w.part_first[blockIdx.x] = (int32_t)f;
+    }
+    if (blockIdx.x == 0)
+        for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) {
+            w.bin_weight[j] = 0;
+            w.bin_count[j] = 0;
+            w.cursor[j] = 0;
+        }
+}
+
+/* Launch 2. Shape: grid (chunks, rows), block SF_THREADS. */
+__global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *params, int wb,
+                          void *ws)
+{
+    __shared__ uint32_t cnt[MUSE_SS_BINS];
+    __shared__ sf_u64 wt[MUSE_SS_BINS];
+    __shared__ float s_mx;
+    long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
+    int t = threadIdx.x;
+    const float *lg = logits + row * V;
+    sf_row w = k_sf_row(ws, V, row);
+    float temperature = params[row].temperature;
+    for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) cnt[j] = 0, wt[j] = 0;
+    if (t == 0) {
+        long best;
+        k_sf_combine(&w, V, &s_mx, &best);
+    }
+    __syncthreads();
+    float mx = s_mx;
+    if (k_sf_forced(mx, temperature)) return;
+    float inv_t = k_sf_inv_t(temperature);
+    for (long i = c0 + t; i < c1; i += SF_THREADS) {
+        float q = muse_ss_weight(lg[i], mx, inv_t, wb);
+        if (q <= 0) continue;
+        int b = muse_ss_bin(muse_sx_float_bits(q));
+        atomicAdd(&cnt[b], 1u);
+        atomicAdd(&wt[b], (sf_u64)q);
+    }
+    __syncthreads();
+    for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS)
+        if (cnt[j]) {
+            atomicAdd(&w.bin_count[j], cnt[j]);
+            atomicAdd((sf_u64 *)&w.bin_weight[j], wt[j]);
+        }
+}
+
+/* Launch 3. Shape: grid (chunks, rows), block SF_THREADS (MUSE_SS_BINS / SF_THREADS bins a
+ * thread for the segment starts). */
+__global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling *params, int wb,
+                             void *ws)
+{
+    __shared__ uint32_t loc[MUSE_SS_BINS], base[MUSE_SS_BINS];
+    __shared__ float s_mx;
+    const int per = MUSE_SS_BINS / SF_THREADS;
+    long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
+    int t = threadIdx.x;
+    const float *lg = logits + row * V;
+    sf_row w = k_sf_row(ws, V, row);
+    float temperature = params[row].temperature;
+    for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) loc[j] = 0;
+    if (t == 0) {
+        long best;
+        k_sf_combine(&w, V, &s_mx, &best);
+    }
+    __syncthreads();
+    float mx = s_mx;
+    if (k_sf_forced(mx, temperature)) return;
+    float inv_t = k_sf_inv_t(temperature);
+    for (long i = c0 + t; i < c1; i += SF_THREADS) {
+        float q = muse_ss_weight(lg[i], mx, inv_t, wb);
+        if (q > 0) atomicAdd(&loc[muse_ss_bin(muse_sx_float_bits(q))], 1u);
+    }
+    uint64_t mine = 0; /* the thread's bins per * t .. per * t + per - 1 */
+    for (int j = 0; j < per; j++) mine += w.bin_count[per * t + j];
+    uint64_t start = k_sf_above(mine); /* keys of the bins above the thread's (syncs) */
+    for (int j = per - 1; j >= 0; j--) {
+        int b = per * t + j;
+        if (loc[b]) base[b] = (uint32_t)start + atomicAdd(&w.cursor[b], loc[b]);
+        start += w.bin_count[b];
+        loc[b] = 0;
+    }
+    __syncthreads();
+    for (long i = c0 + t; i < c1; i += SF_THREADS) {
+        float q = muse_ss_weight(lg[i], mx, inv_t, wb);
+        if (q <= 0) continue;
+        uint32_t bits = muse_sx_float_bits(q);
+        int b = muse_ss_bin(bits);
+        w.keys[base[b] + atomicAdd(&loc[b], 1u)] = muse_sx_key(bits, i);
+    }
+}
+
+/* The select kernel's shared state. */
+typedef struct {
+    uint64_t seg[SF_SEG_CAP];
+    uint32_t dcnt[MUSE_SS_DIGITS];
+    sf_u64 dwt[MUSE_SS_DIGITS];
+    int slot;
+    uint32_t slot_count;
+    uint64_t cb, wb, key;
+} sf_sel;
+
+/* Whether slot (its share, the shares above it) is where before + share first passes target;
+ * the one thread whose slot is records it. */
+__device__ static void k_sf_mark(sf_sel *s, int slot, uint64_t count, uint64_t weight, uint64_t cb,
+                                 uint64_t wb, uint64_t target, int by_count)
+{
+    uint64_t before = by_count ? cb : wb, share = by_count ? count : weight;
+    if (before <= target && target - before < share) {
+        s->slot = slot;
+        s->slot_count = (uint32_t)count;
+        s->cb = cb;
+        s->wb = wb;
+    }
+}
+
+/* muse_ss_crossing_seq in parallel: thread t the bins 2t, 2t + 1, then digit t of each pass. */
+__device__ static muse_ss_crossing k_sf_crossing(sf_sel *s, const sf_row *w, uint64_t target,
+                                                 int by_count)
+{
+    int t = threadIdx.x;
+    if (t == 0) s->slot = -1;
+    uint64_t c0 = w->bin_count[2 * t], c1 = w->bin_count[2 * t + 1];
+    uint64_t w0 = w->bin_weight[2 * t], w1 = w->bin_weight[2 * t + 1];
+    uint64_t ac = k_sf_above(c0 + c1), aw = k_sf_above(w0 + w1); /* syncs */
+    k_sf_mark(s, 2 * t + 1, c1, w1, ac, aw, target, by_count);
+    k_sf_mark(s, 2 * t, c0, w0, ac + c1, aw + w1, target, by_count);
+    __syncthreads();
+    muse_ss_crossing c = {0, s->cb, s->wb};
+    int b = s->slot;
+    if (b < 0) return c; /* not reached: the caller's target is below the total */
+    uint64_t n = s->slot_count;
+    const uint64_t *seg = w->keys + c.count_before;
+    if (n == 1) {
+        c.key = seg[0];
+        __syncthreads();
+        return c;
+    }
+    if (n <= SF_SEG_CAP) {
+        for (uint64_t i = t; i < n; i += SF_SEL_THREADS) s->seg[i] = seg[i];
+        seg = s->seg;
+    }
+    uint64_t prefix = (uint64_t)(b + MUSE_SS_BIN_BASE) << MUSE_SS_FREE_BITS;
+    for (int pass = 0; pass < MUSE_SS_PASSES; pass++) {
+        s->dcnt[t] = 0;
+        s->dwt[t] = 0;
+        __syncthreads();
+        if (t == 0) s->slot = -1;
+        for (uint64_t i = t; i < n; i += SF_SEL_THREADS) {
+            uint64_t k = seg[i];
+            if (!muse_ss_in_prefix(k, prefix, pass)) continue;
+            int d = muse_ss_digit(k, pass);
+            atomicAdd(&s->dcnt[d], 1u);
+            atomicAdd(&s->dwt[d], (sf_u64)muse_ss_key_weight(k));
+        }
+        __syncthreads();
+        uint64_t mc = s->dcnt[t], mw = s->dwt[t];
+        uint64_t dc = k_sf_above(mc), dw = k_sf_above(mw); /* syncs */
+        k_sf_mark(s, t, mc, mw, c.count_before + dc, c.weight_before + dw, target, by_count);
+        __syncthreads();
+        int d = s->slot;
+        if (d < 0) return c; /* not reached */
+        c.count_before = s->cb;
+        c.weight_before = s->wb;
+        if (s->slot_count == 1) {
+            for (uint64_t i = t; i < n; i += SF_SEL_THREADS)
+                if (muse_ss_in_prefix(seg[i], prefix, pass) && muse_ss_digit(seg[i], pass) == d)
+                    s->key = seg[i];
+            __syncthreads();
+            c.key = s->key;
+            __syncthreads();
+            return c;
+        }
+        prefix |= (uint64_t)d << muse_ss_shift(pass);
+    }
+    c.key = prefix;
+    __syncthreads();
+    return c;
+}
+
+/* muse_ss_weight_from_seq in parallel: the bins above cut's, then its keys >= cut. */
+__device__ static uint64_t k_sf_weight_from(const sf_row *w, uint64_t cut)
+{
+    int t = threadIdx.x, cb = muse_ss_key_bin(cut);
+    uint64_t wt = 0, ct = 0;
+    for (int b = 2 * t; b < 2 * t + 2; b++)
+        if (b > cb) wt += w->bin_weight[b], ct += w->bin_count[b];
+    uint64_t total = k_sf_sum(wt), start = k_sf_sum(ct), mine = 0;
+    uint64_t n = cb >= 0 && cb < MUSE_SS_BINS ? w->bin_count[cb] : 0;
+    for (uint64_t i = t; i < n; i += SF_SEL_THREADS) {
+        uint64_t k = w->keys[start + i];
+        if (k >= cut) mine += muse_ss_key_weight(k);
+    }
+    return total + k_sf_sum(mine);
+}
+
+/* Launch 4. Shape: grid rows, block SF_SEL_THREADS. */
+__global__ void __launch_bounds__(SF_SEL_THREADS)
+    k_sf_select(long V, const muse_k_sampling *params, const int64_t *draw_pos, int wb, void *ws,
+                int32_t *tokens)
+{
+    __shared__ sf_sel s;
+    __shared__ float s_mx;
+    __shared__ long s_best;
+    long row = blockIdx.x;
+    int t = threadIdx.x;
+    sf_row w = k_sf_row(ws, V, row);
+    muse_k_sampling p = params[row];
+    if (t == 0) k_sf_combine(&w, V, &s_mx, &s_best);
+    __syncthreads();
+    if (k_sf_forced(s_mx, p.temperature)) {
+        if (t == 0) tokens[row] = (int32_t)(s_best < V ? s_best : 0);
+        return;
+    }
+    uint64_t total = k_sf_sum(w.bin_weight[2 * t] + w.bin_weight[2 * t + 1]);
+    uint64_t candidates = k_sf_sum((uint64_t)w.bin_count[2 * t] + w.bin_count[2 * t + 1]);
+    uint64_t cut = 0, kept = total;
+    if (p.top_k > 0 && (uint64_t)p.top_k < candidates) {
+        muse_ss_crossing c = k_sf_crossing(&s, &w, (uint64_t)p.top_k - 1, 1);
+        cut = c.key;
+        kept = c.weight_before + muse_ss_key_weight(c.key);
+    }
+    if (p.top_p < 1) {
+        uint64_t need = p.top_p > 0 ? muse_sx_ceil_float_times(p.top_p, kept) : 1;
+        if (need == 0) need = 1;
+        if (need < kept) {
+            muse_ss_crossing c = k_sf_crossing(&s, &w, need - 1, 0);
+            if (c.key > cut) {
+                cut = c.key;
+                kept = c.weight_before + muse_ss_key_weight(c.key);
+            }
+        }
+    }
+    if (p.min_p > 0) {
+        uint64_t min_cut = muse_sx_min_p_cut(p.min_p, wb);
+        if (min_cut > cut) {
+            cut = min_cut;
+            kept = k_sf_weight_from(&w, cut);
+        }
+    }
+    uint64_t u53 = muse_sx_rand_bits(p.seed, (uint64_t)draw_pos[row], 0) >> 11;
+    uint64_t target = muse_sx_mul_shift(u53, kept, 53, 0);
+    muse_ss_crossing c = k_sf_crossing(&s, &w, target, 0);
+    if (t == 0) tokens[row] = (int32_t)muse_sx_key_id(c.key);
+}
+
+MUSE_K_API size_t muse_k_sample_fast_bytes(long rows, long V)
+{
+    return rows > 0 && V > 0 ? (size_t)rows * sf_row_bytes(V) : 0;
+}
+
+MUSE_K_API int muse_k_sample_fast(const muse_k_ctx *ctx, const float *logits, long V,
+                                  int weight_bits, void *ws, int32_t *tokens)
+{
+    long n = ctx->rows;
+    cudaStream_t st = ctx->st;
+    if (n <= 0 || V <= 0) return 0;
+    dim3 grid((unsigned)sf_chunks(V), (unsigned)n);
+    k_sf_max<<<grid, SF_THREADS, 0, st>>>(logits, V, ws);
+    k_sf_hist<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, weight_bits, ws);
+    k_sf_scatter<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, weight_bits, ws);
+    k_sf_select<<<(unsigned)n, SF_SEL_THREADS, 0, st>>>(V, ctx->sampling, ctx->draw_pos,
+                                                        weight_bits, ws, tokens);
+    return (int)cudaGetLastError();
+}
