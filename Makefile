@@ -9,12 +9,12 @@ NVCC     ?= nvcc
 
 DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
                 libcjson-dev libevent-dev libpcre2-dev nginx nginx-dev \
-                python3 python3-numpy perl curl
+                python3 python3-numpy python3-jsonschema perl curl
 
 # engine/: one folder a job (docs/layout.md). engine/cmd/muse_*.c are the programs' main
 # files; every other .c under the library folders is libmuse.a. Objects depend on the headers
 # they include (-MMD), not on every header.
-LIB_DIRS  := abi base pack text model backend backend/cpu tp serve check cmd
+LIB_DIRS  := abi base pack text grammar model backend backend/cpu tp serve check cmd
 MAIN_SRCS := engine/cmd/muse_engine.c engine/cmd/muse_pack.c engine/cmd/muse_quant.c
 MAINS     := $(patsubst engine/cmd/muse_%.c,$(BUILD)/muse-%,$(MAIN_SRCS))
 LIB_SRCS  := $(filter-out $(MAIN_SRCS),$(foreach d,$(LIB_DIRS),$(wildcard engine/$(d)/*.c)))

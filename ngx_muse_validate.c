@@ -819,12 +819,57 @@ ngx_muse_check_tools(cJSON *tools, cJSON *choice, ngx_muse_verr_t *err)
                  : ngx_muse_bad(err, "tool_choice", "tool_choice names no function in tools");
 }
 
+/* response_format: its shape here; the schema's keywords are compiled (and refused with the
+ * keyword and its path) by the engine. */
+static int
+ngx_muse_check_response_format(cJSON *rf, ngx_muse_verr_t *err)
+{
+    static const char  *types[] = { "text", "json_object", "json_schema", NULL };
+    cJSON              *type, *js, *schema, *name, *strict;
+
+    if (rf == NULL || cJSON_IsNull(rf)) {
+        return 0;
+    }
+    type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+    if (!ngx_muse_str_in(type, types)) {
+        return ngx_muse_bad(err, "response_format.type",
+                            "response_format.type must be text, json_object or json_schema");
+    }
+    if (strcmp(type->valuestring, "json_schema") != 0) {
+        return 0;
+    }
+    js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    schema = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+    name = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "name") : NULL;
+    strict = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "strict") : NULL;
+    if (!cJSON_IsObject(js)) {
+        return ngx_muse_bad(err, "response_format.json_schema",
+                            "response_format.json_schema must be an object with a schema");
+    }
+    if (name && !cJSON_IsString(name)) {
+        return ngx_muse_bad(err, "response_format.json_schema.name",
+                            "response_format.json_schema.name must be a string");
+    }
+    if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict)) {
+        return ngx_muse_bad(err, "response_format.json_schema.strict",
+                            "response_format.json_schema.strict must be a boolean");
+    }
+    if (!(cJSON_IsObject(schema) || cJSON_IsBool(schema))
+        || ngx_muse_depth(schema) > MUSE_LIMIT_SCHEMA_DEPTH)
+    {
+        return ngx_muse_bad(err, "response_format.json_schema.schema",
+                            "response_format.json_schema.schema must be a JSON schema nested at "
+                            "most " MUSE_XSTR(MUSE_LIMIT_SCHEMA_DEPTH) " deep");
+    }
+    return 0;
+}
+
 /* Fields whose meaning the server does not implement: 400 naming them, never a silent 200. */
 static int
 ngx_muse_check_unsupported(cJSON *root, int kind, const ngx_muse_span_t *sp,
     ngx_muse_verr_t *err)
 {
-    static const char  *refused[] = { "logit_bias", "response_format", "top_logprobs",
+    static const char  *refused[] = { "logit_bias", "top_logprobs",
                                       "functions", "function_call", "audio", "modalities",
                                       "prediction", "web_search_options", NULL };
     const char        **f;
@@ -925,7 +970,10 @@ ngx_muse_check_fields(const ngx_muse_vconf_t *vc, cJSON *root, const unsigned ch
         return ngx_muse_bad(err, NULL, "the request body must be a JSON object");
     }
     ngx_muse_field_spans(root, body, len, sp);
-    if (ngx_muse_check_unsupported(root, vc->kind, sp, err) != 0) {
+    if (ngx_muse_check_unsupported(root, vc->kind, sp, err) != 0
+        || ngx_muse_check_response_format(
+               cJSON_GetObjectItemCaseSensitive(root, "response_format"), err) != 0)
+    {
         return -1;
     }
     v = cJSON_GetObjectItemCaseSensitive(root, "model");

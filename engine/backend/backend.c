@@ -222,6 +222,7 @@ void muse_backend_stage(const muse_backend *be, const muse_round *r, muse_round_
     s->rows = R;
     s->real_wanted = n;
     s->wanted = n ? muse_backend_bucket(be, n) : 0;
+    s->masks = r->masks; /* padding wanted rows (i >= real_wanted) draw unmasked */
     muse_sampling greedy = {0};
     for (long i = 0; i < s->wanted; i++) {
         if (i >= n) s->want[i] = s->want[n - 1];

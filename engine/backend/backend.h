@@ -34,6 +34,10 @@ typedef struct {
     const muse_sampling *sampling; /* [wanted] or NULL: no draw */
     const int64_t *draw_pos;       /* [wanted] absolute position of the token drawn */
     int return_logits;             /* end_round hands back the wanted rows' logits */
+    /* [wanted] or NULL: per wanted row a token bitmap (vocab/8 bytes, bit t of byte t/8) or
+     * NULL; sample draws only tokens whose bit is set (a masked logit is -inf), before
+     * temperature, top_k, top_p and min_p. Host memory, valid until end_round. */
+    const uint8_t *const *masks;
 } muse_round;
 
 /* What end_round hands back: only what the host needs. Valid until the next round. */
@@ -123,6 +127,7 @@ struct muse_backend {
     long buckets[MUSE_MAX_BUCKETS]; /* row counts a round is padded up to, ascending */
     muse_kernels kernels;           /* the path resolved at start: EXACT or FAST */
     int fault_pending; /* test hooks only: the next end_round fails as a sticky device error */
+    int masks;         /* 1 when sample applies muse_round.masks (constrained decoding) */
 };
 
 /* Makes the backend called name ("cpu"; "cuda" where built). Errors name the fix. */
@@ -192,6 +197,7 @@ typedef struct {
     int64_t *positions, *draw_pos; /* [max_rows] */
     muse_sampling *sampling;       /* [max_rows] */
     int32_t *tables;               /* [max_seqs][blocks_per_seq]; -1: no block */
+    const uint8_t *const *masks;   /* the round's masks as given ([real_wanted]) or NULL */
     void *block;                   /* what the arrays are carved from (the backend frees it) */
 } muse_round_stage;
 

@@ -187,6 +187,7 @@ void muse_lane_token(muse_sched *s, lane *l, int32_t tok)
     uint8_t le[4] = {(uint8_t)tok, (uint8_t)(tok >> 8), (uint8_t)(tok >> 16), (uint8_t)(tok >> 24)};
     muse_sha256_update(&l->sha, le, 4);
     int stop;
+    if (l->gs && !is_stop_id(s, tok)) muse_gstate_advance(l->gs, tok); /* the mask allowed it */
     if (l->req.kind == MUSE_KIND_CHAT) {
         stop = muse_reply_push(l->reply, tok);
     } else if (is_stop_id(s, tok)) {
@@ -214,4 +215,17 @@ void muse_lane_token(muse_sched *s, lane *l, int32_t tok)
         l->next = tok;
         l->state = LANE_DECODE;
     }
+}
+
+void muse_lane_mask(muse_sched *s, lane *l)
+{
+    muse_gstate_mask(l->gs, l->mask);
+    if (!muse_gstate_done(l->gs)) return;
+    int64_t V = s->cfg ? s->cfg->vocab_size : 0;
+    int32_t ends[2 + MUSE_MAX_EOS] = {s->ids.end_of_text, s->ids.eot};
+    size_t n = 2;
+    for (int i = 0; s->cfg && i < s->cfg->n_eos && n < sizeof ends / sizeof ends[0]; i++)
+        ends[n++] = (int32_t)s->cfg->eos_ids[i];
+    for (size_t i = 0; i < n; i++)
+        if (ends[i] >= 0 && ends[i] < V) l->mask[ends[i] >> 3] |= (uint8_t)(1u << (ends[i] & 7));
 }

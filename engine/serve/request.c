@@ -3,10 +3,12 @@
  * text, exactly (a double cannot hold every seed). */
 #include "serve/request.h"
 
+#include <ctype.h>
 #include <math.h>
 
 #include "abi/muse_limits.h"
 #include "abi/muse_ring.h"
+#include "base/sha256.h"
 
 static int bad(muse_api_error *err, const char *param, const char *fmt, const char *what)
 {
@@ -366,6 +368,87 @@ static int sampling(const muse_request_env *env, const cJSON *root, const text_s
     return 0;
 }
 
+/* A keyword or path from the schema goes into the message only when it is plain (letters,
+ * digits, $ _ - . / ~, short): user bytes are otherwise not echoed. */
+static const char *plain(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 120) return "(not shown)";
+    for (const char *p = s; *p; p++)
+        if (!(isalnum((unsigned char)*p) || strchr("$_-./~", *p))) return "(not shown)";
+    return s;
+}
+
+/* response_format: text (no constraint), json_object, json_schema {name, schema, strict}. */
+static int response_format(const muse_request_env *env, const cJSON *root, muse_gen_request *r,
+                           muse_api_error *err)
+{
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (!rf || cJSON_IsNull(rf)) return 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (!cJSON_IsObject(rf) || !cJSON_IsString(type))
+        return bad(err, "response_format", "'%s' must be an object with a type", "response_format");
+    int kind;
+    char *text = NULL;
+    if (strcmp(type->valuestring, "text") == 0) return 0;
+    if (strcmp(type->valuestring, "json_object") == 0) {
+        kind = MUSE_GRAMMAR_JSON_OBJECT;
+    } else if (strcmp(type->valuestring, "json_schema") == 0) {
+        const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+        const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+        const cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+        if (!cJSON_IsObject(js))
+            return bad(err, "response_format.json_schema", "'%s' must be an object",
+                       "response_format.json_schema");
+        if (name && !cJSON_IsString(name))
+            return bad(err, "response_format.json_schema.name", "'%s' must be a string",
+                       "response_format.json_schema.name");
+        if (strict && !cJSON_IsBool(strict) && !cJSON_IsNull(strict))
+            return bad(err, "response_format.json_schema.strict", "'%s' must be a boolean",
+                       "response_format.json_schema.strict");
+        if (!cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+            return bad(err, "response_format.json_schema.schema",
+                       "'%s' must be a JSON Schema object", "response_format.json_schema.schema");
+        kind = MUSE_GRAMMAR_JSON_SCHEMA;
+        text = cJSON_PrintUnformatted(schema);
+        if (!text) return bad(err, "response_format", "%s: out of memory", "response_format");
+    } else {
+        return bad(err, "response_format.type", "'%s' must be text, json_object or json_schema",
+                   "response_format.type");
+    }
+    const muse_gvocab *v = env->gvocab ? env->gvocab(env->gvocab_ctx) : NULL;
+    if (!v || !env->masks) {
+        free(text);
+        return bad(err, "response_format",
+                   "'%s' needs a backend whose sampler applies token masks; this engine's does "
+                   "not (run --backend cpu until the CUDA sampler takes them)",
+                   "response_format");
+    }
+    muse_gerr ge;
+    int rc = muse_grammar_get(kind, text, text ? strlen(text) : 0, v, &r->grammar, &ge);
+    if (rc == 0) {
+        muse_sha256 h;
+        muse_sha256_init(&h);
+        uint8_t k = (uint8_t)kind;
+        muse_sha256_update(&h, &k, 1);
+        if (text) muse_sha256_update(&h, text, strlen(text));
+        muse_sha256_final(&h, r->grammar_sha);
+    }
+    free(text);
+    if (rc) {
+        err->status = 400;
+        err->type = "invalid_request_error";
+        err->code = "invalid_schema";
+        snprintf(err->param, sizeof err->param, "response_format.json_schema.schema");
+        snprintf(err->message, sizeof err->message,
+                 "response_format.json_schema.schema: keyword '%s' at '%s': %s", plain(ge.keyword),
+                 plain(ge.path), ge.msg);
+        return -1;
+    }
+    return 0;
+}
+
 int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, const char *body,
                        size_t len, muse_gen_request *r, muse_api_error *err)
 {
@@ -382,7 +465,9 @@ int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, co
     }
     text_span sp[F_COUNT];
     field_spans(root, body, len, sp);
-    if (sampling(env, root, sp, r, err) || parse_stops(root, r, err)) goto out;
+    if (sampling(env, root, sp, r, err) || parse_stops(root, r, err) ||
+        response_format(env, root, r, err))
+        goto out;
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     r->parallel_tool_calls = !cJSON_IsFalse(ptc);
     if ((kind == MUSE_KIND_CHAT ? render_chat(env, root, r, err)
@@ -434,5 +519,6 @@ void muse_request_free(muse_gen_request *r)
     for (size_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     for (size_t i = 0; i < r->n_fn; i++) free(r->fn_names[i]);
     free(r->fn_names);
+    muse_grammar_put(r->grammar);
     memset(r, 0, sizeof *r);
 }

@@ -10,6 +10,7 @@
 #include "pack/config.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
+#include "grammar/grammar.h"
 
 #include "abi/muse_limits.h"
 
@@ -28,6 +29,10 @@ typedef struct {
     char **fn_names; /* chat tools, for the reply parser */
     size_t n_fn;
     bool parallel_tool_calls;
+    /* response_format json_object / json_schema: the compiled constraint (a cache reference,
+     * muse_grammar_put on free) and the SHA-256 of its kind and canonical text; NULL: free text */
+    muse_grammar *grammar;
+    uint8_t grammar_sha[32];
 } muse_gen_request;
 
 /* An error for the client: HTTP status, OpenAI type/param/code and a message that never
@@ -45,6 +50,11 @@ typedef struct {
     const muse_chat_ids *ids;
     int64_t context;       /* positions a stream may hold */
     uint64_t default_seed; /* used when the request gives none */
+    /* The vocabulary as bytes for constraints, built on first use (NULL: constraints are
+     * refused; masks 0: the backend cannot apply them, refused with the reason). */
+    const muse_gvocab *(*gvocab)(void *ctx);
+    void *gvocab_ctx;
+    int masks;
 } muse_request_env;
 
 /* 0 ok; -1 with *err filled (400 with param for bad fields, context_length_exceeded). */

@@ -53,6 +53,9 @@ typedef struct {
     uint8_t (*keys)[32]; /* keys[i]: the prefix of i + 1 blocks */
     int64_t *cuts;       /* block-aligned prefix ends, ascending */
     int n_cuts, next_cut;
+    /* response_format: the automaton and this round's mask (vocab/8 bytes); NULL: free */
+    muse_gstate *gs;
+    uint8_t *mask;
 } lane;
 
 struct muse_sched {
@@ -77,6 +80,8 @@ struct muse_sched {
     int *b_lane_of_logits;     /* lane of each logits row */
     muse_sampling *b_sampling; /* sampling of each logits row */
     int64_t *b_draw_pos;       /* position of the token drawn from each logits row */
+    const uint8_t **b_masks;   /* mask of each logits row (NULL: free) */
+    muse_gvocab *gvocab;       /* the vocabulary as bytes, built on the first constraint */
     pthread_mutex_t stats_mu;
     muse_sched_stats stats;
 };
@@ -106,6 +111,9 @@ void muse_lane_error(lane *l, int status, const muse_api_error *err);
 void muse_lane_finish(muse_sched *s, lane *l, const char *reason);
 /* One sampled token: into the hash, the parser, the stop rules. */
 void muse_lane_token(muse_sched *s, lane *l, int32_t tok);
+/* A constrained lane's mask for its next draw: the automaton's tokens, and the end tokens
+ * only when the value is complete. */
+void muse_lane_mask(muse_sched *s, lane *l);
 
 /* lane_cache.c: where a prompt may be kept, resuming from the cache, keeping prefixes */
 void muse_lane_cache_plan(muse_sched *s, lane *l);

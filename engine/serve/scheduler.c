@@ -20,6 +20,8 @@ static void lane_release(muse_sched *s, lane *l)
     for (size_t i = 0; i < l->n_out; i++) free(l->out[i].data);
     free(l->out);
     muse_request_free(&l->req);
+    muse_gstate_free(l->gs);
+    free(l->mask);
     muse_reply_destroy(l->reply);
     free(l->pending.p);
     free(l->content.p);
@@ -30,11 +32,37 @@ static void lane_release(muse_sched *s, lane *l)
     l->state = LANE_FREE;
 }
 
+/* The vocabulary's bytes for constrained decoding, built once on the first constraint. */
+static const muse_gvocab *sched_gvocab(void *ctx)
+{
+    muse_sched *s = ctx;
+    if (s->gvocab || !s->tok) return s->gvocab;
+    int64_t V = s->cfg ? s->cfg->vocab_size : muse_tokenizer_vocab_size(s->tok);
+    const uint8_t **bytes = MUSE_CALLOC((size_t)V, sizeof *bytes);
+    size_t *lens = MUSE_CALLOC((size_t)V, sizeof *lens);
+    for (int64_t i = 0; i < V; i++) {
+        /* control tokens stand for no text: a mask never allows them (end tokens aside) */
+        if (muse_tokenizer_is_special(s->tok, (int32_t)i)) continue;
+        bytes[i] = muse_tokenizer_token_bytes(s->tok, (int32_t)i, &lens[i]);
+        if (!bytes[i]) lens[i] = 0;
+    }
+    s->gvocab = muse_gvocab_build(bytes, lens, (size_t)V);
+    free(bytes);
+    free(lens);
+    return s->gvocab;
+}
+
 static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
 {
     /* a default seed below 2^53, so a JSON client can read it back exactly and reuse it */
-    muse_request_env env = {s->cfg, s->tok, &s->ids, s->o.context,
-                            mix_seed(++s->seed_counter, (uint64_t)time(NULL)) >> 11};
+    muse_request_env env = {s->cfg,
+                            s->tok,
+                            &s->ids,
+                            s->o.context,
+                            mix_seed(++s->seed_counter, (uint64_t)time(NULL)) >> 11,
+                            sched_gvocab,
+                            s,
+                            s->be ? s->be->masks : 1};
     muse_api_error err;
     l->ref = rq->ref;
     l->t_admit = muse_now_ms();
@@ -44,6 +72,30 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
         muse_lane_error(l, err.status, &err);
         l->state = LANE_FINISHING;
         return;
+    }
+    if (l->req.grammar && s->be) { /* the script backend's tokens are scripted: no mask */
+        err = (muse_api_error){
+            .status = 400, .type = "invalid_request_error", .code = "invalid_schema"};
+        snprintf(err.param, sizeof err.param, "response_format");
+        if (rq->kind == MUSE_KIND_CHAT) {
+            snprintf(err.message, sizeof err.message,
+                     "response_format on /v1/chat/completions is not supported yet; use "
+                     "/v1/completions");
+        } else {
+            l->gs = muse_gstate_new(l->req.grammar);
+            l->mask = MUSE_MALLOC(((size_t)s->cfg->vocab_size + 7) / 8);
+            if (!muse_gstate_dead(l->gs))
+                err.status = 0;
+            else
+                snprintf(err.message, sizeof err.message,
+                         "response_format: the schema admits no value that can be generated");
+        }
+        if (err.status) {
+            stat_add(s, &s->stats.errors, 1);
+            muse_lane_error(l, 400, &err);
+            l->state = LANE_FINISHING;
+            return;
+        }
     }
     if (++s->admitted == (uint64_t)s->o.fault_oom_request) { /* test builds only */
         err = (muse_api_error){.status = 503, .type = "server_error", .code = "out_of_memory"};
@@ -228,6 +280,7 @@ static long model_round(muse_sched *s)
     int order[4096];
     int n = order_lanes(s, order), waiting = 0;
     long rows = 0, nlogits = 0;
+    bool masked = false; /* a round with no constrained row passes no masks */
     for (int k = 0; k < n && rows < s->o.max_rows; k++) {
         lane *l = &s->lanes[order[k]];
         long take = 1;
@@ -257,6 +310,12 @@ static long model_round(muse_sched *s)
             if (s->b_want[rows]) {
                 s->b_sampling[nlogits] = l->req.sampling;
                 s->b_draw_pos[nlogits] = (int64_t)l->req.n_prompt + l->generated; /* drawn */
+                s->b_masks[nlogits] = NULL;
+                if (l->gs) {
+                    muse_lane_mask(s, l);
+                    s->b_masks[nlogits] = l->mask;
+                    masked = true;
+                }
                 s->b_lane_of_logits[nlogits++] = order[k];
             }
             rows++;
@@ -274,7 +333,8 @@ static long model_round(muse_sched *s)
                     .seqs = s->b_seqs,
                     .want_logits = s->b_want,
                     .sampling = s->b_sampling,
-                    .draw_pos = s->b_draw_pos};
+                    .draw_pos = s->b_draw_pos,
+                    .masks = masked ? s->b_masks : NULL};
     muse_round_out out;
     muse_err e = {{0}};
     if (muse_forward_run(s->fwd, &b, &out, &e)) round_failed(s, &e);
@@ -442,6 +502,7 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     s->b_lane_of_logits = MUSE_MALLOC(R * sizeof *s->b_lane_of_logits);
     s->b_sampling = MUSE_MALLOC(R * sizeof *s->b_sampling);
     s->b_draw_pos = MUSE_MALLOC(R * sizeof *s->b_draw_pos);
+    s->b_masks = MUSE_CALLOC(R, sizeof *s->b_masks);
     pthread_mutex_init(&s->stats_mu, NULL);
     s->stats.max = o->streams;
     static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -465,6 +526,8 @@ void muse_sched_destroy(muse_sched *s)
     free(s->b_lane_of_logits);
     free(s->b_sampling);
     free(s->b_draw_pos);
+    free(s->b_masks);
+    muse_gvocab_free(s->gvocab);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
 }

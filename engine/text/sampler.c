@@ -39,6 +39,7 @@ struct muse_sampler {
     uint64_t *top_keys; /* keys of every token in the bins >= TOP_BIN, unless too many */
     int64_t top_count;  /* > TOP_LIMIT: the list overflowed, gather by scanning all weights */
     int top_bin;        /* the lowest listed bin */
+    float *masked;      /* muse_sample_masked's copy of the logits, made on first use */
     uint64_t bin_count[BIN_COUNT + 1]; /* the extra bin collects zero weights */
     uint64_t bin_weight[BIN_COUNT + 1];
 };
@@ -184,6 +185,7 @@ void muse_sampler_destroy(muse_sampler *s)
     free(s->weights);
     free(s->slice);
     free(s->top_keys);
+    free(s->masked);
     free(s);
 }
 
@@ -417,4 +419,20 @@ int64_t muse_sample_candidates(muse_sampler *s, const float *logits, const muse_
         probs[i] = (double)key_weight(s->slice[i]) / (double)plan.kept_weight;
     }
     return kept;
+}
+
+int64_t muse_sample_masked(muse_sampler *s, const float *logits, const uint8_t *mask,
+                           const muse_sampling *p, int64_t position)
+{
+    if (!mask) return muse_sample(s, logits, p, position);
+    int64_t V = s->vocab_size, first = -1;
+    if (!s->masked) s->masked = MUSE_MALLOC((size_t)V * sizeof *s->masked);
+    for (int64_t i = 0; i < V; i++) {
+        int on = (mask[i >> 3] >> (i & 7)) & 1;
+        s->masked[i] = on ? logits[i] : -INFINITY;
+        if (on && first < 0) first = i;
+    }
+    int64_t t = muse_sample(s, s->masked, p, position);
+    /* every allowed logit NaN or -inf: the sampler's fallback id may be masked out */
+    return first >= 0 && !((mask[t >> 3] >> (t & 7)) & 1) ? first : t;
 }

@@ -44,6 +44,12 @@ void muse_sampler_destroy(muse_sampler *s);
 /* Returns the chosen token id in [0, vocab_size). logits are not modified. */
 int64_t muse_sample(muse_sampler *s, const float *logits, const muse_sampling *p, int64_t position);
 
+/* muse_sample with the tokens whose bit in mask (vocab/8 bytes, bit t of byte t/8) is clear
+ * set to -inf first, so the filters and the draw see only allowed tokens; mask NULL is
+ * muse_sample. When no allowed logit is finite the lowest allowed id. */
+int64_t muse_sample_masked(muse_sampler *s, const float *logits, const uint8_t *mask,
+                           const muse_sampling *p, int64_t position);
+
 /* The kept candidates after the filters, in draw order (probability descending, ties lower
  * id), with the renormalized probabilities the draw uses. Writes the first min(kept, max_out)
  * into ids/probs (either may be NULL when max_out is 0) and returns how many are kept. Greedy

@@ -123,7 +123,13 @@ is($r->{status}, 200, 'escaped backslash before u0000 is plain text');
 # 13: unknown harmless vs unsupported semantic fields
 $r = $n->chat("{$MSG,\"x_harmless\":{\"a\":1},\"metadata\":{}}");
 is($r->{status}, 200, 'unknown harmless field ignored');
-err_is("{$MSG,\"$_\":{}}", 400, $_, "unsupported $_") for qw(logit_bias response_format);
+err_is("{$MSG,\"$_\":{}}", 400, $_, "unsupported $_") for qw(logit_bias);
+# response_format: its shape is checked here, its schema's keywords by the engine
+err_is("{$MSG,\"response_format\":{}}", 400, 'response_format.type', 'response_format without a type');
+err_is("{$MSG,\"response_format\":{\"type\":\"json_schema\"}}", 400, 'response_format.json_schema',
+       'json_schema without its object');
+err_is("{$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}}", 400,
+       'response_format.json_schema.schema', 'a schema that is no object');
 err_is("{$MSG,\"logprobs\":true}", 400, 'logprobs', 'logprobs true');
 err_is("{$MSG,\"frequency_penalty\":0.5}", 400, 'frequency_penalty', 'frequency_penalty');
 err_is('{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}',

@@ -8,11 +8,30 @@
 #include "serve/request.h"
 #include "tap.h"
 
+#include <stdlib.h>
+
 static muse_tokenizer *tok;
+
+static muse_gvocab *gv;
+static int masks_on = 1;
+static const muse_gvocab *get_gv(void *ctx)
+{
+    (void)ctx;
+    if (!gv) {
+        int64_t V = muse_tokenizer_vocab_size(tok);
+        const uint8_t **b = calloc((size_t)V, sizeof *b);
+        size_t *n = calloc((size_t)V, sizeof *n);
+        for (int64_t i = 0; i < V; i++) b[i] = muse_tokenizer_token_bytes(tok, (int32_t)i, &n[i]);
+        gv = muse_gvocab_build(b, n, (size_t)V);
+        free(b);
+        free(n);
+    }
+    return gv;
+}
 
 static int parse(const char *body, muse_gen_request *r, muse_api_error *err)
 {
-    muse_request_env env = {NULL, tok, NULL, 100, 5};
+    muse_request_env env = {NULL, tok, NULL, 100, 5, get_gv, NULL, masks_on};
     return muse_request_parse(&env, MUSE_KIND_COMPLETIONS, 0, body, strlen(body), r, err);
 }
 
@@ -43,6 +62,58 @@ static void refused(const char *body, const char *param, const char *what)
     if (rc == 0) muse_request_free(&r);
 }
 
+/* response_format: none, json_object, json_schema; bad schemas name the keyword and path. */
+static void test_response_format(void)
+{
+    static const struct {
+        const char *rf;
+        int status; /* 0: parsed */
+        int constrained;
+        const char *param, *in_msg;
+    } c[] = {
+        {"{\"type\":\"text\"}", 0, 0, NULL, NULL},
+        {"null", 0, 0, NULL, NULL},
+        {"{\"type\":\"json_object\"}", 0, 1, NULL, NULL},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true,"
+         "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}",
+         0, 1, NULL, NULL},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"properties\":{\"a\":{"
+         "\"type\":\"string\",\"pattern\":\"x\"}}}}}",
+         400, 0, "response_format.json_schema.schema",
+         "keyword 'pattern' at '/properties/a/pattern'"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"x<y\":1}}}", 400, 0,
+         "response_format.json_schema.schema", "keyword '(not shown)' at '(not shown)'"},
+        {"{\"type\":\"json_schema\"}", 400, 0, "response_format.json_schema", "must be an object"},
+        {"{\"type\":\"yaml\"}", 400, 0, "response_format.type", "json_schema"},
+        {"7", 400, 0, "response_format", "must be an object"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\":\"hi\",\"response_format\":%s}", c[i].rf);
+        muse_gen_request r;
+        muse_api_error err;
+        int rc = parse(body, &r, &err);
+        if (c[i].status == 0) {
+            ok(rc == 0, "response_format %s parses (%s)", c[i].rf, rc ? err.message : "");
+            ok((r.grammar != NULL) == c[i].constrained, "constrained: %d", c[i].constrained);
+            if (rc == 0) muse_request_free(&r);
+        } else {
+            ok(rc == -1 && err.status == c[i].status, "response_format %s refused", c[i].rf);
+            is_str(err.param, c[i].param, "param");
+            ok(strstr(err.message, c[i].in_msg) != NULL, "message says %s: %s", c[i].in_msg,
+               err.message);
+        }
+    }
+    masks_on = 0;
+    muse_gen_request r;
+    muse_api_error err;
+    ok(parse("{\"prompt\":\"hi\",\"response_format\":{\"type\":\"json_object\"}}", &r, &err) ==
+               -1 &&
+           strstr(err.message, "token masks"),
+       "a backend without masks refuses constraints: %s", err.message);
+    masks_on = 1;
+}
+
 int main(void)
 {
     muse_err e = {{0}};
@@ -50,6 +121,7 @@ int main(void)
         ok(0, "load t/data/tokenizer_tiny.json: %s", e.msg);
         return done_testing();
     }
+    test_response_format();
     seed_is("0", 0);
     seed_is("9007199254740991", 9007199254740991ull);
     seed_is("9007199254740993", 9007199254740993ull);

@@ -694,8 +694,10 @@ static void draw_rows(void *ctx, long begin, long end, int thread)
     long V = (long)c->base.model->cfg.vocab_size;
     const float *logits = act(c, c->logits);
     for (long i = begin; i < end; i++)
-        c->drawn[i] = (int32_t)muse_sample(c->samplers[thread], logits + i * V,
-                                           &c->stage.sampling[i], c->stage.draw_pos[i]);
+        c->drawn[i] = (int32_t)muse_sample_masked(
+            c->samplers[thread], logits + i * V,
+            c->stage.masks && i < c->stage.real_wanted ? c->stage.masks[i] : NULL,
+            &c->stage.sampling[i], c->stage.draw_pos[i]);
 }
 
 static void cpu_sample(muse_backend *be, muse_act logits)
@@ -902,6 +904,7 @@ muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_op
                NULL;
     cpu_backend *c = MUSE_CALLOC(1, sizeof *c);
     c->base.ops = &cpu_ops;
+    c->base.masks = 1; /* draw_rows applies the round's token masks */
     if (muse_backend_init_common(&c->base, m, o, e)) {
         free(c);
         return NULL;

@@ -1,0 +1,68 @@
+/* Constrained decoding: JSON Schema compiled to a byte-level pushdown automaton, stepped a
+ * token at a time, giving per step the bitmap of the vocabulary's tokens that keep the text
+ * a prefix of some value the schema admits. docs/grammar.md has the keyword set. */
+#ifndef MUSE_GRAMMAR_H
+#define MUSE_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A compile error: the schema keyword and its JSON path (e.g. "pattern" at
+ * "/properties/name"), and a message that says what is supported. */
+typedef struct {
+    char keyword[48];
+    char path[160];
+    char msg[320];
+} muse_gerr;
+
+/* The vocabulary as bytes: a trie over every token's bytes, built once per tokenizer.
+ * bytes[i] of lens[i] bytes is token i; a token with len 0 (special tokens) is never
+ * allowed by a mask. Read-only once built. */
+typedef struct muse_gvocab muse_gvocab;
+muse_gvocab *muse_gvocab_build(const uint8_t *const *bytes, const size_t *lens, size_t n);
+void muse_gvocab_free(muse_gvocab *v);
+size_t muse_gvocab_size(const muse_gvocab *v);
+
+/* A compiled schema, bound to one vocabulary. Masks share its lazily filled per-position
+ * table (guarded by a mutex), so one grammar serves many streams on any thread. */
+typedef struct muse_grammar muse_grammar;
+
+/* MUSE_GRAMMAR_JSON_SCHEMA: text is a JSON Schema. MUSE_GRAMMAR_JSON_OBJECT: any JSON object
+ * (text ignored). MUSE_GRAMMAR_JSON_VALUE: any JSON value (text ignored). */
+enum { MUSE_GRAMMAR_JSON_SCHEMA = 0, MUSE_GRAMMAR_JSON_OBJECT = 1, MUSE_GRAMMAR_JSON_VALUE = 2 };
+
+/* 0 and *out (free with muse_grammar_free), or -1 and *err names the keyword and path. */
+int muse_grammar_compile(int kind, const char *text, size_t len, const muse_gvocab *v,
+                         muse_grammar **out, muse_gerr *err);
+void muse_grammar_free(muse_grammar *g);
+/* Rules and elements of the compiled grammar (for tests and the bench). */
+size_t muse_grammar_elements(const muse_grammar *g);
+
+/* The cache: one compiled grammar per distinct (kind, canonical schema text), refcounted.
+ * muse_grammar_get compiles on a miss; muse_grammar_put drops a reference. Thread-safe. */
+int muse_grammar_get(int kind, const char *text, size_t len, const muse_gvocab *v,
+                     muse_grammar **out, muse_gerr *err);
+void muse_grammar_put(muse_grammar *g);
+/* The canonical text the cache keys on (cJSON's compact print), malloc'd; NULL on bad JSON. */
+char *muse_grammar_canonical(const char *text, size_t len);
+
+/* One stream's position in the automaton. */
+typedef struct muse_gstate muse_gstate;
+muse_gstate *muse_gstate_new(const muse_grammar *g);
+muse_gstate *muse_gstate_copy(const muse_gstate *s);
+void muse_gstate_free(muse_gstate *s);
+
+/* Sets bit t of mask (vocab/8 bytes rounded up, zeroed here first) for every token whose
+ * bytes keep the text a valid prefix. The end token is the caller's: allowed iff done. */
+void muse_gstate_mask(muse_gstate *s, uint8_t *mask);
+/* Steps over a token's bytes; 0 ok, -1 when they leave the grammar (the state is then
+ * unchanged). */
+int muse_gstate_advance_bytes(muse_gstate *s, const uint8_t *bytes, size_t n);
+int muse_gstate_advance(muse_gstate *s, int32_t token);
+/* True when the text so far is a complete value (it may still continue, e.g. digits). */
+bool muse_gstate_done(const muse_gstate *s);
+/* True when nothing can follow: no byte continues the text. */
+bool muse_gstate_dead(const muse_gstate *s);
+
+#endif

@@ -1,0 +1,113 @@
+#!/usr/bin/perl
+# Structured outputs through the real stack: a corpus of JSON Schemas (t/data/grammar_schemas.json)
+# as response_format json_schema on /v1/completions, temperature 1.0, several seeds; every answer
+# that ends (finish_reason stop) parses and validates with Python's jsonschema, max_tokens mid-value
+# is "length"; eight streams at once equal each alone by token_sha; bad schemas are a 400 naming
+# the keyword and its path.
+use strict;
+use warnings;
+use FindBin;
+use lib "$FindBin::Bin/../lib";
+use JSON::PP;
+use MuseNginx;
+use Test::More;
+
+my $why = MuseNginx::missing_real();
+plan skip_all => $why if $why;
+system('/usr/bin/python3 -c "import jsonschema" 2>/dev/null') == 0
+    or plan skip_all => 'python3-jsonschema not installed (make deps installs it)';
+
+my $JSON = JSON::PP->new->canonical->utf8;
+open my $fh, '<:raw', "$FindBin::Bin/../data/grammar_schemas.json" or die $!;
+my $corpus = $JSON->decode(do { local $/; <$fh> });
+close $fh;
+ok(@$corpus >= 50, scalar(@$corpus) . ' schemas in the corpus');
+
+my $n = MuseNginx->new;
+$n->start_real_engine(args => ['--streams', '8', '--queue', '64', '--context', '512']);
+$n->start_nginx;
+
+sub body {
+    my ($schema, $seed, $max) = @_;
+    return $JSON->encode({prompt => [1, 2, 3, 4 + $seed % 7], max_tokens => $max // 160,
+                          temperature => 1.0, seed => $seed,
+                          response_format => {type => 'json_schema',
+                                              json_schema => {name => 't', schema => $schema, strict => JSON::PP::true}}});
+}
+
+my @seeds = (11, 12, 13);
+my (@items, @meta, %sha);
+for my $seed (@seeds) {
+    for (my $i = 0; $i < @$corpus; $i += 8) {
+        my @idx = grep { $_ < @$corpus } $i .. $i + 7;
+        my $got = $n->together('/v1/completions', [map { body($corpus->[$_], $seed) } @idx]);
+        for my $k (0 .. $#idx) {
+            my $r = $got->[$k];
+            push @meta, {i => $idx[$k], seed => $seed, r => $r};
+            $sha{"$idx[$k]/$seed"} = MuseNginx::token_sha($r);
+        }
+    }
+}
+my @failed = grep { !$_->{r}{choices} } @meta;
+is(scalar @failed, 0, 'every constrained request succeeds')
+    or diag(substr(JSON::PP->new->encode($failed[0]{r}), 0, 300));
+my @stopped = grep { ($_->{r}{choices}[0]{finish_reason} // '') eq 'stop' } @meta;
+my @length = grep { ($_->{r}{choices}[0]{finish_reason} // '') eq 'length' } @meta;
+is(@stopped + @length, scalar @meta, 'every answer ends with stop or length');
+ok(@stopped >= 0.6 * @meta, scalar(@stopped) . ' of ' . scalar(@meta) . ' answers complete within max_tokens');
+
+# the independent check: Python's jsonschema on every complete answer
+# together() decodes replies without utf8: the texts are UTF-8 bytes, made characters here
+my $in = $JSON->encode([map {
+    my $t = $_->{r}{choices}[0]{text};
+    utf8::decode($t);
+    {schema => $corpus->[$_->{i}], text => $t}
+} @stopped]);
+my $tmp = "$n->{dir}/answers.json";
+open my $out, '>:raw', $tmp or die $!;
+print $out $in;
+close $out;
+my @verdict = `/usr/bin/python3 $FindBin::Bin/../tools/validate_json.py < $tmp`;
+chomp @verdict;
+is(scalar @verdict, scalar @stopped, 'the validator judged every answer');
+my @bad = grep { $verdict[$_] ne 'ok' } 0 .. $#verdict;
+is(scalar @bad, 0, 'every complete answer parses and validates against its schema');
+for (@bad[0 .. ($#bad < 4 ? $#bad : 4)]) {
+    diag("schema $stopped[$_]{i} seed $stopped[$_]{seed}: $verdict[$_]: "
+         . $JSON->encode([$stopped[$_]{r}{choices}[0]{text}]));
+}
+my %distinct = map { $_->{r}{choices}[0]{text} => 1 } @stopped;
+ok(keys(%distinct) > @stopped / 3, 'the answers differ (the check can fail)');
+
+# exactness: a stream alone gives the tokens it gave among seven others
+my @solo = map { [$_, $seeds[0]] } 0, 5, 17, 33, 41, 60;
+my $same = 0;
+for (@solo) {
+    my ($i, $seed) = @$_;
+    my $r = $n->together('/v1/completions', [body($corpus->[$i], $seed)])->[0];
+    $same++ if MuseNginx::token_sha($r) eq $sha{"$i/$seed"};
+}
+is($same, scalar @solo, 'constrained streams alone equal the same among others (token_sha)');
+
+# max_tokens mid-value: length, the partial text as it is
+my $r = $n->together('/v1/completions', [body($corpus->[40], 5, 3)])->[0];
+is($r->{choices}[0]{finish_reason}, 'length', 'max_tokens reached mid-value: finish_reason length');
+
+# json_object: an object every time
+my @objs = @{ $n->together('/v1/completions', [map {
+    $JSON->encode({prompt => [5, 6], max_tokens => 200, temperature => 1.0, seed => $_,
+                   response_format => {type => 'json_object'}}) } 1 .. 4]) };
+my @ended = grep { $_->{choices} && $_->{choices}[0]{finish_reason} eq 'stop' } @objs;
+is(scalar(grep { my $v = eval { JSON::PP->new->decode($_->{choices}[0]{text}) }; ref $v eq 'HASH' } @ended),
+   scalar @ended, 'json_object answers that end are JSON objects (' . scalar(@ended) . ')');
+
+# bad schemas: 400 naming the keyword and the path
+my $bad = $n->together('/v1/completions', [$JSON->encode({prompt => [1], response_format => {type => 'json_schema',
+    json_schema => {name => 'b', schema => {type => 'object', properties => {p => {type => 'string', pattern => '^a'}}}}}})])->[0];
+is($bad->{status}, 400, 'an unsupported keyword is a 400');
+like($bad->{body} // '', qr/keyword 'pattern' at '\/properties\/p\/pattern'/, 'the error names the keyword and its path');
+like($bad->{body} // '', qr/"param":"response_format.json_schema.schema"/, 'param names the schema');
+
+$n->stop_nginx;
+$n->stop_engine;
+done_testing();

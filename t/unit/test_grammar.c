@@ -1,0 +1,285 @@
+/* engine/grammar: schemas against accepted and rejected texts, keyword errors naming the
+ * path, and every mask against a brute-force check of each token on random walks. */
+#include "tap.h"
+
+#include <stdlib.h>
+
+#include "grammar/grammar.h"
+
+static muse_gvocab *vocab;
+static size_t nv;
+static uint8_t **tb;
+static size_t *tl;
+
+/* Every single byte, JSON-ish pieces, byte-level BPE style tokens that split UTF-8
+ * characters, and random strings over a JSON alphabet. Token 0 is a special (no bytes). */
+static void make_vocab(void)
+{
+    static const char *pieces[] = {"{\"",      "\":",      "\",",      "\"}",          "\"]",
+                                   "true",     "false",    "null",     " \"",          "12",
+                                   "123",      "0.",       ".5",       "e+",           "-1",
+                                   "abc",      "name",     "\"name\"", "\"name\":\"",  "\": \"",
+                                   "},{",      "[{",       "}]",       "  ",           "\n  ",
+                                   "\\n",      "\\u00",    "\\\"",     "\xc3",         "\xa9",
+                                   "\xc3\xa9", "\xe2\x82", "\xac\"",   "\xf0\x9f\x98", "\x80",
+                                   "2024-",    "01-",      "-01",      "T12:",         ":00Z",
+                                   "@",        ".com",     "a@b",      "00000000-",    "abcd",
+                                   ", ",       "[]",       "{}",       "\"\"",         "1e5",
+                                   "99",       "100",      ",\"",      "\"x\"",        NULL};
+    size_t np = 0;
+    while (pieces[np]) np++;
+    size_t nrand = 600;
+    nv = 1 + 256 + np + nrand;
+    tb = calloc(nv, sizeof *tb);
+    tl = calloc(nv, sizeof *tl);
+    size_t k = 1;
+    for (int b = 0; b < 256; b++, k++) {
+        tb[k] = malloc(1);
+        tb[k][0] = (uint8_t)b;
+        tl[k] = 1;
+    }
+    for (size_t i = 0; i < np; i++, k++) {
+        tl[k] = strlen(pieces[i]);
+        tb[k] = malloc(tl[k]);
+        memcpy(tb[k], pieces[i], tl[k]);
+    }
+    static const char alpha[] = "{}[]\":, 0123456789.-+eEtrufalsn\\abcxyz\n";
+    srand(7);
+    for (size_t i = 0; i < nrand; i++, k++) {
+        tl[k] = 1 + (size_t)rand() % 6;
+        tb[k] = malloc(tl[k]);
+        for (size_t j = 0; j < tl[k]; j++) tb[k][j] = (uint8_t)alpha[rand() % (sizeof alpha - 1)];
+    }
+    vocab = muse_gvocab_build((const uint8_t *const *)tb, tl, nv);
+}
+
+static muse_grammar *compile(const char *schema)
+{
+    muse_grammar *g = NULL;
+    muse_gerr e;
+    if (muse_grammar_compile(MUSE_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), vocab, &g, &e))
+        diag("compile failed: %s at %s: %s", e.keyword, e.path, e.msg);
+    return g;
+}
+
+static int accepts(muse_grammar *g, const char *text)
+{
+    muse_gstate *s = muse_gstate_new(g);
+    int r = muse_gstate_advance_bytes(s, (const uint8_t *)text, strlen(text)) == 0 &&
+            muse_gstate_done(s);
+    muse_gstate_free(s);
+    return r;
+}
+
+typedef struct {
+    const char *schema;
+    const char *yes[8];
+    const char *no[8];
+} cases;
+
+static const cases table[] = {
+    {"{\"type\":\"integer\"}", {"0", "-12", "123456"}, {"01", "1.5", "\"1\"", "-", "+1"}},
+    {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":120}",
+     {"5", "9", "10", "99", "100", "120"},
+     {"4", "121", "0", "-5", "200", "1000", "05"}},
+    {"{\"type\":\"integer\",\"minimum\":-20,\"maximum\":-3}",
+     {"-3", "-20", "-15"},
+     {"-2", "-21", "0", "3"}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", {"1", "77"}, {"0", "-1"}},
+    {"{\"type\":\"number\"}", {"0", "-1.25", "3e5", "1E-2", "0.0"}, {"1.", ".5", "--1", "1e"}},
+    {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+     {"0", "0.5", "1", "1.0", "0.999"},
+     {"1.5", "-0.1", "2", "1.01"}},
+    {"{\"type\":\"string\"}",
+     {"\"\"", "\"abc\"", "\"\\n\\u00e9\"", "\"\xc3\xa9\""},
+     {"abc", "\"\\x\"", "\"\\ud800\"", "\"\xc3\"", "\"\x01\"", "\"\xed\xa0\x80\""}},
+    {"{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
+     {"\"ab\"", "\"abc\"", "\"\xc3\xa9\xc3\xa9\""},
+     {"\"a\"", "\"abcd\"", "\"\""}},
+    {"{\"type\":\"string\",\"format\":\"date\"}",
+     {"\"2024-02-28\"", "\"1999-12-31\""},
+     {"\"2024-02-30\"", "\"2024-13-01\"", "\"0999-01-01\"", "\"2024-1-01\""}},
+    {"{\"type\":\"string\",\"format\":\"date-time\"}",
+     {"\"2024-01-05T12:30:00Z\"", "\"2024-01-05T23:59:59.123+02:00\""},
+     {"\"2024-01-05 12:30:00Z\"", "\"2024-01-05T24:00:00Z\""}},
+    {"{\"type\":\"string\",\"format\":\"uuid\"}",
+     {"\"123e4567-e89b-12d3-a456-426614174000\""},
+     {"\"123e4567e89b12d3a456426614174000\""}},
+    {"{\"type\":\"string\",\"format\":\"email\"}",
+     {"\"a.b@example.com\""},
+     {"\"ab\"", "\"@x.com\""}},
+    {"{\"enum\":[\"red\",\"green\",1,null]}",
+     {"\"red\"", "\"green\"", "1", "null"},
+     {"\"blue\"", "2", "\"Red\""}},
+    {"{\"const\":{\"a\":[1,2]}}", {"{\"a\":[1,2]}"}, {"{\"a\":[1]}", "{}"}},
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}"
+     "},"
+     "\"required\":[\"b\"],\"additionalProperties\":false}",
+     {"{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{ \"a\" : 1 , \"b\" : \"\" }"},
+     {"{}", "{\"a\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",}", "{\"c\":1,\"b\":\"x\"}"}},
+    {"{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"minItems\":1,\"maxItems\":3}",
+     {"[true]", "[true,false]", "[ true , false , true ]"},
+     {"[]", "[true,true,true,true]", "[1]", "[true,]"}},
+    {"{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],\"items\":"
+     "false}",
+     {"[\"a\",1]", "[\"a\"]", "[]"},
+     {"[1]", "[\"a\",1,2]"}},
+    {"{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}", {"\"x\"", "null"}, {"1"}},
+    {"{\"type\":[\"integer\",\"null\"]}", {"3", "null"}, {"\"3\""}},
+    {"{\"type\":\"string\",\"nullable\":true}", {"\"3\"", "null"}, {"3"}},
+    {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},"
+     "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],"
+     "\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
+     {"{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}"},
+     {"{\"v\":1,\"kids\":[{}]}", "{\"kids\":[]}"}},
+    {"{}", {"1", "{\"a\":[true,null,\"x\",{}]}", "[]"}, {"{a:1}", "[1,]"}},
+    {"{\"type\":\"object\"}", {"{}", "{\"k\":{\"z\":[1,2]}}"}, {"[]", "1"}},
+};
+
+static void test_table(void)
+{
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        muse_grammar *g = compile(table[i].schema);
+        ok(g != NULL, "compiles %s", table[i].schema);
+        if (!g) continue;
+        for (int j = 0; table[i].yes[j]; j++)
+            ok(accepts(g, table[i].yes[j]), "%s accepts %s", table[i].schema, table[i].yes[j]);
+        for (int j = 0; table[i].no[j]; j++)
+            ok(!accepts(g, table[i].no[j]), "%s rejects %s", table[i].schema, table[i].no[j]);
+        muse_grammar_free(g);
+    }
+}
+
+static void test_errors(void)
+{
+    static const struct {
+        const char *schema, *kw, *path;
+    } bad[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^a\"}", "pattern", "/pattern"},
+        {"{\"properties\":{\"a\":{\"type\":\"object\",\"properties\":{\"b\":{\"not\":{}}}}}}",
+         "not", "/properties/a/properties/b/not"},
+        {"{\"type\":\"strin\"}", "type", "/type"},
+        {"{\"items\":{\"format\":\"ipv4\"}}", "format", "/items/format"},
+        {"{\"$ref\":\"http://x/y\"}", "$ref", "/$ref"},
+        {"{\"$ref\":\"#/$defs/missing\"}", "$ref", "/$ref"},
+        {"{\"anyOf\":[]}", "anyOf", "/anyOf"},
+        {"{\"type\":\"number\",\"minimum\":-1.5}", "minimum", "/minimum"},
+        {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems", "/uniqueItems"},
+        {"{\"properties\":{\"a/b\":{\"type\":\"string\",\"maxLength\":99999}}}", "maxLength",
+         "/properties/a~1b/maxLength"},
+        {"false", "false", "/"},
+        {"[1", "schema", "/"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        muse_grammar *g = NULL;
+        muse_gerr e;
+        int rc = muse_grammar_compile(MUSE_GRAMMAR_JSON_SCHEMA, bad[i].schema,
+                                      strlen(bad[i].schema), vocab, &g, &e);
+        ok(rc == -1 && g == NULL, "refuses %s", bad[i].schema);
+        is_str(e.keyword, bad[i].kw, "keyword named");
+        is_str(e.path, bad[i].path, "path named");
+        ok(e.msg[0] != '\0', "a message: %s", e.msg);
+    }
+}
+
+/* The brute-force mask: each token tried on a copy of the state. */
+static size_t check_mask(muse_gstate *s, const uint8_t *mask)
+{
+    size_t wrong = 0;
+    for (size_t t = 0; t < nv; t++) {
+        int want = 0;
+        if (tl[t]) {
+            muse_gstate *c = muse_gstate_copy(s);
+            want = muse_gstate_advance_bytes(c, tb[t], tl[t]) == 0;
+            muse_gstate_free(c);
+        }
+        int got = (mask[t >> 3] >> (t & 7)) & 1;
+        if (got != want) {
+            if (wrong < 3)
+                diag("token %zu (%.*s): mask %d, brute force %d", t, (int)tl[t],
+                     (const char *)tb[t], got, want);
+            wrong++;
+        }
+    }
+    return wrong;
+}
+
+static void test_masks(void)
+{
+    static const char *schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":"
+        "\"integer\",\"minimum\":0,\"maximum\":150},\"tags\":{\"type\":\"array\",\"items\":{"
+        "\"enum\":"
+        "[\"x\",\"abc\"]}}},\"required\":[\"name\",\"age\"]}",
+        "{\"type\":\"string\",\"maxLength\":4}",
+        "{}",
+        "{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"array\",\"items\":{\"type\":\"string\","
+        "\"format\":\"date\"}}]}",
+        "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\","
+        "\"items\":{"
+        "\"$ref\":\"#/$defs/n\"}}},\"additionalProperties\":false}},\"$ref\":\"#/$defs/n\"}",
+    };
+    uint8_t *mask = malloc((nv + 7) / 8);
+    size_t steps = 0, wrong = 0, done = 0;
+    for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
+        muse_grammar *g = compile(schemas[i]);
+        if (!g) {
+            ok(0, "compiles mask schema %zu", i);
+            continue;
+        }
+        for (unsigned seed = 1; seed <= 6; seed++) {
+            srand(seed * 31 + (unsigned)i);
+            muse_gstate *s = muse_gstate_new(g);
+            for (int step = 0; step < 40; step++) {
+                muse_gstate_mask(s, mask);
+                wrong += check_mask(s, mask);
+                steps++;
+                size_t allowed[4096], na = 0;
+                for (size_t t = 0; t < nv && na < 4096; t++)
+                    if ((mask[t >> 3] >> (t & 7)) & 1) allowed[na++] = t;
+                if (muse_gstate_done(s) && (na == 0 || rand() % 4 == 0)) {
+                    done++;
+                    break;
+                }
+                if (na == 0) break;
+                size_t t = allowed[(size_t)rand() % na];
+                if (muse_gstate_advance(s, (int32_t)t) != 0) {
+                    wrong++;
+                    break;
+                }
+            }
+            muse_gstate_free(s);
+        }
+        muse_grammar_free(g);
+    }
+    is_int(wrong, 0, "masks equal the brute-force check over %zu steps", steps);
+    ok(done > 0, "walks reach complete values (%zu)", done);
+    free(mask);
+}
+
+static void test_cache(void)
+{
+    const char *a = "{\"type\": \"integer\"}", *b = "{ \"type\":\"integer\" }";
+    muse_grammar *g1, *g2;
+    muse_gerr e;
+    ok(muse_grammar_get(MUSE_GRAMMAR_JSON_SCHEMA, a, strlen(a), vocab, &g1, &e) == 0, "get a");
+    ok(muse_grammar_get(MUSE_GRAMMAR_JSON_SCHEMA, b, strlen(b), vocab, &g2, &e) == 0, "get b");
+    ok(g1 == g2, "the same canonical text is compiled once");
+    muse_grammar_put(g1);
+    muse_grammar_put(g2);
+}
+
+int main(void)
+{
+    make_vocab();
+    test_table();
+    test_errors();
+    test_masks();
+    test_cache();
+    muse_gvocab_free(vocab);
+    for (size_t i = 0; i < nv; i++) free(tb[i]);
+    free(tb);
+    free(tl);
+    printf("1..%d\n", tap_n);
+    return tap_failed != 0;
+}
