@@ -45,6 +45,10 @@ static ngx_command_t ngx_muse_commands[] = {
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot, NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_muse_loc_conf_t, queue_timeout), NULL },
+    { ngx_string("muse_handshake_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot, NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_muse_loc_conf_t, handshake_timeout), NULL },
     { ngx_string("muse_idle_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot, NGX_HTTP_LOC_CONF_OFFSET,
@@ -93,6 +97,7 @@ ngx_muse_create_loc_conf(ngx_conf_t *cf)
     mcf->queue_timeout = NGX_CONF_UNSET_MSEC;
     mcf->max_json_values = NGX_CONF_UNSET_UINT;
     mcf->idle_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->handshake_timeout = NGX_CONF_UNSET_MSEC;
     mcf->api_keys = NGX_CONF_UNSET_PTR;
     mcf->scope_index = NGX_CONF_UNSET;
     mcf->health_view = NGX_CONF_UNSET_UINT;
@@ -110,6 +115,13 @@ ngx_muse_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_str_value(conf->model_id, prev->model_id, "muse-spark");
     ngx_conf_merge_msec_value(conf->queue_timeout, prev->queue_timeout, 60000);
     ngx_conf_merge_msec_value(conf->idle_timeout, prev->idle_timeout, 60000);
+    ngx_conf_merge_msec_value(conf->handshake_timeout, prev->handshake_timeout,
+                              NGX_MUSE_HANDSHAKE_MS);
+    if (conf->handshake_timeout == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"muse_handshake_timeout\" must be more "
+                           "than 0, e.g. 1s (how long a worker waits for the engine's hello)");
+        return NGX_CONF_ERROR;
+    }
     ngx_conf_merge_ptr_value(conf->api_keys, prev->api_keys, NULL);
     ngx_conf_merge_value(conf->scope_index, prev->scope_index, -1);
     ngx_conf_merge_uint_value(conf->health_view, prev->health_view, NGX_MUSE_HEALTH_FULL);

@@ -24,7 +24,7 @@
 #define NGX_MUSE_HEALTH_PUBLIC     2   /* public: status and reason only */
 
 #define NGX_MUSE_STALE_MS     3000
-#define NGX_MUSE_HELLO_MS     1000   /* a status page waits this long for the engine's hello */
+#define NGX_MUSE_HANDSHAKE_MS 1000   /* muse_handshake_timeout's default: the hello's wait */
 
 /* One mapping of the engine's segment in this worker; retired mappings live until their last
  * request lets go. */
@@ -32,6 +32,9 @@ typedef struct ngx_muse_map_s {
     u_char                 *base;
     muse_ring_header        lay;    /* the checked layout: never re-read from the segment */
     size_t                  size;
+    ino_t                   sock_ino;   /* the socket the hello came on: a new one is a new
+                                         * engine, whatever this segment's heartbeat says */
+    dev_t                   sock_dev;
     u_char                  scope_key[MUSE_SCOPE_KEY_BYTES];  /* from the hello */
     ngx_uint_t              refs;
     unsigned                retired:1;
@@ -53,6 +56,8 @@ typedef struct {
     ngx_str_t               model_id;
     ngx_msec_t              queue_timeout;
     ngx_msec_t              idle_timeout;
+    ngx_msec_t              handshake_timeout;  /* connect to hello: a stopped engine's
+                                                 * backlog accepts, then nothing comes */
     ngx_array_t            *api_keys;     /* of ngx_str_t */
     ngx_int_t               scope_index;
     ngx_uint_t              max_json_values;
@@ -69,6 +74,8 @@ typedef struct {
     uint32_t                slot;
     ngx_msec_t              started;
     ngx_msec_t              last_event;
+    ino_t                   sock_ino;     /* the socket path's inode at connect (lstat) */
+    dev_t                   sock_dev;
     ngx_chain_t            *free;
     ngx_chain_t            *busy;
     ngx_str_t               body;         /* the validated request to send */
