@@ -137,64 +137,85 @@ ngx_muse_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     return NGX_CONF_OK;
 }
 
-/* The socket's directory, and every directory above it, must be writable by the engine's user
- * or root alone (sticky directories such as /tmp excepted above the socket's own): anyone else
- * could put a listener of their own in the socket's place. For a directory not made yet, the
- * first one that exists is held to the socket directory's rule. */
+/* Every directory from / down to the socket's must be a real directory (lstat: a symbolic link
+ * anywhere is refused, its owner could point it elsewhere) owned by the engine's user or root
+ * and writable by nobody else; above the socket's own directory a sticky one (/tmp) may be
+ * world-writable. Anyone else could put a listener of their own in the socket's place. For a
+ * directory not made yet, the last one that exists is held to the socket directory's rule. */
+static ngx_int_t
+ngx_muse_check_one_dir(ngx_conf_t *cf, u_char *dir, ngx_uid_t uid, ngx_uint_t own)
+{
+    ngx_file_info_t  fi;
+    char             mode[8];
+
+    if (lstat((char *) dir, &fi) == -1) {
+        if (ngx_errno == NGX_ENOENT) {
+            return NGX_DECLINED;
+        }
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "muse_engine: cannot check the socket directory \"%s\"", dir);
+        return NGX_ERROR;
+    }
+    if (S_ISLNK(fi.st_mode)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "muse_engine: \"%s\" on the socket's path is a symbolic link, "
+                           "which its owner could point elsewhere: name the real directory "
+                           "(e.g. /run, not /var/run)", dir);
+        return NGX_ERROR;
+    }
+    if (!ngx_is_dir(&fi)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "muse_engine: \"%s\" above the socket is not a directory", dir);
+        return NGX_ERROR;
+    }
+    if ((fi.st_uid != uid && fi.st_uid != 0)
+        || ((fi.st_mode & (S_IWGRP|S_IWOTH)) && (own || !(fi.st_mode & S_ISVTX))))
+    {
+        snprintf(mode, sizeof(mode), "%04o", (unsigned) (fi.st_mode & 07777));
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "muse_engine: the socket directory \"%s\" (mode %s, owner uid %d) "
+                           "can be written by others than the engine's user: make it owned "
+                           "by that user (or root) and not group- or world-writable, e.g. "
+                           "chmod 0750 and chgrp the workers' group", dir, mode,
+                           (int) fi.st_uid);
+        return NGX_ERROR;
+    }
+    return NGX_OK;
+}
+
 static char *
 ngx_muse_check_socket_dir(ngx_conf_t *cf, ngx_str_t *path, ngx_uid_t uid)
 {
-    u_char           dir[sizeof(((struct sockaddr_un *) 0)->sun_path)], *p;
-    ngx_file_info_t  fi;
-    ngx_uint_t       own = 1, missing = 0;
-    char             mode[8];
+    u_char      dir[sizeof(((struct sockaddr_un *) 0)->sun_path)], pre[sizeof(dir)];
+    size_t      n, i, last = 1;
+    ngx_int_t   rc;
 
     ngx_cpystrn(dir, path->data, path->len + 1);
-    for ( ;; ) {
-        p = (u_char *) strrchr((char *) dir, '/');
-        if (p == NULL) {
-            return NGX_CONF_OK;
-        }
-        *(p == dir ? p + 1 : p) = '\0';
-        if (ngx_file_info(dir, &fi) == NGX_FILE_ERROR) {
-            if (ngx_errno != NGX_ENOENT) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                                   "muse_engine: cannot check the socket directory \"%s\"",
-                                   dir);
-                return NGX_CONF_ERROR;
-            }
-            missing = 1;
-            own = 1;    /* whoever may write the first existing one can make the rest */
+    n = (u_char *) strrchr((char *) dir, '/') - dir;    /* the path is absolute */
+    n = n ? n : 1;                                       /* a socket in / itself */
+    /* from / down: each prefix is checked before anything below it is believed */
+    ngx_cpystrn(pre, (u_char *) "/", 2);
+    rc = ngx_muse_check_one_dir(cf, pre, uid, n == 1);
+    for (i = 2; rc == NGX_OK && i <= n; i++) {
+        if (i < n && dir[i] != '/') {
             continue;
         }
-        if (!ngx_is_dir(&fi)) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "muse_engine: \"%s\" above the socket is not a directory", dir);
-            return NGX_CONF_ERROR;
-        }
-        if ((fi.st_uid != uid && fi.st_uid != 0)
-            || ((fi.st_mode & (S_IWGRP|S_IWOTH)) && (own || !(fi.st_mode & S_ISVTX))))
-        {
-            snprintf(mode, sizeof(mode), "%04o", (unsigned) (fi.st_mode & 07777));
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "muse_engine: the socket directory \"%s\" (mode %s, owner "
-                               "uid %d) can be written by others than the engine's user: "
-                               "make it owned by that user (or root) and not group- or "
-                               "world-writable, e.g. chmod 0750 and chgrp the workers' group",
-                               dir, mode, (int) fi.st_uid);
-            return NGX_CONF_ERROR;
-        }
-        if (missing) {
-            ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
-                               "muse_engine: the socket's directory does not exist yet; "
-                               "create it owned by the engine's user, mode 0750");
-            missing = 0;
-        }
-        own = 0;
-        if (p == dir) {
-            return NGX_CONF_OK;
-        }
+        ngx_memcpy(pre, dir, i);
+        pre[i] = '\0';
+        rc = ngx_muse_check_one_dir(cf, pre, uid, i == n);
+        last = rc == NGX_OK ? i : last;
     }
+    if (rc == NGX_DECLINED) {
+        /* whoever may write the last existing directory can make the rest */
+        pre[last] = '\0';
+        if (ngx_muse_check_one_dir(cf, pre, uid, 1) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0, "muse_engine: the socket's directory does not "
+                           "exist yet; create it owned by the engine's user, mode 0750");
+        return NGX_CONF_OK;
+    }
+    return rc == NGX_OK ? NGX_CONF_OK : NGX_CONF_ERROR;
 }
 
 static char *

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <libgen.h>
+#include <limits.h>
 #include <sys/random.h>
 #include <event2/event.h>
 #include <fcntl.h>
@@ -371,25 +372,64 @@ static void *io_main(void *arg)
 
 /* ---- setup ---- */
 
-/* The socket's directory must be writable by this user (or root) alone: whoever can write it
- * could put their own listener in the socket's place. */
-static int check_socket_dir(const char *path, muse_err *e)
+/* One directory on the socket's path (lstat: a link is refused, by name). own: the socket's
+ * own directory, which even a sticky bit does not excuse. 0 ok, 1 missing, -1 refused. */
+static int check_one_dir(const char *dir, int own, muse_err *e)
 {
-    char copy[108];
     struct stat st;
-    snprintf(copy, sizeof copy, "%s", path);
-    const char *dir = dirname(copy);
-    if (stat(dir, &st) != 0)
-        return muse_fail(e, "socket directory %s: %s (create it, owned by the engine's user)", dir,
-                         strerror(errno));
+    if (lstat(dir, &st) != 0) {
+        if (errno == ENOENT) return 1;
+        return muse_fail(e, "socket directory %s: %s", dir, strerror(errno));
+    }
+    if (S_ISLNK(st.st_mode))
+        return muse_fail(e,
+                         "%s on the socket's path is a symbolic link, which its owner could "
+                         "point elsewhere: name the real directory (e.g. /run, not /var/run)",
+                         dir);
     if (!S_ISDIR(st.st_mode)) return muse_fail(e, "socket directory %s is not a directory", dir);
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_uid != geteuid() && st.st_uid != 0))
+    int others = (st.st_mode & (S_IWGRP | S_IWOTH)) && (own || !(st.st_mode & S_ISVTX));
+    if (others || (st.st_uid != geteuid() && st.st_uid != 0))
         return muse_fail(e,
                          "socket directory %s can be written by others than this user (mode "
-                         "%03o, owner uid %u): make it owned by the engine's user, mode 0750 "
-                         "(group: the nginx workers') or 0755",
-                         dir, (unsigned)(st.st_mode & 0777), (unsigned)st.st_uid);
+                         "%04o, owner uid %u): make it owned by the engine's user (or root), "
+                         "mode 0750 (group: the nginx workers') or 0755",
+                         dir, (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
     return 0;
+}
+
+/* Every directory from / down to the socket's must be a real directory owned by this user or
+ * root and writable by nobody else (a sticky one above the socket's own excepted): whoever can
+ * write one could put their own listener in the socket's place. A relative path is taken from
+ * the working directory, which getcwd names without links. */
+static int check_socket_dir(const char *path, muse_err *e)
+{
+    char full[PATH_MAX + 108], pre[sizeof full];
+    if (path[0] == '/') {
+        snprintf(full, sizeof full, "%s", path);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return muse_fail(e, "getcwd: %s", strerror(errno));
+        snprintf(full, sizeof full, "%s/%s", cwd, path);
+    }
+    size_t n = (size_t)(strrchr(full, '/') - full);
+    n = n ? n : 1; /* a socket in / itself */
+    int rc = check_one_dir("/", n == 1, e);
+    size_t last = 1;
+    for (size_t i = 2; rc == 0 && i <= n; i++) {
+        if (i < n && full[i] != '/') continue;
+        memcpy(pre, full, i);
+        pre[i] = 0;
+        rc = check_one_dir(pre, i == n, e);
+        if (rc == 0) last = i;
+    }
+    if (rc == 1) {
+        memcpy(pre, full, last);
+        pre[last] = 0;
+        if (check_one_dir(pre, 1, e)) return -1;
+        return muse_fail(e, "socket directory %.*s: %s (create it, owned by the engine's user)",
+                         (int)n, full, strerror(ENOENT));
+    }
+    return rc;
 }
 
 static int make_socket(muse_server *s, int gid, muse_err *e)
