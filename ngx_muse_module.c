@@ -32,7 +32,7 @@ static ngx_conf_enum_t ngx_muse_health_views[] = {
 
 static ngx_command_t ngx_muse_commands[] = {
     { ngx_string("muse_engine"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE2,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE23,
       ngx_muse_engine_directive, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL },
     { ngx_string("muse_serve"),
       NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -262,6 +262,24 @@ ngx_muse_engine_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
     if (ngx_muse_check_socket_dir(cf, &value[1], eng->uid) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
+    }
+    if (cf->args->nelts == 4) {
+        /* the worker key: read here, by the master before it drops privileges; the workers
+         * inherit it in memory and answer the engine's challenge with it */
+        u_char  path[NGX_MAX_PATH];
+        char    err[512];
+
+        if (value[3].len == 0 || value[3].data[0] != '/' || value[3].len >= sizeof(path)) {
+            return "takes the worker key file as an absolute path, e.g. muse_engine "
+                   "/run/muse/engine.sock muse /etc/muse/worker.key";
+        }
+        ngx_cpystrn(path, value[3].data, value[3].len + 1);
+        if (muse_key_file_read((char *) path, eng->uid, eng->key, &eng->key_len, err,
+                               sizeof(err)) != 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "muse_engine: the worker %s", err);
+            return NGX_CONF_ERROR;
+        }
     }
     eng->socket_path.data = ngx_pstrdup(cf->pool, &value[1]);
     eng->user.data = ngx_pstrdup(cf->pool, &value[2]);

@@ -13,6 +13,7 @@
 
 #include "abi/muse_limits.h"
 #include "abi/muse_ring.h"
+#include "base/keyfile.h"
 
 #define NGX_MUSE_SERVE_CHAT        1
 #define NGX_MUSE_SERVE_COMPLETIONS 2
@@ -48,6 +49,8 @@ typedef struct {
     const char             *down;         /* why the module saw the engine go, or NULL */
     uint64_t                down_gen;     /* the segment and heartbeat it saw then */
     uint64_t                down_beat;
+    size_t                  key_len;      /* the worker key (0: none), read by the master */
+    u_char                  key[MUSE_KEY_MAX_BYTES];
 } ngx_muse_engine_t;
 
 typedef struct {
@@ -85,6 +88,7 @@ typedef struct {
     unsigned                status:1;     /* a status page waiting for the hello */
     unsigned                has_scope:1;
     unsigned                hello:1;      /* the engine's hello came on peer */
+    unsigned                challenged:1; /* the engine's challenge came and was answered */
     unsigned                claimed:1;    /* the claim went: peer is the slot's doorbell */
     unsigned                peer_closed:1;  /* the engine closed the doorbell */
     unsigned                stream:1;

@@ -113,7 +113,9 @@ ngx_muse_claim_ahead(ngx_muse_ctx_t *ctx)
 {
     ngx_muse_map_t  *m = ctx->engine->map;
 
-    return m != NULL && ngx_muse_map_fresh(ctx->engine) && ctx->sock_ino != 0
+    /* with a worker key the challenge comes first: the claim waits for the hello */
+    return m != NULL && ctx->engine->key_len == 0 && ngx_muse_map_fresh(ctx->engine)
+           && ctx->sock_ino != 0
            && m->sock_ino == ctx->sock_ino && m->sock_dev == ctx->sock_dev;
 }
 
@@ -199,6 +201,42 @@ ngx_muse_adopt(ngx_muse_ctx_t *ctx, int fd, muse_hello_msg *hello, const char **
     return NGX_OK;
 }
 
+/* The engine asks for proof of the worker key: HMAC-SHA-256(key, label || nonce); the hello
+ * follows on the same connection. NGX_AGAIN: answered, wait for the hello. */
+static ngx_int_t
+ngx_muse_answer_challenge(ngx_muse_ctx_t *ctx, muse_challenge_msg *ch, const char **why)
+{
+    ngx_muse_engine_t  *eng = ctx->engine;
+    ngx_log_t          *log = ctx->request->connection->log;
+    muse_auth_msg       a;
+    u_char              msg[sizeof(MUSE_AUTH_LABEL) - 1 + sizeof(ch->nonce)];
+
+    if (ctx->challenged || ch->abi_version != MUSE_RING_ABI_VERSION) {
+        ngx_muse_mark_down(eng, "the engine's socket does not speak the muse protocol");
+        return *why = "the engine's socket does not speak the muse protocol", NGX_ERROR;
+    }
+    if (eng->key_len == 0) {
+        ngx_log_error(NGX_LOG_ERR, log, 0, "muse: the engine on \"%V\" asks for the worker "
+                      "key: give muse_engine the key file muse-engine serve --worker-key "
+                      "reads, as its third argument", &eng->socket_path);
+        ngx_muse_mark_down(eng, "the engine asks for a worker key this nginx does not have");
+        return *why = "the engine is not available to this server", NGX_ERROR;
+    }
+    ngx_memcpy(msg, MUSE_AUTH_LABEL, sizeof(MUSE_AUTH_LABEL) - 1);
+    ngx_memcpy(msg + sizeof(MUSE_AUTH_LABEL) - 1, ch->nonce, sizeof(ch->nonce));
+    ngx_memzero(&a, sizeof(a));
+    a.magic = MUSE_AUTH_MAGIC;
+    a.abi_version = MUSE_RING_ABI_VERSION;
+    muse_hmac_sha256(eng->key, eng->key_len, msg, sizeof(msg), a.mac);
+    /* a fresh socket's buffer is empty: 64 bytes go at once or the engine is not reading */
+    if (send(ctx->peer->fd, &a, sizeof(a), MSG_NOSIGNAL|MSG_DONTWAIT) != (ssize_t) sizeof(a)) {
+        ngx_muse_mark_down(eng, "cannot answer the engine's challenge");
+        return *why = "the engine is not answering; retry later", NGX_ERROR;
+    }
+    ctx->challenged = 1;
+    return NGX_AGAIN;
+}
+
 /* Reads the engine's hello and its descriptor. NGX_AGAIN: not here yet. */
 static ngx_int_t
 ngx_muse_read_hello(ngx_muse_ctx_t *ctx, const char **why)
@@ -247,8 +285,17 @@ ngx_muse_read_hello(ngx_muse_ctx_t *ctx, const char **why)
         fd = -1;
     }
     if (n <= 0) {
-        ngx_muse_mark_down(ctx->engine, "the engine closed the connection before its hello");
+        ngx_muse_mark_down(ctx->engine, ctx->challenged
+                           ? "the engine refused this worker's key (check muse_engine's key "
+                             "file against muse-engine serve --worker-key)"
+                           : "the engine closed the connection before its hello");
         return *why = "the engine closed the connection; retry later", NGX_ERROR;
+    }
+    if (n == (ssize_t) sizeof(hello) && hello.magic == MUSE_CHALLENGE_MAGIC) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return ngx_muse_answer_challenge(ctx, (muse_challenge_msg *) (void *) &hello, why);
     }
     if (n != (ssize_t) sizeof(hello) || hello.magic != MUSE_HELLO_MAGIC) {
         ngx_log_error(NGX_LOG_ERR, log, 0, "muse: \"%V\" did not greet like a muse engine",
