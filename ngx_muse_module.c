@@ -32,7 +32,7 @@ static ngx_conf_enum_t ngx_muse_health_views[] = {
 
 static ngx_command_t ngx_muse_commands[] = {
     { ngx_string("muse_engine"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE2,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE23,
       ngx_muse_engine_directive, NGX_HTTP_LOC_CONF_OFFSET, 0, NULL },
     { ngx_string("muse_serve"),
       NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -45,6 +45,10 @@ static ngx_command_t ngx_muse_commands[] = {
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot, NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_muse_loc_conf_t, queue_timeout), NULL },
+    { ngx_string("muse_handshake_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot, NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_muse_loc_conf_t, handshake_timeout), NULL },
     { ngx_string("muse_idle_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot, NGX_HTTP_LOC_CONF_OFFSET,
@@ -93,6 +97,7 @@ ngx_muse_create_loc_conf(ngx_conf_t *cf)
     mcf->queue_timeout = NGX_CONF_UNSET_MSEC;
     mcf->max_json_values = NGX_CONF_UNSET_UINT;
     mcf->idle_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->handshake_timeout = NGX_CONF_UNSET_MSEC;
     mcf->api_keys = NGX_CONF_UNSET_PTR;
     mcf->scope_index = NGX_CONF_UNSET;
     mcf->health_view = NGX_CONF_UNSET_UINT;
@@ -110,6 +115,13 @@ ngx_muse_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_str_value(conf->model_id, prev->model_id, "muse-spark");
     ngx_conf_merge_msec_value(conf->queue_timeout, prev->queue_timeout, 60000);
     ngx_conf_merge_msec_value(conf->idle_timeout, prev->idle_timeout, 60000);
+    ngx_conf_merge_msec_value(conf->handshake_timeout, prev->handshake_timeout,
+                              NGX_MUSE_HANDSHAKE_MS);
+    if (conf->handshake_timeout == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "\"muse_handshake_timeout\" must be more "
+                           "than 0, e.g. 1s (how long a worker waits for the engine's hello)");
+        return NGX_CONF_ERROR;
+    }
     ngx_conf_merge_ptr_value(conf->api_keys, prev->api_keys, NULL);
     ngx_conf_merge_value(conf->scope_index, prev->scope_index, -1);
     ngx_conf_merge_uint_value(conf->health_view, prev->health_view, NGX_MUSE_HEALTH_FULL);
@@ -125,64 +137,85 @@ ngx_muse_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     return NGX_CONF_OK;
 }
 
-/* The socket's directory, and every directory above it, must be writable by the engine's user
- * or root alone (sticky directories such as /tmp excepted above the socket's own): anyone else
- * could put a listener of their own in the socket's place. For a directory not made yet, the
- * first one that exists is held to the socket directory's rule. */
+/* Every directory from / down to the socket's must be a real directory (lstat: a symbolic link
+ * anywhere is refused, its owner could point it elsewhere) owned by the engine's user or root
+ * and writable by nobody else; above the socket's own directory a sticky one (/tmp) may be
+ * world-writable. Anyone else could put a listener of their own in the socket's place. For a
+ * directory not made yet, the last one that exists is held to the socket directory's rule. */
+static ngx_int_t
+ngx_muse_check_one_dir(ngx_conf_t *cf, u_char *dir, ngx_uid_t uid, ngx_uint_t own)
+{
+    ngx_file_info_t  fi;
+    char             mode[8];
+
+    if (lstat((char *) dir, &fi) == -1) {
+        if (ngx_errno == NGX_ENOENT) {
+            return NGX_DECLINED;
+        }
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "muse_engine: cannot check the socket directory \"%s\"", dir);
+        return NGX_ERROR;
+    }
+    if (S_ISLNK(fi.st_mode)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "muse_engine: \"%s\" on the socket's path is a symbolic link, "
+                           "which its owner could point elsewhere: name the real directory "
+                           "(e.g. /run, not /var/run)", dir);
+        return NGX_ERROR;
+    }
+    if (!ngx_is_dir(&fi)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "muse_engine: \"%s\" above the socket is not a directory", dir);
+        return NGX_ERROR;
+    }
+    if ((fi.st_uid != uid && fi.st_uid != 0)
+        || ((fi.st_mode & (S_IWGRP|S_IWOTH)) && (own || !(fi.st_mode & S_ISVTX))))
+    {
+        snprintf(mode, sizeof(mode), "%04o", (unsigned) (fi.st_mode & 07777));
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "muse_engine: the socket directory \"%s\" (mode %s, owner uid %d) "
+                           "can be written by others than the engine's user: make it owned "
+                           "by that user (or root) and not group- or world-writable, e.g. "
+                           "chmod 0750 and chgrp the workers' group", dir, mode,
+                           (int) fi.st_uid);
+        return NGX_ERROR;
+    }
+    return NGX_OK;
+}
+
 static char *
 ngx_muse_check_socket_dir(ngx_conf_t *cf, ngx_str_t *path, ngx_uid_t uid)
 {
-    u_char           dir[sizeof(((struct sockaddr_un *) 0)->sun_path)], *p;
-    ngx_file_info_t  fi;
-    ngx_uint_t       own = 1, missing = 0;
-    char             mode[8];
+    u_char      dir[sizeof(((struct sockaddr_un *) 0)->sun_path)], pre[sizeof(dir)];
+    size_t      n, i, last = 1;
+    ngx_int_t   rc;
 
     ngx_cpystrn(dir, path->data, path->len + 1);
-    for ( ;; ) {
-        p = (u_char *) strrchr((char *) dir, '/');
-        if (p == NULL) {
-            return NGX_CONF_OK;
-        }
-        *(p == dir ? p + 1 : p) = '\0';
-        if (ngx_file_info(dir, &fi) == NGX_FILE_ERROR) {
-            if (ngx_errno != NGX_ENOENT) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                                   "muse_engine: cannot check the socket directory \"%s\"",
-                                   dir);
-                return NGX_CONF_ERROR;
-            }
-            missing = 1;
-            own = 1;    /* whoever may write the first existing one can make the rest */
+    n = (u_char *) strrchr((char *) dir, '/') - dir;    /* the path is absolute */
+    n = n ? n : 1;                                       /* a socket in / itself */
+    /* from / down: each prefix is checked before anything below it is believed */
+    ngx_cpystrn(pre, (u_char *) "/", 2);
+    rc = ngx_muse_check_one_dir(cf, pre, uid, n == 1);
+    for (i = 2; rc == NGX_OK && i <= n; i++) {
+        if (i < n && dir[i] != '/') {
             continue;
         }
-        if (!ngx_is_dir(&fi)) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "muse_engine: \"%s\" above the socket is not a directory", dir);
-            return NGX_CONF_ERROR;
-        }
-        if ((fi.st_uid != uid && fi.st_uid != 0)
-            || ((fi.st_mode & (S_IWGRP|S_IWOTH)) && (own || !(fi.st_mode & S_ISVTX))))
-        {
-            snprintf(mode, sizeof(mode), "%04o", (unsigned) (fi.st_mode & 07777));
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "muse_engine: the socket directory \"%s\" (mode %s, owner "
-                               "uid %d) can be written by others than the engine's user: "
-                               "make it owned by that user (or root) and not group- or "
-                               "world-writable, e.g. chmod 0750 and chgrp the workers' group",
-                               dir, mode, (int) fi.st_uid);
-            return NGX_CONF_ERROR;
-        }
-        if (missing) {
-            ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
-                               "muse_engine: the socket's directory does not exist yet; "
-                               "create it owned by the engine's user, mode 0750");
-            missing = 0;
-        }
-        own = 0;
-        if (p == dir) {
-            return NGX_CONF_OK;
-        }
+        ngx_memcpy(pre, dir, i);
+        pre[i] = '\0';
+        rc = ngx_muse_check_one_dir(cf, pre, uid, i == n);
+        last = rc == NGX_OK ? i : last;
     }
+    if (rc == NGX_DECLINED) {
+        /* whoever may write the last existing directory can make the rest */
+        pre[last] = '\0';
+        if (ngx_muse_check_one_dir(cf, pre, uid, 1) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0, "muse_engine: the socket's directory does not "
+                           "exist yet; create it owned by the engine's user, mode 0750");
+        return NGX_CONF_OK;
+    }
+    return rc == NGX_OK ? NGX_CONF_OK : NGX_CONF_ERROR;
 }
 
 static char *
@@ -229,6 +262,24 @@ ngx_muse_engine_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
     if (ngx_muse_check_socket_dir(cf, &value[1], eng->uid) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
+    }
+    if (cf->args->nelts == 4) {
+        /* the worker key: read here, by the master before it drops privileges; the workers
+         * inherit it in memory and answer the engine's challenge with it */
+        u_char  path[NGX_MAX_PATH];
+        char    err[512];
+
+        if (value[3].len == 0 || value[3].data[0] != '/' || value[3].len >= sizeof(path)) {
+            return "takes the worker key file as an absolute path, e.g. muse_engine "
+                   "/run/muse/engine.sock muse /etc/muse/worker.key";
+        }
+        ngx_cpystrn(path, value[3].data, value[3].len + 1);
+        if (muse_key_file_read((char *) path, eng->uid, eng->key, &eng->key_len, err,
+                               sizeof(err)) != 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "muse_engine: the worker %s", err);
+            return NGX_CONF_ERROR;
+        }
     }
     eng->socket_path.data = ngx_pstrdup(cf->pool, &value[1]);
     eng->user.data = ngx_pstrdup(cf->pool, &value[2]);

@@ -13,6 +13,7 @@
 
 #include "abi/muse_limits.h"
 #include "abi/muse_ring.h"
+#include "base/keyfile.h"
 
 #define NGX_MUSE_SERVE_CHAT        1
 #define NGX_MUSE_SERVE_COMPLETIONS 2
@@ -24,7 +25,7 @@
 #define NGX_MUSE_HEALTH_PUBLIC     2   /* public: status and reason only */
 
 #define NGX_MUSE_STALE_MS     3000
-#define NGX_MUSE_HELLO_MS     1000   /* a status page waits this long for the engine's hello */
+#define NGX_MUSE_HANDSHAKE_MS 1000   /* muse_handshake_timeout's default: the hello's wait */
 
 /* One mapping of the engine's segment in this worker; retired mappings live until their last
  * request lets go. */
@@ -32,6 +33,9 @@ typedef struct ngx_muse_map_s {
     u_char                 *base;
     muse_ring_header        lay;    /* the checked layout: never re-read from the segment */
     size_t                  size;
+    ino_t                   sock_ino;   /* the socket the hello came on: a new one is a new
+                                         * engine, whatever this segment's heartbeat says */
+    dev_t                   sock_dev;
     u_char                  scope_key[MUSE_SCOPE_KEY_BYTES];  /* from the hello */
     ngx_uint_t              refs;
     unsigned                retired:1;
@@ -45,6 +49,8 @@ typedef struct {
     const char             *down;         /* why the module saw the engine go, or NULL */
     uint64_t                down_gen;     /* the segment and heartbeat it saw then */
     uint64_t                down_beat;
+    size_t                  key_len;      /* the worker key (0: none), read by the master */
+    u_char                  key[MUSE_KEY_MAX_BYTES];
 } ngx_muse_engine_t;
 
 typedef struct {
@@ -53,6 +59,8 @@ typedef struct {
     ngx_str_t               model_id;
     ngx_msec_t              queue_timeout;
     ngx_msec_t              idle_timeout;
+    ngx_msec_t              handshake_timeout;  /* connect to hello: a stopped engine's
+                                                 * backlog accepts, then nothing comes */
     ngx_array_t            *api_keys;     /* of ngx_str_t */
     ngx_int_t               scope_index;
     ngx_uint_t              max_json_values;
@@ -69,6 +77,8 @@ typedef struct {
     uint32_t                slot;
     ngx_msec_t              started;
     ngx_msec_t              last_event;
+    ino_t                   sock_ino;     /* the socket path's inode at connect (lstat) */
+    dev_t                   sock_dev;
     ngx_chain_t            *free;
     ngx_chain_t            *busy;
     ngx_str_t               body;         /* the validated request to send */
@@ -78,6 +88,7 @@ typedef struct {
     unsigned                status:1;     /* a status page waiting for the hello */
     unsigned                has_scope:1;
     unsigned                hello:1;      /* the engine's hello came on peer */
+    unsigned                challenged:1; /* the engine's challenge came and was answered */
     unsigned                claimed:1;    /* the claim went: peer is the slot's doorbell */
     unsigned                peer_closed:1;  /* the engine closed the doorbell */
     unsigned                stream:1;

@@ -272,8 +272,9 @@ ngx_muse_status_answer(ngx_http_request_t *r, const char *why)
 }
 
 /* /v1/models at once; /health and /metrics connect to the engine first: a refused connect
- * answers at once, a fresh segment answers from it, anything else waits for the hello (a new
- * segment after a restart) at most NGX_MUSE_HELLO_MS. */
+ * answers at once, else the page answers from the segment the engine's hello names, after at
+ * most muse_handshake_timeout. Never from the segment alone: a stopped engine's heartbeat
+ * looks fresh for 3 s, and a dead one's too when a new engine took its socket. */
 ngx_int_t
 ngx_muse_status_page(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
 {
@@ -298,10 +299,6 @@ ngx_muse_status_page(ngx_http_request_t *r, ngx_muse_loc_conf_t *mcf)
     ngx_http_set_ctx(r, ctx, ngx_muse_module);
     if (ngx_muse_connect(ctx, &why) != NGX_OK) {
         return ngx_muse_status_answer(r, why);
-    }
-    if (ngx_muse_map_fresh(mcf->engine)) {
-        ngx_muse_close_peer(ctx);
-        return ngx_muse_status_answer(r, NULL);
     }
     ngx_muse_arm_timer(ctx);
     r->main->count++;

@@ -65,6 +65,14 @@ ngx_muse_mark_down(ngx_muse_engine_t *eng, const char *reason)
     eng->down_beat = eng->map ? atomic_load(&ngx_muse_hdr(eng->map)->heartbeat_ns) : 0;
 }
 
+/* The engine's hello came with a segment this worker holds now: whatever was seen before is
+ * history, /health tells the current state only. */
+static void
+ngx_muse_mark_up(ngx_muse_engine_t *eng)
+{
+    eng->down = NULL;
+}
+
 /* The reason /health gives for the engine being gone, or NULL when nothing says so now. */
 const char *
 ngx_muse_down_reason(ngx_muse_engine_t *eng)
@@ -80,7 +88,9 @@ ngx_muse_down_reason(ngx_muse_engine_t *eng)
     return eng->down;
 }
 
-/* The current segment serves: SERVING, a fresh heartbeat, nothing seen going wrong. */
+/* The current segment serves: SERVING, a fresh heartbeat, nothing seen going wrong. Says
+ * nothing of whether the engine behind the socket is still the one that made the segment:
+ * ngx_muse_claim_ahead does. */
 ngx_uint_t
 ngx_muse_map_fresh(ngx_muse_engine_t *eng)
 {
@@ -95,13 +105,28 @@ ngx_muse_map_fresh(ngx_muse_engine_t *eng)
               <= NGX_MUSE_STALE_MS;
 }
 
+/* A request may claim in the mapped segment before the hello: it serves, and the socket is
+ * the very one its hello came on (an engine restarted within the heartbeat's 3 s binds a new
+ * socket; its hello then brings the new segment first). */
+static ngx_uint_t
+ngx_muse_claim_ahead(ngx_muse_ctx_t *ctx)
+{
+    ngx_muse_map_t  *m = ctx->engine->map;
+
+    /* with a worker key the challenge comes first: the claim waits for the hello */
+    return m != NULL && ctx->engine->key_len == 0 && ngx_muse_map_fresh(ctx->engine)
+           && ctx->sock_ino != 0
+           && m->sock_ino == ctx->sock_ino && m->sock_dev == ctx->sock_dev;
+}
+
 /* Maps the segment descriptor of a hello, unless it is the one already mapped. Only a sealed
  * descriptor (no shrink, no grow: no SIGBUS) of the announced size and a valid header of the
  * announced generation is taken. Closes fd. */
 static ngx_int_t
-ngx_muse_adopt(ngx_muse_engine_t *eng, int fd, muse_hello_msg *hello, ngx_log_t *log,
-    const char **why)
+ngx_muse_adopt(ngx_muse_ctx_t *ctx, int fd, muse_hello_msg *hello, const char **why)
 {
+    ngx_muse_engine_t *eng = ctx->engine;
+    ngx_log_t         *log = ctx->request->connection->log;
     struct stat        st;
     void              *base;
     int                seals;
@@ -112,6 +137,9 @@ ngx_muse_adopt(ngx_muse_engine_t *eng, int fd, muse_hello_msg *hello, ngx_log_t 
     m = eng->map;
     if (m && m->lay.generation == hello->generation && m->size == hello->total_bytes) {
         close(fd);
+        m->sock_ino = ctx->sock_ino;
+        m->sock_dev = ctx->sock_dev;
+        ngx_muse_mark_up(eng);
         return NGX_OK;
     }
     seals = fcntl(fd, F_GET_SEALS);
@@ -119,6 +147,7 @@ ngx_muse_adopt(ngx_muse_engine_t *eng, int fd, muse_hello_msg *hello, ngx_log_t 
         close(fd);
         ngx_log_error(NGX_LOG_ERR, log, 0, "muse: the engine's segment is not sealed against "
                       "shrinking and growing (seals %d): refused", seals);
+        ngx_muse_mark_down(eng, "the engine handed over an unsealed segment");
         return *why = "the engine's segment is not sealed", NGX_ERROR;
     }
     if (fstat(fd, &st) == -1 || st.st_size < (off_t) sizeof(muse_ring_header)
@@ -127,12 +156,14 @@ ngx_muse_adopt(ngx_muse_engine_t *eng, int fd, muse_hello_msg *hello, ngx_log_t 
         close(fd);
         ngx_log_error(NGX_LOG_ERR, log, 0, "muse: the engine's segment is not the size its "
                       "hello announced: refused");
+        ngx_muse_mark_down(eng, "the engine handed over a segment of the wrong size");
         return *why = "the engine's segment has the wrong size", NGX_ERROR;
     }
     base = mmap(NULL, st.st_size, PROT_READ|PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (base == MAP_FAILED) {
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno, "muse: mmap of the engine's segment failed");
+        ngx_muse_mark_down(eng, "cannot map the engine's segment");
         return *why = "cannot map the engine's segment", NGX_ERROR;
     }
     /* check a private copy: the shared header could change between check and use */
@@ -144,6 +175,7 @@ ngx_muse_adopt(ngx_muse_engine_t *eng, int fd, muse_hello_msg *hello, ngx_log_t 
                       lay.generation != hello->generation ? "generation differs from the hello"
                                                           : bad);
         munmap(base, st.st_size);
+        ngx_muse_mark_down(eng, "the engine handed over a malformed segment");
         return *why = "the engine's segment is malformed", NGX_ERROR;
     }
     m = ngx_alloc(sizeof(ngx_muse_map_t), log);
@@ -154,6 +186,8 @@ ngx_muse_adopt(ngx_muse_engine_t *eng, int fd, muse_hello_msg *hello, ngx_log_t 
     m->base = base;
     m->lay = lay;
     m->size = st.st_size;
+    m->sock_ino = ctx->sock_ino;
+    m->sock_dev = ctx->sock_dev;
     m->refs = 0;
     m->retired = 0;
     ngx_memcpy(m->scope_key, hello->scope_key, sizeof(m->scope_key));
@@ -163,8 +197,44 @@ ngx_muse_adopt(ngx_muse_engine_t *eng, int fd, muse_hello_msg *hello, ngx_log_t 
         ngx_muse_map_unref(eng->map);
     }
     eng->map = m;
-    ngx_muse_down_reason(eng);    /* a new generation clears what the old one left */
+    ngx_muse_mark_up(eng);        /* a new generation clears what the old one left */
     return NGX_OK;
+}
+
+/* The engine asks for proof of the worker key: HMAC-SHA-256(key, label || nonce); the hello
+ * follows on the same connection. NGX_AGAIN: answered, wait for the hello. */
+static ngx_int_t
+ngx_muse_answer_challenge(ngx_muse_ctx_t *ctx, muse_challenge_msg *ch, const char **why)
+{
+    ngx_muse_engine_t  *eng = ctx->engine;
+    ngx_log_t          *log = ctx->request->connection->log;
+    muse_auth_msg       a;
+    u_char              msg[sizeof(MUSE_AUTH_LABEL) - 1 + sizeof(ch->nonce)];
+
+    if (ctx->challenged || ch->abi_version != MUSE_RING_ABI_VERSION) {
+        ngx_muse_mark_down(eng, "the engine's socket does not speak the muse protocol");
+        return *why = "the engine's socket does not speak the muse protocol", NGX_ERROR;
+    }
+    if (eng->key_len == 0) {
+        ngx_log_error(NGX_LOG_ERR, log, 0, "muse: the engine on \"%V\" asks for the worker "
+                      "key: give muse_engine the key file muse-engine serve --worker-key "
+                      "reads, as its third argument", &eng->socket_path);
+        ngx_muse_mark_down(eng, "the engine asks for a worker key this nginx does not have");
+        return *why = "the engine is not available to this server", NGX_ERROR;
+    }
+    ngx_memcpy(msg, MUSE_AUTH_LABEL, sizeof(MUSE_AUTH_LABEL) - 1);
+    ngx_memcpy(msg + sizeof(MUSE_AUTH_LABEL) - 1, ch->nonce, sizeof(ch->nonce));
+    ngx_memzero(&a, sizeof(a));
+    a.magic = MUSE_AUTH_MAGIC;
+    a.abi_version = MUSE_RING_ABI_VERSION;
+    muse_hmac_sha256(eng->key, eng->key_len, msg, sizeof(msg), a.mac);
+    /* a fresh socket's buffer is empty: 64 bytes go at once or the engine is not reading */
+    if (send(ctx->peer->fd, &a, sizeof(a), MSG_NOSIGNAL|MSG_DONTWAIT) != (ssize_t) sizeof(a)) {
+        ngx_muse_mark_down(eng, "cannot answer the engine's challenge");
+        return *why = "the engine is not answering; retry later", NGX_ERROR;
+    }
+    ctx->challenged = 1;
+    return NGX_AGAIN;
 }
 
 /* Reads the engine's hello and its descriptor. NGX_AGAIN: not here yet. */
@@ -215,12 +285,22 @@ ngx_muse_read_hello(ngx_muse_ctx_t *ctx, const char **why)
         fd = -1;
     }
     if (n <= 0) {
-        ngx_muse_mark_down(ctx->engine, "the engine closed its socket before its hello");
+        ngx_muse_mark_down(ctx->engine, ctx->challenged
+                           ? "the engine refused this worker's key (check muse_engine's key "
+                             "file against muse-engine serve --worker-key)"
+                           : "the engine closed the connection before its hello");
         return *why = "the engine closed the connection; retry later", NGX_ERROR;
+    }
+    if (n == (ssize_t) sizeof(hello) && hello.magic == MUSE_CHALLENGE_MAGIC) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return ngx_muse_answer_challenge(ctx, (muse_challenge_msg *) (void *) &hello, why);
     }
     if (n != (ssize_t) sizeof(hello) || hello.magic != MUSE_HELLO_MAGIC) {
         ngx_log_error(NGX_LOG_ERR, log, 0, "muse: \"%V\" did not greet like a muse engine",
                       &ctx->engine->socket_path);
+        ngx_muse_mark_down(ctx->engine, "the engine's socket does not speak the muse protocol");
         if (fd >= 0) {
             close(fd);
         }
@@ -231,6 +311,7 @@ ngx_muse_read_hello(ngx_muse_ctx_t *ctx, const char **why)
                       "%uD, this module speaks %uD: upgrade the engine and the module "
                       "together", &ctx->engine->socket_path, hello.abi_version,
                       (uint32_t) MUSE_RING_ABI_VERSION);
+        ngx_muse_mark_down(ctx->engine, "the engine speaks another ABI version");
         if (fd >= 0) {
             close(fd);
         }
@@ -239,10 +320,11 @@ ngx_muse_read_hello(ngx_muse_ctx_t *ctx, const char **why)
     if (fd < 0) {
         ngx_log_error(NGX_LOG_ERR, log, 0, "muse: the engine's hello came without exactly one "
                       "segment descriptor");
+        ngx_muse_mark_down(ctx->engine, "the engine's hello came without its segment");
         return *why = "the engine sent no segment", NGX_ERROR;
     }
     ctx->hello = 1;
-    return ngx_muse_adopt(ctx->engine, fd, &hello, log, why);
+    return ngx_muse_adopt(ctx, fd, &hello, why);
 }
 
 /* Connects to the engine's socket and checks that the engine's user holds it (SO_PEERCRED);
@@ -253,6 +335,7 @@ ngx_muse_connect(ngx_muse_ctx_t *ctx, const char **why)
     ngx_muse_engine_t   *eng = ctx->engine;
     ngx_log_t           *log = ctx->request->connection->log;
     struct sockaddr_un   sa;
+    struct stat          sst;
     struct ucred         cred;
     socklen_t            len = sizeof(cred);
     ngx_connection_t    *pc;
@@ -267,10 +350,21 @@ ngx_muse_connect(ngx_muse_ctx_t *ctx, const char **why)
     ngx_memzero(&sa, sizeof(sa));
     sa.sun_family = AF_UNIX;
     ngx_memcpy(sa.sun_path, eng->socket_path.data, eng->socket_path.len);
+    /* which socket this is: an engine restarted binds a new one (a new inode), so a segment
+     * adopted from the old one is not trusted ahead of the new engine's hello */
+    ctx->sock_ino = 0;
+    ctx->sock_dev = 0;
+    if (lstat(sa.sun_path, &sst) == 0) {
+        ctx->sock_ino = sst.st_ino;
+        ctx->sock_dev = sst.st_dev;
+    }
     if (connect(fd, (struct sockaddr *) &sa, sizeof(sa)) == -1) {
         err = ngx_socket_errno;
         close(fd);
         if (err == NGX_EAGAIN) {
+            /* the backlog is full: nobody accepts (stopped, wedged) or a flood */
+            ngx_muse_mark_down(eng, "the engine's socket backlog is full (stopped or "
+                               "overloaded engine)");
             return *why = "the engine's socket is full; retry later", NGX_DECLINED;
         }
         ngx_log_error(NGX_LOG_INFO, log, err, "muse: connect to the engine's socket \"%V\"",
@@ -459,14 +553,21 @@ ngx_muse_arm_timer(ngx_muse_ctx_t *ctx)
     ngx_msec_t            t, waited;
 
     mcf = ngx_http_get_module_loc_conf(ctx->request, ngx_muse_module);
-    if (ctx->status) {
-        t = NGX_MUSE_HELLO_MS;
-    } else if (ctx->headers_sent || ctx->admitted) {
+    if (ctx->headers_sent || ctx->admitted) {
         t = mcf->idle_timeout;
     } else {
         /* the queue deadline counts from the request's start, not from the last wake-up */
         waited = ngx_current_msec - ctx->started;
         t = waited < mcf->queue_timeout ? mcf->queue_timeout - waited : 1;
+    }
+    if (!ctx->hello) {
+        /* a stopped engine's backlog accepts and then nothing comes: the hello has its own,
+         * short deadline (a status page has only this one) */
+        waited = ngx_current_msec - ctx->started;
+        waited = waited < mcf->handshake_timeout ? mcf->handshake_timeout - waited : 1;
+        if (ctx->status || waited < t) {
+            t = waited;
+        }
     }
     ngx_add_timer(ctx->peer->read, t);
 }
@@ -516,10 +617,21 @@ ngx_muse_peer_read(ngx_event_t *rev)
     c = r->connection;
     if (rev->timedout) {
         rev->timedout = 0;
-        if (!ctx->claimed) {
-            ngx_log_error(NGX_LOG_WARN, c->log, 0, "muse: the engine did not greet on \"%V\" "
-                          "in time", &ctx->engine->socket_path);
-            ngx_muse_after_hello(ctx, NGX_ERROR, "the engine is not answering; retry later");
+        if (!ctx->hello) {
+            ngx_log_error(NGX_LOG_WARN, c->log, 0, "muse: the engine did not send its hello on "
+                          "\"%V\" within muse_handshake_timeout: stopped or wedged",
+                          &ctx->engine->socket_path);
+            ngx_muse_mark_down(ctx->engine, "the engine accepts connections but does not "
+                               "answer (stopped or wedged): no hello within "
+                               "muse_handshake_timeout");
+            if (ctx->claimed) {
+                /* claimed ahead: the engine's reaper takes the slot back once it runs */
+                ngx_muse_finish(ctx, ngx_muse_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                "server_error", NULL, "engine_unavailable",
+                                "the engine is not answering; retry later"));
+            } else {
+                ngx_muse_after_hello(ctx, NGX_ERROR, "the engine is not answering; retry later");
+            }
         } else if (!ctx->headers_sent && !ctx->admitted) {
             ngx_log_error(NGX_LOG_WARN, c->log, 0, "muse: no answer from the engine within "
                           "muse_queue_timeout; cancelling");
@@ -606,7 +718,7 @@ ngx_muse_submit(ngx_muse_ctx_t *ctx, const char **why)
     if (ngx_muse_connect(ctx, why) != NGX_OK) {
         return NGX_DECLINED;
     }
-    if (m && ngx_muse_map_fresh(ctx->engine)) {
+    if (ngx_muse_claim_ahead(ctx)) {
         /* the engine's user holds the socket and this segment serves: claim now, ahead of
          * the hello, which must then name the same generation (else: 503, retry) */
         rc = ngx_muse_claim(ctx, why);

@@ -18,7 +18,7 @@ $(NGX_BUILDDIR)/Makefile: config mk/nginx.mk
 
 NGX_MUSE_SRCS := ngx_muse_module.c ngx_muse_validate.c ngx_muse_transport.c ngx_muse_status.c \
                  ngx_muse_module.h ngx_muse_validate.h engine/abi/muse_ring.h engine/abi/muse_limits.h \
-                 engine/base/sha256.c engine/base/sha256.h
+                 engine/base/sha256.c engine/base/sha256.h engine/base/keyfile.c engine/base/keyfile.h
 
 $(NGX_SO): $(NGX_MUSE_SRCS) $(NGX_BUILDDIR)/Makefile
 	$(MAKE) -s -f $(NGX_BUILDDIR)/Makefile -C $(NGX_SRC) modules
@@ -36,5 +36,5 @@ $(NGX_SO): $(NGX_MUSE_SRCS) $(NGX_BUILDDIR)/Makefile
 	mv $@.tmp $@
 
 # A scripted engine for the transport tests (ring server only, no model).
-$(MUSE_TEST_ENGINE): t/tools/muse_test_engine.c engine/serve/ring_server.c engine/serve/ring_server.h engine/base/flags.c engine/base/flags.h engine/base/clock.h engine/abi/muse_ring.h engine/base/muse_common.h | $(BUILD)/t
-	$(CC) $(CFLAGS) t/tools/muse_test_engine.c engine/serve/ring_server.c engine/base/flags.c -levent_core -lcjson -lm -pthread -o $@
+$(MUSE_TEST_ENGINE): t/tools/muse_test_engine.c engine/serve/ring_server.c engine/serve/ring_server.h engine/base/flags.c engine/base/flags.h engine/base/clock.h engine/abi/muse_ring.h engine/base/muse_common.h engine/base/sha256.c engine/base/sha256.h engine/base/keyfile.c engine/base/keyfile.h | $(BUILD)/t
+	$(CC) $(CFLAGS) t/tools/muse_test_engine.c engine/serve/ring_server.c engine/base/flags.c engine/base/sha256.c engine/base/keyfile.c -levent_core -lcjson -lm -pthread -o $@

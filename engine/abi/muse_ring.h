@@ -155,6 +155,29 @@ typedef struct muse_hello_msg {
 } muse_hello_msg;
 #define MUSE_HELLO_MAGIC 0x4f4c484du /* "MHLO" */
 
+/* With a worker key (muse-engine serve --worker-key, muse_engine's third argument), every
+ * accepted connection first gets this challenge instead of the hello; the peer answers with
+ * muse_auth_msg, and only a right answer gets the hello and the segment. The key never crosses
+ * the socket; a nonce is random per connection, so an answer cannot be replayed. */
+typedef struct muse_challenge_msg {
+    uint32_t magic;       /* MUSE_CHALLENGE_MAGIC */
+    uint32_t abi_version; /* MUSE_RING_ABI_VERSION; offset 4, as in the hello */
+    uint8_t nonce[32];
+    uint32_t engine_pid; /* informational */
+    uint8_t reserved[20];
+} muse_challenge_msg;
+#define MUSE_CHALLENGE_MAGIC 0x4c48434du /* "MCHL" */
+
+/* The worker's answer: mac = HMAC-SHA-256(worker key, MUSE_AUTH_LABEL || nonce). */
+typedef struct muse_auth_msg {
+    uint32_t magic;       /* MUSE_AUTH_MAGIC */
+    uint32_t abi_version; /* MUSE_RING_ABI_VERSION */
+    uint8_t mac[32];
+    uint8_t reserved[24]; /* 0 */
+} muse_auth_msg;
+#define MUSE_AUTH_MAGIC 0x5455414du /* "MAUT" */
+#define MUSE_AUTH_LABEL "muse worker key v1"
+
 /* The health page: seqlock sequence (odd while the engine writes), then text. */
 typedef struct muse_health_page {
     _Atomic uint32_t seq;
@@ -180,6 +203,10 @@ _Static_assert(sizeof(muse_health_page) == 16, "health page header is 16 bytes")
 _Static_assert(sizeof(muse_hello_msg) == 64, "hello message is 64 bytes");
 _Static_assert(offsetof(muse_hello_msg, abi_version) == 4, "hello abi_version never moves");
 _Static_assert(sizeof(((muse_hello_msg *)0)->scope_key) == MUSE_SCOPE_KEY_BYTES, "scope key");
+_Static_assert(sizeof(muse_challenge_msg) == sizeof(muse_hello_msg),
+               "a challenge reads as a hello");
+_Static_assert(offsetof(muse_challenge_msg, abi_version) == 4, "challenge abi_version at 4");
+_Static_assert(sizeof(muse_auth_msg) == 64, "auth message is 64 bytes");
 
 /* ---- layout ---- */
 

@@ -83,3 +83,37 @@ void muse_sha256_hex(const uint8_t digest[32], char hex[65])
 {
     for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", digest[i]);
 }
+
+void muse_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t len, uint8_t out[32])
+{
+    uint8_t k[64] = {0}, pad[64], inner[32];
+    muse_sha256 s;
+    if (key_len > sizeof k) {
+        muse_sha256_init(&s);
+        muse_sha256_update(&s, key, key_len);
+        muse_sha256_final(&s, k);
+    } else if (key_len) {
+        memcpy(k, key, key_len);
+    }
+    for (size_t i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
+    muse_sha256_init(&s);
+    muse_sha256_update(&s, pad, 64);
+    muse_sha256_update(&s, msg, len);
+    muse_sha256_final(&s, inner);
+    for (size_t i = 0; i < 64; i++) pad[i] = k[i] ^ 0x5c;
+    muse_sha256_init(&s);
+    muse_sha256_update(&s, pad, 64);
+    muse_sha256_update(&s, inner, 32);
+    muse_sha256_final(&s, out);
+    /* the key's traces stay out of freed stack */
+    volatile uint8_t *v = k;
+    for (size_t i = 0; i < 64; i++) v[i] = 0, ((volatile uint8_t *)pad)[i] = 0;
+}
+
+int muse_equal_ct(const void *a, const void *b, size_t n)
+{
+    const volatile uint8_t *x = a, *y = b;
+    uint8_t d = 0;
+    for (size_t i = 0; i < n; i++) d |= (uint8_t)(x[i] ^ y[i]);
+    return d == 0;
+}

@@ -14,6 +14,7 @@
 
 #include "base/clock.h"
 #include "base/flags.h"
+#include "base/keyfile.h"
 #include "serve/health.h"
 #include "serve/memory_plan.h"
 #include "serve/prompt_cache.h"
@@ -23,6 +24,7 @@
 
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
+    const char *worker_key;        /* --worker-key FILE */
     const char *config, *codebook; /* --synthetic-weights: the shape, the EXL3 codebook */
     const char *gpus;              /* --gpus LIST */
     const char *kernels_text;      /* --kernels */
@@ -105,6 +107,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                     .def = "muse-spark"),
         MUSE_FLAG_S("group", &f->group, "GROUP",
                     "the group (the nginx workers') the segment and socket are 0660 for"),
+        MUSE_FLAG_S("worker-key", &f->worker_key, "FILE",
+                    "a key file (this user's, mode 0600) nginx's master reads too: only a peer\n"
+                    "that answers the socket's challenge with its HMAC gets the segment"),
         MUSE_FLAG_G("reserve-gib", &f->reserve_gib, 1 << 20,
                     "memory kept back on each rank's device, counted in the plan and shown in\n"
                     "/health",
@@ -495,7 +500,21 @@ int muse_cmd_serve(int argc, char **argv)
                            .slots = (int)(f.streams + f.queue),
                            .request_bytes = (size_t)f.request_kib * 1024,
                            .socket_gid = (int)f.gid};
+    uint8_t worker_key[MUSE_KEY_MAX_BYTES];
+    if (f.worker_key) {
+        char kerr[sizeof e.msg];
+        if (muse_key_file_read(f.worker_key, geteuid(), worker_key, &so.worker_key_len, kerr,
+                               sizeof kerr)) {
+            muse_fail(&e, "--worker-key: %s", kerr);
+            goto fail;
+        }
+        so.worker_key = worker_key;
+    } else {
+        fprintf(stderr, "muse-engine: no --worker-key: any process the socket's mode lets in "
+                        "(its group) gets the segment; docs/operations.md says how to set one\n");
+    }
     if (muse_server_start(&so, &srv, &e)) goto fail;
+    explicit_bzero(worker_key, sizeof worker_key);
     h.srv = srv;
     publish_health(&h);
     if (pthread_create(&health_tid, NULL, health_main, &h) == 0) health_running = true;

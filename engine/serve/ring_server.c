@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <libgen.h>
+#include <limits.h>
 #include <sys/random.h>
 #include <event2/event.h>
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/sha256.h"
 
 #define SIDE_DONE     1u /* the scheduler finished (or never will get it) */
 #define SIDE_GONE     2u /* the worker closed its doorbell */
@@ -43,8 +45,10 @@ typedef struct pending_conn {
     muse_server *s;
     int fd;
     struct event *ev;
-    uint8_t buf[sizeof(muse_claim_msg)];
-    size_t got;
+    uint8_t buf[sizeof(muse_auth_msg)]; /* the answer to the challenge, then the claim */
+    size_t got, want;
+    int authed;        /* the hello went: a claim is next */
+    uint8_t nonce[32]; /* the challenge's, with a worker key */
 } pending_conn;
 
 struct muse_server {
@@ -52,6 +56,8 @@ struct muse_server {
     uint32_t abi_version;
     int shm_fd, listen_fd, stop_fd;
     uint8_t scope_key[MUSE_SCOPE_KEY_BYTES]; /* handed over with the segment, never in it */
+    uint8_t worker_key[256];                 /* the peer must prove it holds it; len 0: off */
+    size_t worker_key_len;
     uint8_t *base;
     muse_ring_header *hdr; /* shared: only state, heartbeat and magic are written there */
     muse_ring_header lay;  /* the layout as created: a worker may scribble on the shared copy */
@@ -204,24 +210,82 @@ static void pending_free(pending_conn *pc, int close_fd)
     free(pc);
 }
 
+static int send_hello(muse_server *s, int c);
+
+/* The peer, for the log: pid and uid from SO_PEERCRED. */
+static void peer_names(int fd, char *out, size_t cap)
+{
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
+        snprintf(out, cap, "pid %d, uid %u, gid %u", (int)cred.pid, (unsigned)cred.uid,
+                 (unsigned)cred.gid);
+    else
+        snprintf(out, cap, "unknown peer");
+}
+
+/* The challenge's answer: HMAC-SHA-256(worker key, label || nonce), compared in constant time. */
+static int auth_is_valid(muse_server *s, const pending_conn *pc)
+{
+    muse_auth_msg a;
+    uint8_t msg[sizeof MUSE_AUTH_LABEL - 1 + 32], want[32];
+    memcpy(&a, pc->buf, sizeof a);
+    memcpy(msg, MUSE_AUTH_LABEL, sizeof MUSE_AUTH_LABEL - 1);
+    memcpy(msg + sizeof MUSE_AUTH_LABEL - 1, pc->nonce, 32);
+    muse_hmac_sha256(s->worker_key, s->worker_key_len, msg, sizeof msg, want);
+    int mac_ok = muse_equal_ct(a.mac, want, sizeof want);
+    return mac_ok && a.magic == MUSE_AUTH_MAGIC && a.abi_version == s->abi_version;
+}
+
 static void on_pending(evutil_socket_t fd, short what, void *arg)
 {
     pending_conn *pc = arg;
     muse_server *s = pc->s;
     muse_claim_msg m;
     const char *why;
+    char who[96];
     if (what & EV_TIMEOUT) { /* connected but never said which slot: not a worker */
+        if (!pc->authed) {
+            peer_names(fd, who, sizeof who);
+            fprintf(stderr,
+                    "muse-engine: a peer (%s) did not answer the worker-key challenge "
+                    "in time: closed, no segment sent\n",
+                    who);
+        }
         pending_free(pc, 1);
         return;
     }
-    ssize_t n = recv(fd, pc->buf + pc->got, sizeof pc->buf - pc->got, 0);
+    ssize_t n = recv(fd, pc->buf + pc->got, pc->want - pc->got, 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
+        if (!pc->authed) {
+            peer_names(fd, who, sizeof who);
+            fprintf(stderr,
+                    "muse-engine: a peer (%s) closed without answering the worker-key "
+                    "challenge: no segment sent\n",
+                    who);
+        }
         pending_free(pc, 1);
         return;
     }
     pc->got += (size_t)n;
-    if (pc->got < sizeof pc->buf) return;
+    if (pc->got < pc->want) return;
+    if (!pc->authed) {
+        if (!auth_is_valid(s, pc)) {
+            peer_names(fd, who, sizeof who);
+            fprintf(stderr,
+                    "muse-engine: refused a peer (%s) without the worker key: wrong "
+                    "answer to the challenge, no segment sent\n",
+                    who);
+            pending_free(pc, 1);
+            return;
+        }
+        pc->authed = 1;
+        pc->got = 0;
+        pc->want = sizeof(muse_claim_msg);
+        if (send_hello(s, fd) != 0) pending_free(pc, 1);
+        return;
+    }
     memcpy(&m, pc->buf, sizeof m);
     if (!claim_is_valid(s, fd, &m, &why)) {
         fprintf(stderr, "muse-engine: claim refused: %s\n", why);
@@ -282,6 +346,20 @@ static int send_hello(muse_server *s, int c)
     return n == (ssize_t)sizeof h ? 0 : -1;
 }
 
+/* With a worker key: a fresh nonce a connection, no descriptor; the hello waits for the answer. */
+static int send_challenge(muse_server *s, pending_conn *pc)
+{
+    muse_challenge_msg ch;
+    memset(&ch, 0, sizeof ch);
+    if (getrandom(pc->nonce, sizeof pc->nonce, 0) != (ssize_t)sizeof pc->nonce) return -1;
+    ch.magic = MUSE_CHALLENGE_MAGIC;
+    ch.abi_version = s->abi_version;
+    memcpy(ch.nonce, pc->nonce, sizeof ch.nonce);
+    ch.engine_pid = (uint32_t)getpid();
+    pc->want = sizeof(muse_auth_msg);
+    return send(pc->fd, &ch, sizeof ch, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof ch ? 0 : -1;
+}
+
 static void on_accept(evutil_socket_t fd, short what, void *arg)
 {
     muse_server *s = arg;
@@ -298,10 +376,6 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
             return;
         }
         if (c < 0) return;
-        if (send_hello(s, c) != 0) {
-            close(c);
-            continue;
-        }
         pending_conn *pc = calloc(1, sizeof *pc);
         if (!pc) {
             close(c);
@@ -309,6 +383,13 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
         }
         pc->s = s;
         pc->fd = c;
+        pc->want = sizeof(muse_claim_msg);
+        pc->authed = s->worker_key_len == 0;
+        if (pc->authed ? send_hello(s, c) != 0 : send_challenge(s, pc) != 0) {
+            close(c);
+            free(pc);
+            continue;
+        }
         static const struct timeval claim_within = {2, 0};
         pc->ev = event_new(s->evb, c, EV_READ | EV_PERSIST, on_pending, pc);
         if (!pc->ev || event_add(pc->ev, &claim_within) != 0) {
@@ -371,25 +452,64 @@ static void *io_main(void *arg)
 
 /* ---- setup ---- */
 
-/* The socket's directory must be writable by this user (or root) alone: whoever can write it
- * could put their own listener in the socket's place. */
-static int check_socket_dir(const char *path, muse_err *e)
+/* One directory on the socket's path (lstat: a link is refused, by name). own: the socket's
+ * own directory, which even a sticky bit does not excuse. 0 ok, 1 missing, -1 refused. */
+static int check_one_dir(const char *dir, int own, muse_err *e)
 {
-    char copy[108];
     struct stat st;
-    snprintf(copy, sizeof copy, "%s", path);
-    const char *dir = dirname(copy);
-    if (stat(dir, &st) != 0)
-        return muse_fail(e, "socket directory %s: %s (create it, owned by the engine's user)", dir,
-                         strerror(errno));
+    if (lstat(dir, &st) != 0) {
+        if (errno == ENOENT) return 1;
+        return muse_fail(e, "socket directory %s: %s", dir, strerror(errno));
+    }
+    if (S_ISLNK(st.st_mode))
+        return muse_fail(e,
+                         "%s on the socket's path is a symbolic link, which its owner could "
+                         "point elsewhere: name the real directory (e.g. /run, not /var/run)",
+                         dir);
     if (!S_ISDIR(st.st_mode)) return muse_fail(e, "socket directory %s is not a directory", dir);
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) || (st.st_uid != geteuid() && st.st_uid != 0))
+    int others = (st.st_mode & (S_IWGRP | S_IWOTH)) && (own || !(st.st_mode & S_ISVTX));
+    if (others || (st.st_uid != geteuid() && st.st_uid != 0))
         return muse_fail(e,
                          "socket directory %s can be written by others than this user (mode "
-                         "%03o, owner uid %u): make it owned by the engine's user, mode 0750 "
-                         "(group: the nginx workers') or 0755",
-                         dir, (unsigned)(st.st_mode & 0777), (unsigned)st.st_uid);
+                         "%04o, owner uid %u): make it owned by the engine's user (or root), "
+                         "mode 0750 (group: the nginx workers') or 0755",
+                         dir, (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
     return 0;
+}
+
+/* Every directory from / down to the socket's must be a real directory owned by this user or
+ * root and writable by nobody else (a sticky one above the socket's own excepted): whoever can
+ * write one could put their own listener in the socket's place. A relative path is taken from
+ * the working directory, which getcwd names without links. */
+static int check_socket_dir(const char *path, muse_err *e)
+{
+    char full[PATH_MAX + 108], pre[sizeof full];
+    if (path[0] == '/') {
+        snprintf(full, sizeof full, "%s", path);
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return muse_fail(e, "getcwd: %s", strerror(errno));
+        snprintf(full, sizeof full, "%s/%s", cwd, path);
+    }
+    size_t n = (size_t)(strrchr(full, '/') - full);
+    n = n ? n : 1; /* a socket in / itself */
+    int rc = check_one_dir("/", n == 1, e);
+    size_t last = 1;
+    for (size_t i = 2; rc == 0 && i <= n; i++) {
+        if (i < n && full[i] != '/') continue;
+        memcpy(pre, full, i);
+        pre[i] = 0;
+        rc = check_one_dir(pre, i == n, e);
+        if (rc == 0) last = i;
+    }
+    if (rc == 1) {
+        memcpy(pre, full, last);
+        pre[last] = 0;
+        if (check_one_dir(pre, 1, e)) return -1;
+        return muse_fail(e, "socket directory %.*s: %s (create it, owned by the engine's user)",
+                         (int)n, full, strerror(ENOENT));
+    }
+    return rc;
 }
 
 static int make_socket(muse_server *s, int gid, muse_err *e)
@@ -506,6 +626,14 @@ int muse_server_start(const muse_server_opts *o, muse_server **out, muse_err *e)
     snprintf(s->shm_name, sizeof s->shm_name, "%s", label);
     snprintf(s->socket_path, sizeof s->socket_path, "%s", o->socket_path);
     s->abi_version = o->abi_version ? o->abi_version : MUSE_RING_ABI_VERSION;
+    if (o->worker_key && (o->worker_key_len < 32 || o->worker_key_len > sizeof s->worker_key)) {
+        free(s);
+        return muse_fail(e, "worker key of %zu bytes: it takes 32..256", o->worker_key_len);
+    }
+    if (o->worker_key) {
+        memcpy(s->worker_key, o->worker_key, o->worker_key_len);
+        s->worker_key_len = o->worker_key_len;
+    }
     s->shm_fd = s->listen_fd = s->stop_fd = -1;
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
@@ -725,6 +853,7 @@ void muse_server_stop(muse_server *s)
     if (s->base) munmap(s->base, s->lay.total_bytes);
     if (s->shm_fd >= 0) close(s->shm_fd); /* workers keep their mapping until they remap */
     explicit_bzero(s->scope_key, sizeof s->scope_key);
+    explicit_bzero(s->worker_key, sizeof s->worker_key);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->health_mu);

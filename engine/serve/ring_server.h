@@ -22,16 +22,19 @@
 typedef struct muse_server muse_server;
 
 typedef struct {
-    const char *shm_name;    /* label of the segment's memfd, seen in /proc/PID/fd as
-                              * /memfd:LABEL (a leading '/' is dropped; NULL: muse-engine);
-                              * nothing is created under any name */
-    const char *socket_path; /* unix socket path, < 108 bytes */
-    int slots;               /* concurrent requests (slot table size) */
-    size_t ring_bytes;       /* per-slot event ring, power of two >= 4096 (0: 256 KiB) */
-    size_t request_bytes;    /* per-slot request area, >= 1024 (0: 1 MiB + 4 KiB) */
-    size_t health_bytes;     /* health text capacity (0: 64 KiB) */
-    int socket_gid;          /* group of the nginx workers for the socket; -1: keep */
-    uint32_t abi_version;    /* 0: MUSE_RING_ABI_VERSION; tests set others */
+    const char *shm_name;      /* label of the segment's memfd, seen in /proc/PID/fd as
+                                * /memfd:LABEL (a leading '/' is dropped; NULL: muse-engine);
+                                * nothing is created under any name */
+    const char *socket_path;   /* unix socket path, < 108 bytes */
+    int slots;                 /* concurrent requests (slot table size) */
+    size_t ring_bytes;         /* per-slot event ring, power of two >= 4096 (0: 256 KiB) */
+    size_t request_bytes;      /* per-slot request area, >= 1024 (0: 1 MiB + 4 KiB) */
+    size_t health_bytes;       /* health text capacity (0: 64 KiB) */
+    int socket_gid;            /* group of the nginx workers for the socket; -1: keep */
+    uint32_t abi_version;      /* 0: MUSE_RING_ABI_VERSION; tests set others */
+    const uint8_t *worker_key; /* NULL: the hello goes to any peer the socket's mode lets in;
+                                * else only a peer that answers the challenge with its HMAC */
+    size_t worker_key_len;     /* 32..256 (base/keyfile.h) */
 } muse_server_opts;
 
 /* A request's handle: its slot and the generation the slot had when the request was handed
@@ -54,8 +57,10 @@ typedef struct {
 /* Creates the segment (an anonymous memfd sealed against shrink and grow, a random generation
  * and scope key) and the socket (0660, in a directory only this user or root may write), starts
  * the IO thread. Every accepted connection first gets a muse_hello_msg with the segment's
- * descriptor (SCM_RIGHTS). State is STARTING until muse_server_set_state(s,
- * MUSE_ENGINE_SERVING). Refuses when another engine answers on the socket. */
+ * descriptor (SCM_RIGHTS), or with a worker key a muse_challenge_msg, and the hello only after
+ * a right muse_auth_msg (a wrong one is logged and closed). State is STARTING until
+ * muse_server_set_state(s, MUSE_ENGINE_SERVING). Refuses when another engine answers on the socket.
+ */
 int muse_server_start(const muse_server_opts *o, muse_server **out, muse_err *e);
 
 /* Blocks up to timeout_ms (-1: forever) until a request is queued. 1 one is queued, 0 none. */

@@ -7,7 +7,7 @@
  *   HANG      never answers (until cancelled: the slot is freed on the worker's close)
  *   KEEPALIVE a keepalive comment record first
  * Usage: muse-test-engine --shm /name --socket path [--slots N] [--abi V] [--gid G]
- *        [--gap-ms MS] [--health ok|fatal]
+ *        [--gap-ms MS] [--health ok|fatal] [--worker-key FILE]
  * Prints "ready" on stdout once serving; SIGTERM stops it cleanly. */
 #include <cjson/cJSON.h>
 #include <signal.h>
@@ -17,6 +17,7 @@
 
 #include "base/clock.h"
 #include "base/flags.h"
+#include "base/keyfile.h"
 #include "serve/ring_server.h"
 
 enum { S_DEFAULT, S_CTX, S_ERRMID, S_ECHO, S_HANG };
@@ -200,6 +201,7 @@ int main(int argc, char **argv)
                           .socket_gid = -1};
     static const char *const healths[] = {"ok", "fatal", NULL};
     int health_i = 0, gap_ms = 100, abi = 0;
+    const char *key_file = NULL;
     const muse_flag table[] = {
         MUSE_FLAG_S("shm", &o.shm_name, "NAME", "the shared-memory segment"),
         MUSE_FLAG_S("socket", &o.socket_path, "PATH", "the doorbell socket"),
@@ -210,6 +212,8 @@ int main(int argc, char **argv)
                     "the socket's group; -1: the process's"),
         MUSE_FLAG_I("gap-ms", &gap_ms, 0, 60000, "MS", "between two chunks of an answer"),
         MUSE_FLAG_E("health", &health_i, healths, "the state /health and the segment show"),
+        MUSE_FLAG_S("worker-key", &key_file, "FILE",
+                    "the key a peer must prove it holds before it gets the segment"),
     };
     const muse_flags set = {.prog = "muse-test-engine",
                             .about = "A scripted engine for the transport tests: the real ring "
@@ -219,6 +223,15 @@ int main(int argc, char **argv)
     int rc = muse_flags_parse(&set, argc, argv);
     if (rc != MUSE_FLAGS_RUN) return rc;
     o.abi_version = (uint32_t)abi;
+    uint8_t key[MUSE_KEY_MAX_BYTES];
+    char kerr[512];
+    if (key_file) {
+        if (muse_key_file_read(key_file, geteuid(), key, &o.worker_key_len, kerr, sizeof kerr)) {
+            fprintf(stderr, "muse-test-engine: --worker-key: %s\n", kerr);
+            return 2;
+        }
+        o.worker_key = key;
+    }
     const char *health = healths[health_i];
     muse_server *s;
     muse_err e = {{0}};

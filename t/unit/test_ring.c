@@ -502,6 +502,32 @@ static void test_server(void)
     ok(muse_server_start(&o, &s3, &e) == -1 && strstr(e.msg, dir) && strstr(e.msg, "others"),
        "world-writable socket directory refused: %s", e.msg);
     chmod(dir, 0700);
+
+    /* issue 23: a symbolic link anywhere on the socket's path is refused, naming it */
+    char link[80], via[160];
+    snprintf(link, sizeof link, "%s-link", dir);
+    unlink(link);
+    ok(symlink(dir, link) == 0, "a link to the socket directory");
+    snprintf(via, sizeof via, "%s/engine.sock", link);
+    o.socket_path = via;
+    ok(muse_server_start(&o, &s3, &e) == -1 && strstr(e.msg, link) &&
+           strstr(e.msg, "symbolic link"),
+       "socket path through a link refused: %s", e.msg);
+    ok(access(sock, F_OK) != 0, "nothing bound through the link");
+    unlink(link);
+    /* a directory above the socket's that others can write (not sticky) is refused too */
+    char sub[96];
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    ok(mkdir(sub, 0700) == 0, "a socket directory below the test's");
+    snprintf(via, sizeof via, "%s/engine.sock", sub);
+    chmod(dir, 0777);
+    ok(muse_server_start(&o, &s3, &e) == -1 && strstr(e.msg, dir) && strstr(e.msg, "others"),
+       "a world-writable directory above the socket's refused: %s", e.msg);
+    chmod(dir, 0700);
+    ok(muse_server_start(&o, &s3, &e) == 0, "the same path with the parent fixed: served");
+    muse_server_stop(s3);
+    o.socket_path = sock;
+    rmdir(sub);
     rmdir(dir);
 }
 
