@@ -113,14 +113,21 @@ fi
 if want shapebench; then
     cut=(--synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg
         --rows 1,16,256 --context 4096 --min-ms 20)
-    # GPU_CHECK_SHAPE_EXACT=0: the fast table alone (the exact one is minutes at 256 rows)
+    # GPU_CHECK_SHAPE_EXACT=0: the fast table alone (the exact one is minutes at 256 rows), with
+    # GPU_CHECK_SHAPE_BASE (an earlier run's shape-exact.json) as its baseline if given
     base=()
+    [ -n "${GPU_CHECK_SHAPE_BASE:-}" ] && base=(--baseline "$GPU_CHECK_SHAPE_BASE")
     if [ "${GPU_CHECK_SHAPE_EXACT:-1}" = 1 ]; then
         step shape-exact 150 build/muse-bench kernels --backend "$B" "${cut[@]}" --kernels exact \
             --json "$logs/shape-exact.json" && base=(--baseline "$logs/shape-exact.json")
     fi
     step shape-fast 150 build/muse-bench kernels --backend "$B" "${cut[@]}" --kernels fast \
         "${base[@]}" --json "$logs/shape-fast.json"
+    # one decode row at longer contexts (attention's splits), GPU_CHECK_CONTEXTS
+    for ctx in ${GPU_CHECK_CONTEXTS:-}; do
+        step "shape-fast-ctx$ctx" 90 build/muse-bench kernels --backend "$B" "${cut[@]:0:7}" \
+            --rows 1 --context "$ctx" --min-ms 20 --kernels fast --json "$logs/shape-fast-ctx$ctx.json"
+    done
 fi
 
 # the fast product's k split: the table again at other split targets (variants of one binary)
