@@ -125,7 +125,7 @@ if want shapebench; then
         "${base[@]}" --json "$logs/shape-fast.json"
     # one decode row at longer contexts (attention's splits), GPU_CHECK_CONTEXTS
     for ctx in ${GPU_CHECK_CONTEXTS:-}; do
-        step "shape-fast-ctx$ctx" 90 build/muse-bench kernels --backend "$B" "${cut[@]:0:7}" \
+        step "shape-fast-ctx$ctx" 90 build/muse-bench kernels --backend "$B" "${cut[@]:0:8}" \
             --rows 1 --context "$ctx" --min-ms 20 --kernels fast --json "$logs/shape-fast-ctx$ctx.json"
     done
 fi
