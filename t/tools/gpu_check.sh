@@ -207,10 +207,12 @@ fi
 if want decode; then
     cut=(--synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg
         --tokens 32 --prompt 64)
-    step decode-exact 150 build/muse-bench decode --backend "$B" "${cut[@]}" --kernels exact \
-        --json "$logs/decode-exact.json"
+    dbase=${GPU_CHECK_DECODE_BASE:-$logs/decode-exact.json} # given: an earlier exact run's
+    [ -n "${GPU_CHECK_DECODE_BASE:-}" ] ||
+        step decode-exact 150 build/muse-bench decode --backend "$B" "${cut[@]}" --kernels exact \
+            --json "$logs/decode-exact.json"
     step decode-fast 150 build/muse-bench decode --backend "$B" "${cut[@]}" --kernels fast \
-        --baseline "$logs/decode-exact.json" --json "$logs/decode-fast.json"
+        --baseline "$dbase" --json "$logs/decode-fast.json"
 fi
 
 rm -rf "$packs"
