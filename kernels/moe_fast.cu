@@ -25,6 +25,59 @@ __global__ void __launch_bounds__(128)
     if (lane == 0) logits[r * E + x] = (float)acc;
 }
 
+/* grid ceil(R / 4), 128 threads: warp w a row, kernels/moe.cu k_select's result bit for bit:
+ * each pick the largest key not taken (ties to the lower expert: a lane's own scan keeps its
+ * first, the warp's tree keeps the lower index), the weights the same fp32 steps in pick order.
+ * shared: key [4][E], taken [4][E] */
+__global__ void __launch_bounds__(128)
+    k_select_fast(const float *logits, long R, long E, long K, const float *bias, int norm_topk,
+                  float scaling, int32_t *sel, float *w)
+{
+    extern __shared__ float sf_sh[];
+    int wi = threadIdx.x / 32, lane = threadIdx.x % 32;
+    long r = (long)blockIdx.x * 4 + wi;
+    float *key = sf_sh + (size_t)wi * E;
+    unsigned char *taken = (unsigned char *)(sf_sh + 4 * E) + (size_t)wi * E;
+    if (r >= R) return;
+    const float *lg = logits + r * E;
+    for (long x = lane; x < E; x += 32) {
+        float sg = k_sigmoid(lg[x]);
+        key[x] = bias ? __fadd_rn(sg, bias[x]) : sg;
+        taken[x] = 0;
+    }
+    __syncwarp();
+    int32_t *sr = sel + r * K;
+    float *wr = w + r * K;
+    float sum = 0;
+    for (long i = 0; i < K; i++) {
+        long best = -1;
+        for (long x = lane; x < E; x += 32)
+            if (!taken[x] && (best < 0 || key[x] > key[best])) best = x;
+        for (int o = 16; o > 0; o >>= 1) {
+            long other = __shfl_xor_sync(0xffffffffu, best, o);
+            if (other >= 0 &&
+                (best < 0 || key[other] > key[best] || (key[other] == key[best] && other < best)))
+                best = other;
+        }
+        __syncwarp();
+        if (lane == 0) taken[best] = 1;
+        __syncwarp();
+        float sb = k_sigmoid(lg[best]);
+        if (lane == 0) {
+            sr[i] = (int32_t)best;
+            wr[i] = sb;
+        }
+        sum = __fadd_rn(sum, sb);
+    }
+    __syncwarp();
+    if (lane == 0)
+        for (long i = 0; i < K; i++) {
+            float v = wr[i];
+            if (norm_topk) v = __fdiv_rn(v, sum);
+            wr[i] = __fmul_rn(v, scaling);
+        }
+}
+
 /* one block of MG_THREADS; shared: cnt[E], first[E] */
 __global__ void __launch_bounds__(MG_THREADS)
     k_moe_group(const int32_t *sel, long P, long E, int group_rows, int max_groups, int32_t *perm,
@@ -66,6 +119,19 @@ MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H,
     if (rows <= 0) return 0;
     k_router_fast<<<dim3((unsigned)((E + 3) / 4), (unsigned)rows), 128, 0, ctx->st>>>(
         b, H, router, dtype, E, logits);
+    return (int)cudaGetLastError();
+}
+
+MUSE_K_API int muse_k_select_fast(const muse_k_ctx *ctx, const float *logits, long E, long K,
+                                  const float *bias, int norm_topk, float scaling, int32_t *sel,
+                                  float *w)
+{
+    long rows = ctx->rows;
+    if (rows <= 0) return 0;
+    size_t shared = (size_t)4 * E * (sizeof(float) + 1);
+    if (shared > 48 * 1024 || K > E || K < 1) return (int)cudaErrorInvalidValue;
+    k_select_fast<<<(unsigned)((rows + 3) / 4), 128, shared, ctx->st>>>(logits, rows, E, K, bias,
+                                                                        norm_topk, scaling, sel, w);
     return (int)cudaGetLastError();
 }
 

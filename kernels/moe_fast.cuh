@@ -8,6 +8,10 @@
  * path's unless a double sum falls within an ulp of a float rounding boundary. ctx: st, rows */
 MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H, const void *router,
                                   int dtype, long E, float *logits);
+/* kernels/moe.cu muse_k_select's sel and w bit for bit, a warp a row. ctx: st, rows */
+MUSE_K_API int muse_k_select_fast(const muse_k_ctx *ctx, const float *logits, long E, long K,
+                                  const float *bias, int norm_topk, float scaling, int32_t *sel,
+                                  float *w);
 /* The groups of P = ctx rows pairs: perm [P] the pairs by ascending expert, each expert's in
  * ascending pair order; groups [max_groups][4] (expert, first place in perm, count <=
  * group_rows, 0) in that order; *n_groups their number. sel [P] in [0, E) (others skipped).

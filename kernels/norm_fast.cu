@@ -55,11 +55,13 @@ __device__ __forceinline__ double k_nf_add(float *h, const float *y, long n, dou
     return acc;
 }
 
-/* Shape: grid rows, block k_fr_threads(width). */
-__global__ void k_norm_fast(const float *x, long width, const float *w, int mode, double eps,
-                            int round16, float *out)
+/* Shape: grid rows, block k_fr_threads(width); row r's weight w + w_row[r] * w_stride (the
+ * MoE's per-expert norms) where w_row is given. */
+__global__ void k_norm_fast(const float *x, long width, const float *w, long w_stride,
+                            const int32_t *w_row, int mode, double eps, int round16, float *out)
 {
     long r = blockIdx.x;
+    if (w && w_row) w += (long)w_row[r] * w_stride;
     const float *xr = x + r * width;
     float *o = out + r * width;
     bool vec = width % 4 == 0 && k_fr_aligned(x) && k_fr_aligned(out);
@@ -85,9 +87,16 @@ __global__ void k_add_norm_fast(float *h, const float *y, long width, const floa
 MUSE_K_API int muse_k_norm_fast(const muse_k_ctx *ctx, const float *x, long width, const float *w,
                                 int mode, double eps, int round16, float *out)
 {
+    return muse_k_norm_fast_rows(ctx, x, width, w, 0, NULL, mode, eps, round16, out);
+}
+
+MUSE_K_API int muse_k_norm_fast_rows(const muse_k_ctx *ctx, const float *x, long width,
+                                     const float *w, long w_stride, const int32_t *w_row, int mode,
+                                     double eps, int round16, float *out)
+{
     if (ctx->rows <= 0 || width <= 0) return 0;
-    k_norm_fast<<<(unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st>>>(x, width, w, mode, eps,
-                                                                          round16, out);
+    k_norm_fast<<<(unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st>>>(
+        x, width, w, w_stride, w_row, mode, eps, round16, out);
     return (int)cudaGetLastError();
 }
 

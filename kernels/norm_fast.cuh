@@ -7,6 +7,10 @@
  */
 MUSE_K_API int muse_k_norm_fast(const muse_k_ctx *ctx, const float *x, long width, const float *w,
                                 int mode, double eps, int round16, float *out);
+/* The same with row r's weight w + w_row[r] * w_stride (the MoE's per-expert output norms). */
+MUSE_K_API int muse_k_norm_fast_rows(const muse_k_ctx *ctx, const float *x, long width,
+                                     const float *w, long w_stride, const int32_t *w_row, int mode,
+                                     double eps, int round16, float *out);
 /* h[R, W] += (1 + w) * rms(y, eps); ctx: st, rows */
 MUSE_K_API int muse_k_add_norm_fast(const muse_k_ctx *ctx, float *h, const float *y, long width,
                                     const float *w, double eps);

@@ -126,13 +126,15 @@ ok($miss_med > 3 * $hit_med, sprintf('TTFT: a new scope reads the whole prompt (
 # the budget: fill a small cache many times over; used bytes never exceed it
 start('--prompt-cache-gib', '0.0002');
 my $budget = 0.0002 * 1073741824;
-my $max_used = 0;
+my ($max_used, @seen) = (0);
 for my $i (0 .. 11) {
-    together('/v1/completions', [completion_body([map { ($i * 97 + $_ * 3) % 990 } 0 .. 70], max => 1)]);
+    my $r = together('/v1/completions', [completion_body([map { ($i * 97 + $_ * 3) % 990 } 0 .. 70], max => 1)])->[0];
     my $h = $n->request('GET', '/health')->{json};
     $max_used = $h->{prompt_cache}{used_bytes} if $h->{prompt_cache}{used_bytes} > $max_used;
+    push @seen, $JSON->encode({cache => $h->{prompt_cache}, usage => $r->{usage}, finish => $r->{choices}[0]{finish_reason}});
 }
-ok($max_used > 0 && $max_used <= $budget, "the prompt cache stays within its budget ($max_used <= $budget bytes)");
+ok($max_used > 0 && $max_used <= $budget, "the prompt cache stays within its budget ($max_used <= $budget bytes)")
+    or diag(join("\n", @seen[0 .. 2], $JSON->encode($n->request('GET', '/health')->{json})));
 
 # a KV pool too small for every stream: 12 blocks of 16 positions, four streams of ~70
 start('--kv-blocks', '12', '--prompt-cache-gib', '0', '--max-rows', '16');

@@ -159,6 +159,8 @@ if want ranks; then
         [ $p = tp4 ] && extra=(--exl3-random 4 --codebook mul1)
         build/muse-pack --config conf/packs/tiny-tp.json --out "$packs/$p" --seed 7 "${extra[@]}" >/dev/null 2>&1
         step "kernel-check-2-$p" 120 build/muse-engine kernel-check --model "$packs/$p" "${G[@]}" --ranks 2
+        step "kernel-check-2-$p-fast" 120 build/muse-engine kernel-check --model "$packs/$p" "${G[@]}" \
+            --ranks 2 --kernels fast
         for g in 1 0; do
             MUSE_CUDA_GRAPHS=$g step "compare-2-$p-graphs$g" 60 build/muse-engine compare --model "$packs/$p" \
                 --tokens "$(ids 64 1000)" --a cpu --ranks-a 2 --b "$B" --ranks-b 2 \

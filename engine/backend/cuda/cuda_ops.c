@@ -354,9 +354,9 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
             CHECK(c, muse_k_router_fast(&kc, b, H, router, rdt, E, rk->router_logits));
         else
             CHECK(c, muse_k_router(&kc, b, H, router, rdt, E, rk->router_logits));
-        CHECK(c,
-              muse_k_select(&kc, rk->router_logits, E, K, rk->router_bias[i], cfg->norm_topk_prob,
-                            (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w));
+        CHECK(c, (be->kernels == MUSE_KERNELS_FAST ? muse_k_select_fast : muse_k_select)(
+                     &kc, rk->router_logits, E, K, rk->router_bias[i], cfg->norm_topk_prob,
+                     (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w));
         if (fast) {
             cuda_fast_experts(c, rk, ly, b, H, R, rk->zg);
         } else {
@@ -376,9 +376,13 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         muse_k_ctx pairs = kctx(rk, R * K), kc = kctx(rk, R);
-        if (cfg->expert_output_norm)
+        double eps = (double)(float)cfg->rms_norm_eps;
+        if (cfg->expert_output_norm && be->kernels == MUSE_KERNELS_FAST)
+            CHECK(c, muse_k_norm_fast_rows(&pairs, rk->zg, H, rk->expert_norm[i], H, rk->sel,
+                                           MUSE_K_NORM_PLUS1, eps, 0, rk->zg));
+        else if (cfg->expert_output_norm)
             CHECK(c, muse_k_norm(&pairs, rk->zg, H, rk->expert_norm[i], H, rk->sel,
-                                 MUSE_K_NORM_PLUS1, (double)(float)cfg->rms_norm_eps, 0, rk->zg));
+                                 MUSE_K_NORM_PLUS1, eps, 0, rk->zg));
         CHECK(c, muse_k_moe_combine(&kc, rk->sel, rk->sel_w, rk->zg, shared ? rk->zs : NULL, K, H,
                                     act_r(c, y_a, r)));
         c->act_cols[y_a][r] = H;
