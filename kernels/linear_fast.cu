@@ -81,7 +81,8 @@ __device__ __forceinline__ void f_mma(float c[4], const uint32_t a[4], uint32_t 
 
 /* Two states to one .f16x2 B register (the first in the low half): the integer stage of
  * linear_fast.h, then one fp16 op for both (the fp16 stage it emulates on the host). */
-template <int CB> __device__ __forceinline__ uint32_t f_decode2(uint32_t sa, uint32_t sb)
+template <int CB, int DEC = 0>
+__device__ __forceinline__ uint32_t f_decode2(uint32_t sa, uint32_t sb)
 {
     uint32_t va = muse_fast_int_stage(CB, sa), vb = muse_fast_int_stage(CB, sb);
     __half2 r;
@@ -91,6 +92,10 @@ template <int CB> __device__ __forceinline__ uint32_t f_decode2(uint32_t sa, uin
         const __half2 kinv = __halves2half2(__ushort_as_half(0x1EEE), __ushort_as_half(0x1EEE));
         const __half2 kbias = __halves2half2(__ushort_as_half(0xC931), __ushort_as_half(0xC931));
         r = __hfma2(sh, kinv, kbias);
+    } else if (DEC == 1) { /* each state's halves added alone (FMA pipe), then one PRMT */
+        __half2 ha = *reinterpret_cast<__half2 *>(&va), hb = *reinterpret_cast<__half2 *>(&vb);
+        r = __halves2half2(__hadd(__low2half(ha), __high2half(ha)),
+                           __hadd(__low2half(hb), __high2half(hb)));
     } else {
         uint32_t lo = __byte_perm(va, vb, 0x5410), hi = __byte_perm(va, vb, 0x7632);
         r = __hadd2(*reinterpret_cast<__half2 *>(&lo), *reinterpret_cast<__half2 *>(&hi));
@@ -109,8 +114,21 @@ __device__ __forceinline__ void f_tile_frag(const uint32_t *words, int lane, uin
     for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
 }
 
+/* the same with the lane's word places and shift set once (muse_fast_lane_words); DEC: the
+ * fp16 stage's variant (the same bits) */
+template <int CB, int BITS, int DEC>
+__device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int widx[3], int sh,
+                                               uint32_t b[4])
+{
+    uint32_t st[8];
+    muse_fast_lane_states_at(words, widx, sh, BITS, muse_fast_nwords(BITS), muse_fast_nwin(BITS),
+                             st);
+#pragma unroll
+    for (int q = 0; q < 4; q++) b[q] = f_decode2<CB, DEC>(st[2 * q], st[2 * q + 1]);
+}
+
 /* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads */
-template <int CB, int BITS, int MT>
+template <int CB, int BITS, int MT, int DEC = 0>
 __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
 {
     extern __shared__ __align__(16) unsigned char f_sm[];
@@ -148,26 +166,53 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
     mt_live = mt_live < MT ? mt_live : MT;
     int nstages = (int)((kt1 - kt0 + FB_KC - 1) / FB_KC);
 
-    /* stage st: A rows m0.., k-tiles kt0 + st*KC.., and the block's 8 tiles of each k-tile */
+    /* stage st: A rows m0.., k-tiles kt0 + st*KC.., and the block's 8 tiles of each k-tile.
+     * A thread's chunks are fixed for the block (c = th + 128 i): their sources, destinations
+     * and row/column validity are set here once; a stage adds its stride and, in the last
+     * stage only, checks the k bound. */
+    constexpr int A_CHR = FB_KC * 2;                 /* 16-byte chunks of a staged A row */
+    constexpr int CH_ROW = FB_NT * 2 * BITS;         /* 16-byte chunks of one k-tile's 8 tiles */
+    constexpr int B_CH = FB_KC * CH_ROW;             /* of a stage */
+    constexpr int B_PER = (B_CH + 127) / 128;        /* a thread's B chunks */
+    const int a_ch = th % A_CHR, a_row = th / A_CHR; /* rows a_row + 16 i, i < MT */
+    const uint16_t *a_src = L.a + (m0 + a_row) * L.k + kt0 * 16 + a_ch * 8;
+    const int a_dst = a_row * FB_AROW + a_ch * 8;
+    unsigned a_rows_ok = 0;
+#pragma unroll
+    for (int i = 0; i < MT; i++) a_rows_ok |= (unsigned)(m0 + a_row + 16 * i < rend) << i;
+    const uint16_t *b_src[B_PER];
+    int b_dst[B_PER], b_kk[B_PER];
+    bool b_ok[B_PER];
+#pragma unroll
+    for (int i = 0; i < B_PER; i++) {
+        int c = th + 128 * i, kk = c / CH_ROW, ch = c % CH_ROW;
+        b_ok[i] = (B_CH % 128 == 0 || c < B_CH) && tn0 + ch / (2 * BITS) < ntiles;
+        b_kk[i] = kk;
+        b_src[i] = trellis + ((kt0 + kk) * tiles_ld + tn0) * 16 * BITS + (int64_t)ch * 8;
+        b_dst[i] = kk * FB_NT * 8 * BITS + ch * 4;
+    }
+    const int64_t b_step = (int64_t)FB_KC * tiles_ld * 16 * BITS;
+    int l_widx[3], l_sh; /* the lane's words in a tile, for every tile */
+    muse_fast_lane_words(BITS, muse_fast_nwords(BITS), lane, l_widx, &l_sh);
     auto load = [&](int st) {
         unsigned char *base = f_sm + (st % FB_STAGES) * STAGE_BYTES;
         uint16_t *as = (uint16_t *)base;
         uint32_t *bs = (uint32_t *)(base + A_HALVES * 2);
         int64_t ktb = kt0 + (int64_t)st * FB_KC;
-        for (int c = th; c < MT * 16 * FB_KC * 2; c += 128) {
-            int row = c / (FB_KC * 2), ch = c % (FB_KC * 2);
-            bool ok = m0 + row < rend && ktb + ch / 2 < kt1;
-            const uint16_t *src = ok ? L.a + (m0 + row) * L.k + ktb * 16 + ch * 8 : L.a;
-            f_cp16(as + row * FB_AROW + ch * 8, src, ok);
+        bool full = ktb + FB_KC <= kt1;
+        const uint16_t *as_src = a_src + (int64_t)st * FB_KC * 16;
+        bool a_k_ok = full || ktb + a_ch / 2 < kt1;
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            bool ok = (a_rows_ok >> i & 1) && a_k_ok;
+            f_cp16(as + a_dst + 16 * i * FB_AROW, ok ? as_src + (int64_t)16 * i * L.k : L.a, ok);
         }
-        constexpr int CH_ROW = FB_NT * 2 * BITS; /* 16-byte chunks of one k-tile's 8 tiles */
-        for (int c = th; c < FB_KC * CH_ROW; c += 128) {
-            int kk = c / CH_ROW, ch = c % CH_ROW;
-            int64_t tn = tn0 + ch / (2 * BITS);
-            bool ok = ktb + kk < kt1 && tn < ntiles;
-            const uint16_t *src =
-                trellis + ((ktb + kk) * tiles_ld + tn0) * 16 * BITS + (int64_t)ch * 8;
-            uint32_t *dst = bs + kk * FB_NT * 8 * BITS + ch * 4;
+#pragma unroll
+        for (int i = 0; i < B_PER; i++) {
+            if (B_CH % 128 != 0 && th + 128 * i >= B_CH) break;
+            bool ok = b_ok[i] && (full || ktb + b_kk[i] < kt1);
+            const uint16_t *src = b_src[i] + (int64_t)st * b_step;
+            uint32_t *dst = bs + b_dst[i];
             if (aligned) {
                 f_cp16(dst, ok ? src : trellis, ok);
             } else { /* a 2-byte aligned trellis: plain loads, visible after the stage's sync */
@@ -206,8 +251,8 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
             uint32_t bf[FB_NTW][4];
 #pragma unroll
             for (int nt = 0; nt < FB_NTW; nt++)
-                f_tile_frag<CB, BITS>(bs + (kk * FB_NT + warp * FB_NTW + nt) * 8 * BITS, lane,
-                                      bf[nt]);
+                f_tile_frag_at<CB, BITS, DEC>(bs + (kk * FB_NT + warp * FB_NTW + nt) * 8 * BITS,
+                                              l_widx, l_sh, bf[nt]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 if (mt >= mt_live) break;
@@ -295,6 +340,10 @@ static const prod_fn f_prod[2][3][8] = {
 static int (*const f_smem_bytes[2][3][8])(void) = {
     {F_SMEM(0, 1), F_SMEM(1, 1), F_SMEM(2, 1)},
     {F_SMEM(0, FB_MT_MANY), F_SMEM(1, FB_MT_MANY), F_SMEM(2, FB_MT_MANY)}};
+/* the fp16 stage's variant 1 (tuning, MUSE_FAST_DECODE=1): 3inst and mcg at 2-4 bits, MT 1 */
+static const prod_fn f_prod_dec1[2][3] = {
+    {k_fast_product<0, 2, 1, 1>, k_fast_product<0, 3, 1, 1>, k_fast_product<0, 4, 1, 1>},
+    {k_fast_product<1, 2, 1, 1>, k_fast_product<1, 3, 1, 1>, k_fast_product<1, 4, 1, 1>}};
 #define F_DEC(CB)                                                                                  \
     {                                                                                              \
         k_fast_decode<CB, 1>, k_fast_decode<CB, 2>, k_fast_decode<CB, 3>, k_fast_decode<CB, 4>,    \
@@ -310,6 +359,17 @@ MUSE_K_API int muse_k_linear_fast_split_target(void)
         return t > 0 ? t : MUSE_FAST_SPLIT_TARGET;
     }();
     return target;
+}
+
+/* The fp16 stage's variant: MUSE_FAST_DECODE=1 from the environment (tuning only; read once
+ * a process; both variants give the same bits), else 0. */
+static int f_decode_variant(void)
+{
+    static const int v = [] {
+        const char *e = getenv("MUSE_FAST_DECODE");
+        return e && *e == '1' ? 1 : 0;
+    }();
+    return v;
 }
 
 static int f_valid(const muse_k_lin *s)
@@ -432,6 +492,8 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         }
         int bi = shapes[i].bits - 1;
         prod_fn fn = f_prod[many][cb][bi];
+        if (!many && cb < 2 && bi >= 1 && bi <= 3 && f_decode_variant() == 1)
+            fn = f_prod_dec1[cb][bi - 1];
         int smem = f_smem_bytes[many][cb][bi]();
         if (smem > 48 * 1024) {
             err = (int)cudaFuncSetAttribute((const void *)fn,

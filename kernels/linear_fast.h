@@ -84,21 +84,38 @@ MUSE_HD uint32_t muse_fast_window_state(const uint32_t win[3], int off)
     return muse_fast_fshl(win[wi + 1], win[wi], o - 16) & 0xFFFFu;
 }
 
+/* Where lane's words sit in a tile of 8 * bits words (lane-constant, set once a kernel): the
+ * indices of the nwords words it reads (wrapping around the tile) and the shift that aligns
+ * its first state. */
+MUSE_HD void muse_fast_lane_words(int bits, int nwords, int lane, int widx[3], int *shift)
+{
+    int first = muse_fast_first_bit(bits, lane), nw = 8 * bits, w0 = first >> 5;
+    for (int i = 0; i < 3; i++) widx[i] = i < nwords ? (w0 + i >= nw ? w0 + i - nw : w0 + i) : 0;
+    *shift = first & 31;
+}
+
+/* The 8 states of a lane from the tile's words at its muse_fast_lane_words places. */
+MUSE_HD void muse_fast_lane_states_at(const uint32_t *words, const int widx[3], int s, int bits,
+                                      int nwords, int nwin, uint32_t st[8])
+{
+    uint32_t w[4] = {0, 0, 0, 0}, win[3] = {0, 0, 0};
+    for (int i = 0; i < 3; i++)
+        if (i < nwords) w[i] = words[widx[i]];
+    /* a word not read holds no bit the lane needs (nwords covers the widest lane) */
+    for (int i = 0; i < 3; i++)
+        if (i < nwin) win[i] = muse_fast_fshl(w[i + 1], w[i], s);
+    for (int j = 0; j < 8; j++) st[j] = muse_fast_window_state(win, j * bits);
+}
+
 /* The 8 states of lane's positions from the tile's 8 * bits words (word j = v[2j] | v[2j+1] <<
  * 16 of the stored uint16 v, the stream MSB first). nwords/nwin: muse_fast_nwords/_nwin(bits),
  * passed in so the kernel's compile-time values are the ones used. */
 MUSE_HD void muse_fast_lane_states(const uint32_t *words, int bits, int nwords, int nwin, int lane,
                                    uint32_t st[8])
 {
-    int first = muse_fast_first_bit(bits, lane), nw = 8 * bits;
-    int w0 = first >> 5, s = first & 31;
-    uint32_t w[4] = {0, 0, 0, 0}, win[3] = {0, 0, 0};
-    for (int i = 0; i < 3; i++)
-        if (i < nwords) w[i] = words[w0 + i >= nw ? w0 + i - nw : w0 + i];
-    /* a word not read holds no bit the lane needs (nwords covers the widest lane) */
-    for (int i = 0; i < 3; i++)
-        if (i < nwin) win[i] = muse_fast_fshl(w[i + 1], w[i], s);
-    for (int j = 0; j < 8; j++) st[j] = muse_fast_window_state(win, j * bits);
+    int widx[3], s;
+    muse_fast_lane_words(bits, nwords, lane, widx, &s);
+    muse_fast_lane_states_at(words, widx, s, bits, nwords, nwin, st);
 }
 
 /* Row and column within the tile of lane's j-th state (the mma B fragment layout). */

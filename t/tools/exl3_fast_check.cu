@@ -26,7 +26,7 @@ static void verdict(bool good, const char *what)
     do {                                                                                           \
         int e_ = (int)(call);                                                                      \
         if (e_) {                                                                                  \
-            printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #call,                             \
+            printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #call,                               \
                    cudaGetErrorString((cudaError_t)e_));                                           \
             printf("exl3-fast-check: %d passed, %d failed\n", n_pass, n_fail + 1);                 \
             exit(1);                                                                               \
@@ -74,7 +74,8 @@ static void weight_make(weight *w, int64_t k, int64_t n, int bits, int cb, int l
         memcpy(&w->trellis[i], &r, 8);
     }
     std::vector<uint16_t> suh(k), svh(n), su(k / 16), sv(n / 16), bs(n);
-    for (auto &v : suh) v = muse_f32_to_f16(rng_unit() < 0 ? -0.9f - 0.2f * rng_unit() : 1.0f + 0.1f * rng_unit());
+    for (auto &v : suh)
+        v = muse_f32_to_f16(rng_unit() < 0 ? -0.9f - 0.2f * rng_unit() : 1.0f + 0.1f * rng_unit());
     for (auto &v : svh) v = muse_f32_to_f16(rng_unit() < 0 ? -1.0f : 1.0f + 0.1f * rng_unit());
     for (auto &v : su) v = (uint16_t)rng64();
     for (auto &v : sv) v = (uint16_t)rng64();
@@ -206,8 +207,9 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                 for (int c = 0; c < 16; c++)
                     bad += muse_f16_to_f32(got[(size_t)(tk * 16 + r) * n + tn * 16 + c]) != t[r][c];
         }
-    snprintf(what, sizeof what, "%lldx%lld %d bits %s%s: decoded weights bit-identical (%ld differ)",
-             (long long)k, (long long)n, bits, cb_name[cb], tag, bad);
+    snprintf(what, sizeof what,
+             "%lldx%lld %d bits %s%s: decoded weights bit-identical (%ld differ)", (long long)k,
+             (long long)n, bits, cb_name[cb], tag, bad);
     verdict(bad == 0, what);
     /* 2: fast vs exact, fp32 and round16 outputs, at 256 rows */
     const long RB = 256;
@@ -222,11 +224,20 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
         double e = rel_l2(dl(yf, RB * n), dl(ye, RB * n));
         double tol = r16 ? 5e-4 : 2e-5;
         snprintf(what, sizeof what, "%lldx%lld %d bits %s%s %s: rel L2 fast vs exact %.3g (tol %g)",
-                 (long long)k, (long long)n, bits, cb_name[cb], tag, r16 ? "round16" : "fp32", e, tol);
+                 (long long)k, (long long)n, bits, cb_name[cb], tag, r16 ? "round16" : "fp32", e,
+                 tol);
         verdict(e <= tol, what);
     }
     /* 3: batch invariance: rows at R = 1..256 at two places, and with other rows changed */
     std::vector<float> ref = dl(yf, RB * n); /* round16 run at R = 256 */
+    uint64_t h = 0xCBF29CE484222325ull; /* a digest of it: variants of one binary compare equal */
+    for (float v : ref) {
+        uint32_t b;
+        memcpy(&b, &v, 4);
+        h = (h ^ b) * 0x100000001B3ull;
+    }
+    printf("# digest %lldx%lld %d bits %s%s: %016llx\n", (long long)k, (long long)n, bits,
+           cb_name[cb], tag, (unsigned long long)h);
     static const long Rs[] = {1, 4, 16, 17, 64, 256};
     float *xo = rand_x(RB, k);
     long diff = 0;
@@ -240,11 +251,13 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
             diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
             /* the same rows among other rows: a batch of 2R with R foreign rows first */
             if (2 * R <= RB) {
-                CK(cudaMemcpy(xo + R * k, x + place * k, (size_t)R * k * 4, cudaMemcpyDeviceToDevice));
+                CK(cudaMemcpy(xo + R * k, x + place * k, (size_t)R * k * 4,
+                              cudaMemcpyDeviceToDevice));
                 poison(yf, RB * n);
                 run_fast(&wp, 1, xo, 2 * R, 1, &yf, &ys, MUSE_K_EPI_NONE);
                 got_y = dl(yf, 2 * R * n);
-                diff += memcmp(got_y.data() + R * n, ref.data() + place * n, (size_t)R * n * 4) != 0;
+                diff +=
+                    memcmp(got_y.data() + R * n, ref.data() + place * n, (size_t)R * n * 4) != 0;
             }
         }
     snprintf(what, sizeof what, "%lldx%lld %d bits %s%s: batch invariant at R 1..256 (%ld differ)",
@@ -285,7 +298,8 @@ static void check_multi(int cb, int bits)
         same += dl(one, R * ns[i]) == a;
         CK(cudaFree(one));
     }
-    snprintf(what, sizeof what, "%s %d bits: 3 linears in one call, rel L2 %.3g, equal to single calls %ld/3",
+    snprintf(what, sizeof what,
+             "%s %d bits: 3 linears in one call, rel L2 %.3g, equal to single calls %ld/3",
              cb_name[cb], bits, worst, same);
     verdict(worst <= 5e-4 && same == 3, what);
     /* SWIGLU: gate w[0], up a second 384-wide linear */
@@ -303,8 +317,9 @@ static void check_multi(int cb, int bits)
     poison(yf[0], R * 384);
     run_fast(gu, 2, x, R, 1, outs, ys2, MUSE_K_EPI_SWIGLU);
     double e = rel_l2(dl(yf[0], R * 384), dl(ref, R * 384));
-    snprintf(what, sizeof what, "%s %d bits: SWIGLU epilogue vs exact gate, up, swiglu: rel L2 %.3g",
-             cb_name[cb], bits, e);
+    snprintf(what, sizeof what,
+             "%s %d bits: SWIGLU epilogue vs exact gate, up, swiglu: rel L2 %.3g", cb_name[cb],
+             bits, e);
     verdict(e <= 2e-3, what);
     for (float *p : {g, u, ref, x}) CK(cudaFree(p));
     for (int i = 0; i < 3; i++) {
@@ -379,17 +394,18 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
     size_t need = std::max(muse_k_linear_fast_workspace(shapes, 2, P),
                            muse_k_linear_fast_workspace(shapes + 2, 1, P));
     void *wsp = grow(&d_ws, &ws_cap, need);
-    muse_k_fast_groups g = {{x->table, x->table + E}, pl->sel, pl->src, perm, groups, n_groups,
-                            pl->mg, pl->gr};
+    muse_k_fast_groups g = {
+        {x->table, x->table + E}, pl->sel, pl->src, perm, groups, n_groups, pl->mg, pl->gr};
     float *y[2] = {act, NULL};
     long ys[2] = {(long)I, (long)I};
-    CK(muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, H, 1, y, ys, MUSE_K_EPI_SWIGLU, wsp, need));
-    muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL, perm, groups, n_groups, pl->mg,
-                             pl->gr};
+    CK(muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, H, 1, y, ys, MUSE_K_EPI_SWIGLU, wsp,
+                                  need));
+    muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL,  perm, groups,
+                             n_groups,           pl->mg,  pl->gr};
     float *yd[1] = {z};
     long yds[1] = {(long)H};
-    CK(muse_k_linear_fast_grouped(&pc, shapes + 2, 1, &gd, act, I, 0, yd, yds, MUSE_K_EPI_NONE,
-                                  wsp, need));
+    CK(muse_k_linear_fast_grouped(&pc, shapes + 2, 1, &gd, act, I, 0, yd, yds, MUSE_K_EPI_NONE, wsp,
+                                  need));
 }
 
 /* K distinct experts a row, drawn at random */
@@ -450,9 +466,9 @@ static void check_grouped(int cb, int bits)
             run_exact(&x.w[E + e], b + (p / K) * H, 1, 1, u1, I);
             CK(muse_k_swiglu(&kc, g1, u1, I, s1));
             run_exact(dn, s1, 1, 0, z1, H);
-            worst = std::max(worst, rel_l2(std::vector<float>(got.begin() + p * H,
-                                                              got.begin() + (p + 1) * H),
-                                           dl(z1, H)));
+            worst = std::max(
+                worst, rel_l2(std::vector<float>(got.begin() + p * H, got.begin() + (p + 1) * H),
+                              dl(z1, H)));
         }
         for (float *q : {b, act, z, a1, z1, g1, u1, s1}) CK(cudaFree(q));
         plan_free(&pl);
@@ -463,7 +479,6 @@ static void check_grouped(int cb, int bits)
     verdict(diff == 0 && worst <= 2e-3, what);
     experts_free(&x);
 }
-
 
 /* ---- timing ---- */
 
@@ -535,7 +550,8 @@ static void time_all(void)
     size_t gib = 1u << 30;
     CK(cudaMalloc(&c0, gib));
     CK(cudaMalloc(&c1, gib));
-    double us = median_us([&] { CK(cudaMemcpyAsync(c1, c0, gib, cudaMemcpyDeviceToDevice, 0)); }, 20, false);
+    double us = median_us([&] { CK(cudaMemcpyAsync(c1, c0, gib, cudaMemcpyDeviceToDevice, 0)); },
+                          20, false);
     copy_bw = 2.0 * gib / (us * 1e-6);
     CK(cudaFree(c0));
     CK(cudaFree(c1));
@@ -592,8 +608,8 @@ static void time_all(void)
 static void time_moe(void)
 {
     const long E = 32, K = 8;
-    printf("%-24s %5s %4s %-5s %10s %10s %8s %6s\n", "moe experts (top 8 of 32)", "M", "bits",
-           "cb", "fast_us", "", "Tw/s", "%bw");
+    printf("%-24s %5s %4s %-5s %10s %10s %8s %6s\n", "moe experts (top 8 of 32)", "M", "bits", "cb",
+           "fast_us", "", "Tw/s", "%bw");
     for (int cb = 0; cb < 3; cb++) {
         experts x;
         experts_make(&x, E, 6144, 3072, 2, cb);

@@ -137,6 +137,18 @@ if want splits && [ "$B" = cuda ]; then
     done
 fi
 
+# the product's variants of one binary (tuning switches): the same digests, their timings
+if want variants && [ "$B" = cuda ]; then
+    for v in ${GPU_CHECK_VARIANTS:-MUSE_FAST_DECODE=1}; do
+        step "fastcheck-$v" 90 env "$v" build/t/exl3-fast-check
+        if cmp -s <(grep '^# digest' "$logs/fastcheck.txt") <(grep '^# digest' "$logs/fastcheck-$v.txt"); then
+            note "== $v: every digest equal to the default's"
+        else
+            note "== $v: DIGESTS DIFFER from the default's (or fastcheck did not run)"
+        fi
+    done
+fi
+
 # each step's share of a fast call: the table with steps left out (MUSE_FAST_SKIP: 1 prepare,
 # 2 product, 4 finish; the checks then fail by design, the timings are what counts)
 if want stages && [ "$B" = cuda ]; then
