@@ -139,7 +139,7 @@ fi
 
 # the product's variants of one binary (tuning switches): the same digests, their timings
 if want variants && [ "$B" = cuda ]; then
-    for v in ${GPU_CHECK_VARIANTS:-MUSE_FAST_DECODE=1}; do
+    for v in ${GPU_CHECK_VARIANTS:-MUSE_FAST_SPLITS=264}; do
         step "fastcheck-$v" 90 env "$v" build/t/exl3-fast-check
         if cmp -s <(grep '^# digest' "$logs/fastcheck.txt") <(grep '^# digest' "$logs/fastcheck-$v.txt"); then
             note "== $v: every digest equal to the default's"
