@@ -41,6 +41,7 @@ typedef struct {
     int top_k;
     float top_p, min_p;
     uint64_t seed;
+    int32_t masked; /* 1: the row's token bitmap (muse_k_ctx.masks) applies; 0: a free row */
 } muse_k_sampling;
 
 /* What a launcher shares with the others of its rank's round: the stream, the rows the launch
@@ -56,6 +57,9 @@ typedef struct {
     const int32_t *want;             /* [N] the wanted rows, in row order */
     const muse_k_sampling *sampling; /* [N] */
     const int64_t *draw_pos;         /* [N] absolute position of each token drawn */
+    /* [N][(V + 7) / 8] token bitmaps (bit t of byte t/8: token t allowed), row i read only where
+     * sampling[i].masked; NULL where no row of the launch is masked (the sampler) */
+    const uint8_t *masks;
 } muse_k_ctx;
 
 #endif

@@ -6,7 +6,9 @@
  * passes the target. The generator, the exact products, the min_p cut and the keys are the
  * host's own code (engine/base/sampler_exact.h). Where the host walks histogram bins, this
  * finds the same key by a bitwise search over the 64-bit key space, each step an exact integer
- * sum over the row (so no order of summation can matter). */
+ * sum over the row (so no order of summation can matter). A masked row (muse_sample_masked)
+ * reads a token whose bit is clear as -inf, and when nothing allowed is above -inf draws the
+ * lowest allowed id; a free row reads its logits as before. */
 #include <float.h>
 
 #include "common.cuh"
@@ -39,6 +41,29 @@ __device__ __forceinline__ float k_weight(float x, float max, float inv_t, int w
     float top = (float)((uint64_t)1 << wb);
     if (q > top) q = top;
     return finite ? q : 0.0f;
+}
+
+/* The logit the row's draw sees: -inf where the row's mask (NULL: none) clears the token. */
+__device__ __forceinline__ float k_logit(const float *lg, const uint8_t *mk, long i)
+{
+    return !mk || (mk[i >> 3] >> (i & 7)) & 1 ? lg[i] : -INFINITY;
+}
+
+/* The lowest id of [0, V) the mask allows, V when none (every thread gets it). */
+__device__ long k_first_allowed(const uint8_t *mk, long V, long *imin_sh)
+{
+    int t = threadIdx.x;
+    long first = V;
+    for (long i = t; i < V; i += SM_THREADS)
+        if ((mk[i >> 3] >> (i & 7)) & 1 && i < first) first = i;
+    __syncthreads(); /* every thread has read the last use of imin_sh */
+    imin_sh[t] = first;
+    __syncthreads();
+    for (int w = SM_THREADS / 2; w > 0; w >>= 1) {
+        if (t < w && imin_sh[t + w] < imin_sh[t]) imin_sh[t] = imin_sh[t + w];
+        __syncthreads();
+    }
+    return imin_sh[0];
 }
 
 __device__ __forceinline__ uint64_t k_key(const float *wts, long i)
@@ -88,7 +113,8 @@ __device__ uint64_t k_crossing(const float *wts, long V, uint64_t target, int by
 
 __global__ void __launch_bounds__(SM_THREADS)
     k_sample(const float *logits_all, long V, const muse_k_sampling *params,
-             const int64_t *draw_pos, int wb, float *weights_all, int32_t *tokens)
+             const int64_t *draw_pos, const uint8_t *masks, int wb, float *weights_all,
+             int32_t *tokens)
 {
     __shared__ uint64_t red[SM_THREADS];
     __shared__ float fmax_sh[SM_THREADS];
@@ -98,9 +124,13 @@ __global__ void __launch_bounds__(SM_THREADS)
     const float *lg = logits_all + row * V;
     float *wts = weights_all + row * V;
     muse_k_sampling p = params[row];
+    const uint8_t *mk = masks && p.masked ? masks + row * ((V + 7) / 8) : NULL;
     /* the highest logit (NaN below -inf) */
     float mx = -INFINITY;
-    for (long i = t; i < V; i += SM_THREADS) mx = lg[i] > mx ? lg[i] : mx;
+    for (long i = t; i < V; i += SM_THREADS) {
+        float x = k_logit(lg, mk, i);
+        mx = x > mx ? x : mx;
+    }
     fmax_sh[t] = mx;
     __syncthreads();
     for (int w = SM_THREADS / 2; w > 0; w >>= 1) {
@@ -111,7 +141,7 @@ __global__ void __launch_bounds__(SM_THREADS)
     /* the lowest id holding it (or, when nothing is above -inf, the lowest holding -inf) */
     long first = V;
     for (long i = t; i < V; i += SM_THREADS)
-        if (lg[i] == mx && i < first) first = i;
+        if (k_logit(lg, mk, i) == mx && i < first) first = i;
     imin_sh[t] = first;
     __syncthreads();
     for (int w = SM_THREADS / 2; w > 0; w >>= 1) {
@@ -120,14 +150,20 @@ __global__ void __launch_bounds__(SM_THREADS)
     }
     long best = imin_sh[0];
     if (mx == -INFINITY || !(p.temperature > 0) || mx == INFINITY) {
-        if (t == 0) tokens[row] = (int32_t)(best < V ? best : 0);
+        long tok = best < V ? best : 0;
+        /* nothing allowed above -inf: the -inf found may be a masked token (mx is the row's) */
+        if (mk && mx == -INFINITY) {
+            long allowed = k_first_allowed(mk, V, imin_sh);
+            if (allowed < V && !((mk[tok >> 3] >> (tok & 7)) & 1)) tok = allowed;
+        }
+        if (t == 0) tokens[row] = (int32_t)tok;
         return;
     }
     float inv_t = __fdiv_rn(1.0f, p.temperature);
     if (inv_t > FLT_MAX) inv_t = FLT_MAX;
     uint64_t total = 0, candidates = 0;
     for (long i = t; i < V; i += SM_THREADS) {
-        float q = k_weight(lg[i], mx, inv_t, wb);
+        float q = k_weight(k_logit(lg, mk, i), mx, inv_t, wb);
         wts[i] = q;
         total += (uint64_t)q;
         candidates += q > 0;
@@ -172,7 +208,7 @@ MUSE_K_API int muse_k_sample(const muse_k_ctx *ctx, const float *logits, long V,
     const int64_t *draw_pos = ctx->draw_pos;
     cudaStream_t st = ctx->st;
     if (n <= 0) return 0;
-    k_sample<<<(unsigned)n, SM_THREADS, 0, st>>>(logits, V, params, draw_pos, weight_bits,
-                                                 weights, tokens);
+    k_sample<<<(unsigned)n, SM_THREADS, 0, st>>>(logits, V, params, draw_pos, ctx->masks,
+                                                 weight_bits, weights, tokens);
     return (int)cudaGetLastError();
 }

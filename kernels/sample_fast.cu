@@ -8,7 +8,9 @@
  * and at most five 10-bit digit passes over one bin's keys (base/sampler_select.h, prototyped
  * and held to the host on the CPU in t/unit/test_sampler_select.c). Every sum is an integer
  * and every choice a key comparison, so neither the atomics' order nor the row's place in the
- * batch can change a bit: the token is the host's. */
+ * batch can change a bit: the token is the host's. A masked row (muse_sample_masked) reads a
+ * token whose bit is clear as -inf in launches 1-3, and launch 4 draws the lowest allowed id
+ * when nothing allowed is above -inf; a free row reads its logits as before. */
 #include <float.h>
 
 #include "common.cuh"
@@ -95,6 +97,19 @@ __device__ static void k_sf_combine(const sf_row *w, long V, float *mx, long *be
     *best = f;
 }
 
+/* The row's mask (launch.h), NULL for a free row. */
+__device__ static const uint8_t *k_sf_mask(const uint8_t *masks, const muse_k_sampling *params,
+                                           long V, long row)
+{
+    return masks && params[row].masked ? masks + row * ((V + 7) / 8) : NULL;
+}
+
+/* The logit the row's draw sees: -inf where the mask (NULL: none) clears the token. */
+__device__ __forceinline__ float k_sf_logit(const float *lg, const uint8_t *mk, long i)
+{
+    return !mk || (mk[i >> 3] >> (i & 7)) & 1 ? lg[i] : -INFINITY;
+}
+
 __device__ static bool k_sf_forced(float mx, float temperature)
 {
     return mx == -INFINITY || !(temperature > 0) || mx == INFINITY;
@@ -107,16 +122,21 @@ __device__ static float k_sf_inv_t(float temperature)
 }
 
 /* Launch 1. Shape: grid (chunks, rows), block SF_THREADS. */
-__global__ void k_sf_max(const float *logits, long V, void *ws)
+__global__ void k_sf_max(const float *logits, long V, const muse_k_sampling *params,
+                         const uint8_t *masks, void *ws)
 {
     __shared__ float wm[SF_THREADS / 32];
     __shared__ long wf[SF_THREADS / 32];
     long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
     int t = threadIdx.x, lane = t & 31;
     const float *lg = logits + row * V;
+    const uint8_t *mk = k_sf_mask(masks, params, V, row);
     sf_row w = k_sf_row(ws, V, row);
     float m = -INFINITY;
-    for (long i = c0 + t; i < c1; i += SF_THREADS) m = lg[i] > m ? lg[i] : m;
+    for (long i = c0 + t; i < c1; i += SF_THREADS) {
+        float x = k_sf_logit(lg, mk, i);
+        m = x > m ? x : m;
+    }
     for (int o = 16; o > 0; o >>= 1) {
         float y = __shfl_xor_sync(0xffffffffu, m, o);
         m = y > m ? y : m;
@@ -126,7 +146,7 @@ __global__ void k_sf_max(const float *logits, long V, void *ws)
     for (int j = 0; j < SF_THREADS / 32; j++) m = wm[j] > m ? wm[j] : m;
     long f = V;
     for (long i = c0 + t; i < c1; i += SF_THREADS)
-        if (lg[i] == m && i < f) f = i;
+        if (k_sf_logit(lg, mk, i) == m && i < f) f = i;
     for (int o = 16; o > 0; o >>= 1) {
         long y = __shfl_xor_sync(0xffffffffu, f, o);
         f = y < f ? y : f;
@@ -147,8 +167,8 @@ __global__ void k_sf_max(const float *logits, long V, void *ws)
 }
 
 /* Launch 2. Shape: grid (chunks, rows), block SF_THREADS. */
-__global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *params, int wb,
-                          void *ws)
+__global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *params,
+                          const uint8_t *masks, int wb, void *ws)
 {
     __shared__ uint32_t cnt[MUSE_SS_BINS];
     __shared__ sf_u64 wt[MUSE_SS_BINS];
@@ -156,6 +176,7 @@ __global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *pa
     long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
     int t = threadIdx.x;
     const float *lg = logits + row * V;
+    const uint8_t *mk = k_sf_mask(masks, params, V, row);
     sf_row w = k_sf_row(ws, V, row);
     float temperature = params[row].temperature;
     for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) cnt[j] = 0, wt[j] = 0;
@@ -168,7 +189,7 @@ __global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *pa
     if (k_sf_forced(mx, temperature)) return;
     float inv_t = k_sf_inv_t(temperature);
     for (long i = c0 + t; i < c1; i += SF_THREADS) {
-        float q = muse_ss_weight(lg[i], mx, inv_t, wb);
+        float q = muse_ss_weight(k_sf_logit(lg, mk, i), mx, inv_t, wb);
         if (q <= 0) continue;
         int b = muse_ss_bin(muse_sx_float_bits(q));
         atomicAdd(&cnt[b], 1u);
@@ -184,8 +205,8 @@ __global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *pa
 
 /* Launch 3. Shape: grid (chunks, rows), block SF_THREADS (MUSE_SS_BINS / SF_THREADS bins a
  * thread for the segment starts). */
-__global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling *params, int wb,
-                             void *ws)
+__global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling *params,
+                             const uint8_t *masks, int wb, void *ws)
 {
     __shared__ uint32_t loc[MUSE_SS_BINS], base[MUSE_SS_BINS];
     __shared__ float s_mx;
@@ -193,6 +214,7 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
     long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
     int t = threadIdx.x;
     const float *lg = logits + row * V;
+    const uint8_t *mk = k_sf_mask(masks, params, V, row);
     sf_row w = k_sf_row(ws, V, row);
     float temperature = params[row].temperature;
     for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) loc[j] = 0;
@@ -205,7 +227,7 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
     if (k_sf_forced(mx, temperature)) return;
     float inv_t = k_sf_inv_t(temperature);
     for (long i = c0 + t; i < c1; i += SF_THREADS) {
-        float q = muse_ss_weight(lg[i], mx, inv_t, wb);
+        float q = muse_ss_weight(k_sf_logit(lg, mk, i), mx, inv_t, wb);
         if (q > 0) atomicAdd(&loc[muse_ss_bin(muse_sx_float_bits(q))], 1u);
     }
     uint64_t mine = 0; /* the thread's bins per * t .. per * t + per - 1 */
@@ -219,7 +241,7 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
     }
     __syncthreads();
     for (long i = c0 + t; i < c1; i += SF_THREADS) {
-        float q = muse_ss_weight(lg[i], mx, inv_t, wb);
+        float q = muse_ss_weight(k_sf_logit(lg, mk, i), mx, inv_t, wb);
         if (q <= 0) continue;
         uint32_t bits = muse_sx_float_bits(q);
         int b = muse_ss_bin(bits);
@@ -333,12 +355,13 @@ __device__ static uint64_t k_sf_weight_from(const sf_row *w, uint64_t cut)
 
 /* Launch 4. Shape: grid rows, block SF_SEL_THREADS. */
 __global__ void __launch_bounds__(SF_SEL_THREADS)
-    k_sf_select(long V, const muse_k_sampling *params, const int64_t *draw_pos, int wb, void *ws,
-                int32_t *tokens)
+    k_sf_select(long V, const muse_k_sampling *params, const int64_t *draw_pos,
+                const uint8_t *masks, int wb, void *ws, int32_t *tokens)
 {
     __shared__ sf_sel s;
     __shared__ float s_mx;
     __shared__ long s_best;
+    __shared__ int s_allowed;
     long row = blockIdx.x;
     int t = threadIdx.x;
     sf_row w = k_sf_row(ws, V, row);
@@ -346,7 +369,22 @@ __global__ void __launch_bounds__(SF_SEL_THREADS)
     if (t == 0) k_sf_combine(&w, V, &s_mx, &s_best);
     __syncthreads();
     if (k_sf_forced(s_mx, p.temperature)) {
-        if (t == 0) tokens[row] = (int32_t)(s_best < V ? s_best : 0);
+        long tok = s_best < V ? s_best : 0;
+        const uint8_t *mk = k_sf_mask(masks, params, V, row);
+        /* nothing allowed above -inf: the -inf found may be a masked token; the lowest allowed
+         * id instead (a minimum: the atomics' order cannot matter) */
+        if (mk && s_mx == -INFINITY) {
+            if (t == 0) s_allowed = (int)V;
+            __syncthreads();
+            for (long i = t; i < V; i += SF_SEL_THREADS)
+                if ((mk[i >> 3] >> (i & 7)) & 1) {
+                    atomicMin(&s_allowed, (int)i);
+                    break;
+                }
+            __syncthreads();
+            if (s_allowed < V && !((mk[tok >> 3] >> (tok & 7)) & 1)) tok = s_allowed;
+        }
+        if (t == 0) tokens[row] = (int32_t)tok;
         return;
     }
     uint64_t total = k_sf_sum(w.bin_weight[2 * t] + w.bin_weight[2 * t + 1]);
@@ -393,10 +431,11 @@ MUSE_K_API int muse_k_sample_fast(const muse_k_ctx *ctx, const float *logits, lo
     cudaStream_t st = ctx->st;
     if (n <= 0 || V <= 0) return 0;
     dim3 grid((unsigned)sf_chunks(V), (unsigned)n);
-    k_sf_max<<<grid, SF_THREADS, 0, st>>>(logits, V, ws);
-    k_sf_hist<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, weight_bits, ws);
-    k_sf_scatter<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, weight_bits, ws);
-    k_sf_select<<<(unsigned)n, SF_SEL_THREADS, 0, st>>>(V, ctx->sampling, ctx->draw_pos,
+    k_sf_max<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, ctx->masks, ws);
+    k_sf_hist<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, ctx->masks, weight_bits, ws);
+    k_sf_scatter<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, ctx->masks, weight_bits,
+                                              ws);
+    k_sf_select<<<(unsigned)n, SF_SEL_THREADS, 0, st>>>(V, ctx->sampling, ctx->draw_pos, ctx->masks,
                                                         weight_bits, ws, tokens);
     return (int)cudaGetLastError();
 }

@@ -114,8 +114,9 @@
       "cpu head: lm_head, output multiplier, softcap", "hidden x vocab", 1e-6, MUSE_TOL_BY_OUTPUT, \
       head)                                                                                        \
     K(SAMPLE, "sample", "sample", "kernels/sample.cu", "kernels/sample_fast.cu",                   \
-      "cpu sample = the host muse_sample (ties to the lower id, NaN never, +inf wins)", "vocab",   \
-      0, 0, sample)                                                                                \
+      "cpu sample = the host muse_sample_masked (ties to the lower id, NaN never, +inf wins, a "   \
+      "masked token -inf)",                                                                        \
+      "vocab", 0, 0, sample)                                                                       \
     K(ALL_REDUCE, "all_reduce", "all_reduce", "kernels/all_reduce.cu", NULL,                       \
       "cpu all_reduce: ranks summed in rank order", "hidden", 0, 0, all_reduce)                    \
     K(FORWARD, "forward plan", "begin_round..end_round", "(every kernel)", NULL,                   \

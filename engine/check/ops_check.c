@@ -235,6 +235,40 @@ static int64_t sample_pos(int64_t id)
     return pick(id, 14, 2) ? pick(id, 15, 100000) : (int64_t)(hash2(id, 16) >> 1);
 }
 
+enum { MK_FREE, MK_HALF, MK_FEW, MK_NONE, MK_ALL, MK_RANGE, MK_KINDS };
+
+static int mask_kind(int64_t id)
+{
+    long k = pick(id, 30, 2 * (MK_KINDS - 1)); /* free rows as often as masked ones */
+    return k < MK_KINDS - 1 ? MK_FREE : (int)(k - (MK_KINDS - 1)) + 1;
+}
+
+/* The id's token mask into mask ((V + 7) / 8 bytes); 0 for a free row (no mask). Masked rows:
+ * each token allowed at random, a few tokens, none (token 0 then, as for an all -inf row),
+ * every token, or one run of ids; the unused bits past V set at random (never read). */
+static int sample_mask(int64_t id, long V, uint8_t *mask)
+{
+    int kind = mask_kind(id);
+    long nb = (V + 7) / 8, lo = pick(id, 31, V), hi = lo + 1 + pick(id, 32, V - lo);
+    if (kind == MK_FREE) return 0;
+    memset(mask, 0, (size_t)nb);
+    for (long j = 0; j < V; j++) {
+        unsigned on = kind == MK_HALF
+                          ? (unsigned)(hash2(id, 200 + (uint64_t)j / 64) >> (j % 64)) & 1
+                      : kind == MK_RANGE ? j >= lo && j < hi
+                                         : kind == MK_ALL;
+        mask[j >> 3] |= (uint8_t)(on << (j & 7));
+    }
+    if (kind == MK_FEW)
+        for (long i = 0; i < 1 + pick(id, 33, 8); i++) {
+            long t = pick(id, 40 + (uint64_t)i, V);
+            mask[t >> 3] |= (uint8_t)(1u << (t & 7));
+        }
+    for (long j = V; j < nb * 8; j++)
+        mask[j >> 3] |= (uint8_t)(pick(id, 50 + (uint64_t)j, 2) << (j & 7));
+    return 1;
+}
+
 static void case_sample(side *s, const op_case *k, const int64_t *ids, long M, float *out)
 {
     const muse_model *m = s->be->model;
@@ -247,15 +281,24 @@ static void case_sample(side *s, const op_case *k, const int64_t *ids, long M, f
     int32_t tok[4096], seqs[4096];
     int64_t pos[4096], draw[4096];
     muse_sampling sp[4096];
+    size_t nb = (size_t)(V + 7) / 8;
+    uint8_t *bits = MUSE_MALLOC((size_t)M * nb);
+    const uint8_t **masks = MUSE_MALLOC((size_t)M * sizeof *masks);
     for (long r = 0; r < M; r++) {
         tok[r] = 1;
         seqs[r] = 0;
         pos[r] = 0;
         draw[r] = sample_pos(ids[r]);
         sp[r] = sample_params(ids[r], V);
+        masks[r] = sample_mask(ids[r], V, bits + (size_t)r * nb) ? bits + (size_t)r * nb : NULL;
     }
-    muse_round rd = {
-        .rows = M, .tokens = tok, .positions = pos, .seqs = seqs, .sampling = sp, .draw_pos = draw};
+    muse_round rd = {.rows = M,
+                     .tokens = tok,
+                     .positions = pos,
+                     .seqs = seqs,
+                     .sampling = sp,
+                     .draw_pos = draw,
+                     .masks = masks};
     muse_err e;
     MUSE_CHECK(s->be->ops->begin_round(s->be, &rd, &e) == 0);
     s->be->ops->sample(s->be, lg);
@@ -263,6 +306,8 @@ static void case_sample(side *s, const op_case *k, const int64_t *ids, long M, f
     MUSE_CHECK(s->be->ops->end_round(s->be, &o, &e) == 0 && o.wanted == M && o.tokens);
     for (long r = 0; r < M; r++) out[r] = (float)o.tokens[r];
     free(x);
+    free(bits);
+    free(masks);
 }
 
 /* ---- checks ---- */
@@ -490,6 +535,14 @@ static void ctl_sample_tie_high(muse_backend *be, muse_act logits)
     real_ops->sample(be, logits);
 }
 
+/* the masks dropped: every row drawn as if free */
+static int ctl_begin_unmasked(muse_backend *be, const muse_round *r, muse_err *e)
+{
+    muse_round free_rows = *r;
+    free_rows.masks = NULL;
+    return ctl_begin(be, &free_rows, e);
+}
+
 typedef struct {
     const char *name, *op;
     void (*plant)(muse_backend_ops *o);
@@ -519,6 +572,10 @@ static void plant_sample(muse_backend_ops *o)
 {
     o->sample = ctl_sample_tie_high;
 }
+static void plant_sample_unmasked(muse_backend_ops *o)
+{
+    o->begin_round = ctl_begin_unmasked;
+}
 
 static const control controls[] = {
     {"norm: a row off by one", "norm", plant_norm},
@@ -528,6 +585,7 @@ static const control controls[] = {
     {"swiglu: a racy, order-dependent reduction", "swiglu", plant_swiglu},
     {"embed: a row left unwritten", "embed", plant_embed},
     {"sample: a wrong tie order in top-k (higher id first)", "sample", plant_sample},
+    {"sample: the token masks ignored", "sample", plant_sample_unmasked},
 };
 
 /* A backend of the check: kernels the path (the tested side: the checked one; references:
@@ -644,6 +702,8 @@ static void check_sampler_host(tally *t, side *test, const op_case *k, long rows
     long V = k->in_width;
     float *drawn = MUSE_MALLOC((size_t)batch * sizeof *drawn),
           *row = MUSE_MALLOC((size_t)V * sizeof *row);
+    uint8_t *mask = MUSE_MALLOC((size_t)(V + 7) / 8);
+    long masked = 0;
     int64_t *ids = MUSE_MALLOC((size_t)batch * sizeof *ids);
     muse_sampler *smp = muse_sampler_create(V);
     long bad = 0;
@@ -655,28 +715,34 @@ static void check_sampler_host(tally *t, side *test, const op_case *k, long rows
         for (long r = 0; r < B; r++) {
             sample_logits(k, ids[r], row);
             muse_sampling p = sample_params(ids[r], V);
-            int64_t want = muse_sample(smp, row, &p, sample_pos(ids[r]));
+            int on = sample_mask(ids[r], V, mask);
+            masked += on;
+            int64_t want = muse_sample_masked(smp, row, on ? mask : NULL, &p, sample_pos(ids[r]));
             if ((int64_t)drawn[r] == want) continue;
             if (!bad++) bad_id = ids[r], bad_got = (int64_t)drawn[r], bad_want = want;
         }
     }
-    char what[200];
+    char what[240];
     snprintf(what, sizeof what,
              "every draw (rounds of %ld rows) equals the host sampler's: random parameters, "
-             "seeds, positions; ties, NaN, +-inf, equal, huge, tiny rows",
-             batch);
+             "seeds, positions; ties, NaN, +-inf, equal, huge, tiny rows; %ld rows masked "
+             "(muse_sample_masked)",
+             batch, masked);
     check(t, bad == 0, "", "sample", rows, what);
     if (bad && !t->quiet) {
         muse_sampling p = sample_params(bad_id, V);
-        fprintf(out_f,
-                "# %ld of %ld draws differ; the first: row id %lld (kind %d), temperature %g, "
-                "top_k %d, top_p %g, min_p %g, seed %llu, position %lld: backend %lld, host "
-                "%lld\n",
-                bad, rows, (long long)bad_id, sample_kind(bad_id), (double)p.temperature, p.top_k,
-                (double)p.top_p, (double)p.min_p, (unsigned long long)p.seed,
-                (long long)sample_pos(bad_id), (long long)bad_got, (long long)bad_want);
+        fprintf(
+            out_f,
+            "# %ld of %ld draws differ; the first: row id %lld (kind %d, mask %d), temperature %g, "
+            "top_k %d, top_p %g, min_p %g, seed %llu, position %lld: backend %lld, host "
+            "%lld\n",
+            bad, rows, (long long)bad_id, sample_kind(bad_id), mask_kind(bad_id),
+            (double)p.temperature, p.top_k, (double)p.top_p, (double)p.min_p,
+            (unsigned long long)p.seed, (long long)sample_pos(bad_id), (long long)bad_got,
+            (long long)bad_want);
     }
     muse_sampler_destroy(smp);
+    free(mask);
     free(ids);
     free(row);
     free(drawn);

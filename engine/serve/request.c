@@ -422,7 +422,7 @@ static int response_format(const muse_request_env *env, const cJSON *root, muse_
         free(text);
         return bad(err, "response_format",
                    "'%s' needs a backend whose sampler applies token masks; this engine's does "
-                   "not (run --backend cpu until the CUDA sampler takes them)",
+                   "not (run --backend cpu or cuda)",
                    "response_format");
     }
     muse_gerr ge;

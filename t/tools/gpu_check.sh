@@ -203,6 +203,9 @@ fi
 if want serve; then
     MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast 240 prove -v t/stack/serve_exactness.t
     MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
+    # structured outputs: the round's token masks through the CUDA sample kernels
+    MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-grammar-fast 240 prove -v t/stack/serve_grammar.t
+    MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve-grammar 240 prove -v t/stack/serve_grammar.t
 fi
 want fault && step fault 60 prove -v t/stack/serve_gpu_fault.t
 

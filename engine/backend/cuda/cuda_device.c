@@ -118,6 +118,7 @@ static int allocate_rank(cuda_backend *c, int r)
     if (be->kernels == MUSE_KERNELS_FAST && muse_k_sample_fast_bytes((long)R, (long)V) > sample_ws)
         sample_ws = muse_k_sample_fast_bytes((long)R, (long)V);
     if (r == 0) rk->weights = dalloc(c, sample_ws, &mem->workspace);
+    if (r == 0) rk->d_masks = dalloc(c, R * c->mask_bytes, &mem->workspace); /* the sampler's */
     if (c->n_ranks > 1) rk->red = dalloc(c, c->red_floats * sizeof(float), &mem->workspace);
     if (c->nccl)
         rk->gather = dalloc(c, (size_t)c->n_ranks * c->red_floats * sizeof(float), &mem->workspace);
@@ -170,6 +171,8 @@ static int allocate(cuda_backend *c)
     c->h_drawn = halloc(c, R * 4);
     c->h_sampling = halloc(c, R * sizeof *c->h_sampling);
     c->h_logits = halloc(c, R * V * sizeof(float));
+    c->mask_bytes = (V + 7) / 8;
+    c->h_masks = halloc(c, R * c->mask_bytes);
     if (stage) muse_round_stage_place(&c->stage, be, stage);
     if (c->failed) return -1;
     c->kv_cap = MUSE_CALLOC(L, sizeof *c->kv_cap);
@@ -366,6 +369,7 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
         free(c);
         return NULL;
     }
+    c->base.masks = 1; /* the sample kernels apply the round's token masks */
     c->n_ranks = ranks;
     for (int r = 0; r < ranks; r++) {
         cuda_rank *rk = &c->rank[r];
@@ -424,7 +428,8 @@ static void free_rank(cuda_backend *c, int r)
                    rk->gather,      rk->d_tokens,   rk->d_seqs,
                    rk->d_want,      rk->d_tables,   rk->d_drawn,
                    rk->d_positions, rk->d_draw_pos, rk->d_sampling,
-                   rk->snapshots,   rk->moe_plan,   rk->ws_attn};
+                   rk->snapshots,   rk->moe_plan,   rk->ws_attn,
+                   rk->d_masks};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < c->n_acts; i++) cudaFree(c->acts[i][r]);
     if (rk->k_cache)
@@ -465,7 +470,7 @@ void cuda_destroy(muse_backend *be)
         cudaEventDestroy(c->ev0);
         cudaEventDestroy(c->ev1);
     }
-    void *host[] = {c->stage.block, c->h_drawn, c->h_sampling, c->h_logits};
+    void *host[] = {c->stage.block, c->h_drawn, c->h_sampling, c->h_logits, c->h_masks};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) cudaFreeHost(host[i]);
     for (int i = 0; i <= MUSE_MAX_BUCKETS; i++)
         if (c->execs[i]) cudaGraphExecDestroy(c->execs[i]);

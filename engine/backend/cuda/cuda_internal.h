@@ -87,6 +87,7 @@ typedef struct {
     int32_t *d_tokens, *d_seqs, *d_want, *d_tables, *d_drawn;
     int64_t *d_positions, *d_draw_pos;
     muse_k_sampling *d_sampling;
+    uint8_t *d_masks; /* rank 0 (it draws): [max_rows][mask_bytes] the wanted rows' token masks */
     /* KV: per layer, fp16, its KV heads */
     uint16_t **k_cache, **v_cache;
     uint16_t *snapshots;
@@ -128,6 +129,8 @@ typedef struct {
     muse_round_stage stage; /* backend.h: the batch as both backends stage it, in pinned memory */
     long rows, real_rows, wanted, real_wanted; /* stage's, copied at begin_round */
     muse_k_sampling *h_sampling;               /* [max_rows] stage's sampling as the kernel's */
+    uint8_t *h_masks;  /* [max_rows][mask_bytes] pinned: the masked rows' bitmaps this round */
+    size_t mask_bytes; /* (vocab_size + 7) / 8, a row's token mask */
     int32_t *h_drawn;
     float *h_logits;
     int do_sample, return_logits, in_round;
@@ -177,8 +180,8 @@ static inline float *act_r(cuda_backend *c, muse_act a, int r)
  * round's staged arrays on its GPU. */
 static inline muse_k_ctx kctx(const cuda_rank *rk, long rows)
 {
-    muse_k_ctx k = {rk->st,          rows,       rk->d_tokens,   rk->d_seqs,
-                    rk->d_positions, rk->d_want, rk->d_sampling, rk->d_draw_pos};
+    muse_k_ctx k = {rk->st,     rows,           rk->d_tokens,   rk->d_seqs, rk->d_positions,
+                    rk->d_want, rk->d_sampling, rk->d_draw_pos, rk->d_masks};
     return k;
 }
 

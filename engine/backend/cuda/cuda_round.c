@@ -124,7 +124,17 @@ static void stage_rank(cuda_backend *c, int r)
           cudaMemcpyAsync(rk->d_positions, c->stage.positions, R * 8, cudaMemcpyHostToDevice, st));
     CHECK(c, cudaMemcpyAsync(rk->d_seqs, c->stage.seqs, R * 4, cudaMemcpyHostToDevice, st));
     if (c->wanted) {
-        size_t w = (size_t)c->wanted;
+        size_t w = (size_t)c->wanted, mb = c->mask_bytes;
+        /* the masked rows' bitmaps to rank 0 (it draws), a copy a run of consecutive ones; a
+         * free row or a round without masks copies nothing */
+        for (size_t i = 0, n = (size_t)c->real_wanted; r == 0 && i < n;) {
+            size_t j = i;
+            while (j < n && c->h_sampling[j].masked) j++;
+            if (j > i)
+                CHECK(c, cudaMemcpyAsync(rk->d_masks + i * mb, c->h_masks + i * mb, (j - i) * mb,
+                                         cudaMemcpyHostToDevice, st));
+            i = j + 1; /* row j is free (or the end) */
+        }
         CHECK(c, cudaMemcpyAsync(rk->d_want, c->stage.want, w * 4, cudaMemcpyHostToDevice, st));
         CHECK(c, cudaMemcpyAsync(rk->d_sampling, c->h_sampling, w * sizeof *c->h_sampling,
                                  cudaMemcpyHostToDevice, st));
@@ -170,7 +180,11 @@ int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
     c->wanted = c->stage.wanted;
     for (long i = 0; i < c->wanted; i++) { /* padding rows: the stage's all-zero record */
         const muse_sampling *q = &c->stage.sampling[i];
-        c->h_sampling[i] = (muse_k_sampling){q->temperature, q->top_k, q->top_p, q->min_p, q->seed};
+        const uint8_t *mask = c->stage.masks && i < c->real_wanted ? c->stage.masks[i] : NULL;
+        c->h_sampling[i] =
+            (muse_k_sampling){q->temperature, q->top_k, q->top_p, q->min_p, q->seed, mask != NULL};
+        /* into pinned staging: the copy to the GPU is asynchronous */
+        if (mask) memcpy(c->h_masks + (size_t)i * c->mask_bytes, mask, c->mask_bytes);
     }
     for (int k = 0; k < c->n_ranks; k++) stage_rank(c, k);
     c->do_sample = r->sampling != NULL;
