@@ -8,18 +8,15 @@
 #include "base/clock.h"
 #include "base/muse_common.h"
 
-int bench_engine_start(bench_engine *c, const char *backend, muse_kernels kernels, long max_rows,
-                       int max_seqs, int64_t context, int threads, muse_err *e)
+int bench_engine_attach(bench_engine *c, const char *backend, muse_kernels kernels, long max_rows,
+                        int max_seqs, int64_t context, int threads, muse_err *e)
 {
     muse_backend_opts o = {.max_rows = max_rows,
                            .max_seqs = max_seqs,
                            .context = context,
                            .threads = threads,
                            .kernels = kernels};
-    if (!(c->be = muse_backend_create(backend, &c->model, &o, e))) {
-        muse_model_free(&c->model);
-        return -1;
-    }
+    if (!(c->be = muse_backend_create(backend, &c->model, &o, e))) return -1;
     c->fwd = muse_forward_create(c->be);
     c->vocab = c->model.cfg.vocab_size;
     c->max_rows = max_rows;
@@ -33,18 +30,37 @@ int bench_engine_start(bench_engine *c, const char *backend, muse_kernels kernel
     return 0;
 }
 
+int bench_engine_start(bench_engine *c, const char *backend, muse_kernels kernels, long max_rows,
+                       int max_seqs, int64_t context, int threads, muse_err *e)
+{
+    int rc = bench_engine_attach(c, backend, kernels, max_rows, max_seqs, context, threads, e);
+    if (rc) muse_model_free(&c->model);
+    return rc;
+}
+
 void bench_engine_close(bench_engine *c)
+{
+    bench_engine_detach(c);
+    muse_model_free(&c->model);
+    memset(c, 0, sizeof *c);
+}
+
+void bench_engine_detach(bench_engine *c)
 {
     muse_forward_destroy(c->fwd);
     muse_backend_destroy(c->be);
-    muse_model_free(&c->model);
+    c->fwd = NULL;
+    c->be = NULL;
     free(c->tok);
     free(c->seq);
     free(c->pos);
     free(c->draw);
     free(c->want);
     free(c->sp);
-    memset(c, 0, sizeof *c);
+    c->tok = c->seq = NULL;
+    c->pos = c->draw = NULL;
+    c->want = NULL;
+    c->sp = NULL;
 }
 
 /* The round of c's batch (rows filled in), its wanted rows drawn greedily; seconds or -1. */

@@ -25,6 +25,11 @@ typedef struct {
 int bench_engine_start(bench_engine *c, const char *backend, muse_kernels kernels, long max_rows,
                        int max_seqs, int64_t context, int threads, muse_err *e);
 void bench_engine_close(bench_engine *c);
+/* The same without owning the model: attach leaves it loaded on failure, detach destroys the
+ * backend and forward only, so one model serves several backends in turn. */
+int bench_engine_attach(bench_engine *c, const char *backend, muse_kernels kernels, long max_rows,
+                        int max_seqs, int64_t context, int threads, muse_err *e);
+void bench_engine_detach(bench_engine *c);
 
 /* Seconds of one round of `rows` consecutive positions pos .. of sequence seq, the last row's
  * token drawn greedily when `draw`; -1 after saying why on stderr (a device error is an error,
