@@ -9,7 +9,7 @@ NVCC     ?= nvcc
 
 DEB_PACKAGES := build-essential clang libclang-rt-14-dev clang-format cppcheck \
                 libcjson-dev libevent-dev libpcre2-dev nginx nginx-dev \
-                python3 python3-numpy python3-jsonschema perl curl
+                python3 python3-numpy python3-jsonschema perl curl gnuplot-nox
 
 # engine/: one folder a job (docs/layout.md). engine/cmd/muse_*.c are the programs' main
 # files; every other .c under the library folders is libmuse.a. Objects depend on the headers

@@ -72,6 +72,15 @@ typedef struct {
     struct muse_comm *comm;
 } muse_backend_opts;
 
+/* One line of a backend's per-op profile: its time summed over its calls so far; host: 1 when
+ * the time is the host's (begin_round, end_round), 0 when it is the device's. */
+typedef struct {
+    const char *name;
+    double ms;
+    long calls;
+    int host;
+} muse_prof_entry;
+
 /* Memory a rank holds, by term (bytes). */
 typedef struct {
     int device;
@@ -112,6 +121,10 @@ typedef struct {
      * device. -1 with the reason on failure (a device error stays sticky, as in a round). */
     int (*copy_bandwidth)(muse_backend *be, size_t bytes, double *bytes_per_s, char *device,
                           size_t device_len, muse_err *e);
+    /* Optional (NULL: not offered), for benchmarks: the per-op profile so far (cuda: with
+     * MUSE_CUDA_PROFILE=1 at create, each op timed with events, eager): at most max entries
+     * into out, the count; 0 when the profile is off. Names live as long as the backend. */
+    int (*profile)(muse_backend *be, muse_prof_entry *out, int max);
 } muse_backend_ops;
 
 struct muse_backend {

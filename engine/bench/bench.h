@@ -21,6 +21,9 @@ int bench_cmd_server(int argc, char **argv);
 int bench_cmd_stamp_engine(int argc, char **argv);
 int bench_cmd_concurrent(int argc, char **argv);
 int bench_cmd_prompt(int argc, char **argv);
+int bench_cmd_stages(int argc, char **argv);
+/* muse-bench prompt without --url: on a backend (bench_prompt.c). */
+int bench_prompt_backend(int argc, char **argv);
 
 /* muse_flags_parse for "muse-bench CMD": -1 to run, else the exit code. */
 int bench_parse_flags(const char *cmd, const char *about, const muse_flag *flags, size_t n,

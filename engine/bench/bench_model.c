@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "base/clock.h"
 #include "bench.h"
+#include "bench_engine.h"
 #include "bench_ops.h"
 #include "bench_table.h"
 #include "text/chat.h"
@@ -21,123 +22,70 @@
 
 /* ---- decode step (shared by chat and decode) ---- */
 
-typedef struct {
-    muse_model model;
-    muse_backend *be;
-    muse_forward *fwd;
-    int64_t vocab;
-} engine_ctx;
-
-static int engine_start(engine_ctx *c, const char *backend, muse_kernels kernels, long max_rows,
-                        int64_t context, int threads, muse_err *e)
-{
-    muse_backend_opts o = {.max_rows = max_rows,
-                           .max_seqs = 1,
-                           .context = context,
-                           .threads = threads,
-                           .kernels = kernels};
-    if (!(c->be = muse_backend_create(backend, &c->model, &o, e))) {
-        muse_model_free(&c->model);
-        return -1;
-    }
-    c->fwd = muse_forward_create(c->be);
-    c->vocab = c->model.cfg.vocab_size;
-    return 0;
-}
-
-static int engine_open(engine_ctx *c, const char *dir, long max_rows, int64_t context, int threads,
-                       muse_err *e)
+static int engine_open(bench_engine *c, const char *dir, long max_rows, int64_t context,
+                       int threads, muse_err *e)
 {
     memset(c, 0, sizeof *c);
     if (muse_model_load(dir, &c->model, e)) return -1;
-    return engine_start(c, "cpu", MUSE_KERNELS_DEFAULT, max_rows, context, threads, e);
-}
-
-static void engine_close(engine_ctx *c)
-{
-    muse_forward_destroy(c->fwd);
-    muse_backend_destroy(c->be);
-    muse_model_free(&c->model);
-}
-
-/* Runs `rows` consecutive positions from `pos` (logits of the last row only); seconds taken, or
- * -1 after saying why on stderr (a device error is an error, never an abort). */
-static double engine_step(engine_ctx *c, int64_t pos, long rows)
-{
-    int32_t tok[256];
-    int64_t p[256];
-    int32_t seq[256];
-    uint8_t want[256];
-    MUSE_CHECK(rows <= 256);
-    for (long i = 0; i < rows; i++) {
-        tok[i] = (int32_t)((uint64_t)(pos + i) * 2654435761u % (uint64_t)c->vocab);
-        p[i] = pos + i;
-        seq[i] = 0;
-        want[i] = i == rows - 1;
-    }
-    /* a greedy draw, as a served round ends */
-    muse_sampling greedy = {0};
-    int64_t draw_pos = pos + rows;
-    muse_round b = {.rows = rows,
-                    .tokens = tok,
-                    .positions = p,
-                    .seqs = seq,
-                    .want_logits = want,
-                    .sampling = &greedy,
-                    .draw_pos = &draw_pos};
-    muse_round_out out;
-    muse_err e = {{0}};
-    MUSE_CHECK(muse_kv_ensure(&c->be->kv, 0, pos + rows) == 0); /* the scheduler's job */
-    double t0 = muse_now_s();
-    int rc = muse_forward_run(c->fwd, &b, &out, &e);
-    double t = muse_now_s() - t0;
-    if (rc) fprintf(stderr, "muse-bench: forward at position %lld: %s\n", (long long)pos, e.msg);
-    return rc ? -1 : t;
+    return bench_engine_start(c, "cpu", MUSE_KERNELS_DEFAULT, max_rows, 1, context, threads, e);
 }
 
 /* Median seconds of one 1-row decode step after a short prompt, over `steps` steps. */
-static double decode_step_median(engine_ctx *c, int steps)
+static double decode_step_median(bench_engine *c, int steps)
 {
     double *v = MUSE_MALLOC((size_t)steps * sizeof *v);
-    engine_step(c, 0, 16);
-    for (int i = 0; i < steps; i++) v[i] = engine_step(c, 16 + i, 1);
+    bench_engine_chunk(c, 0, 0, 16, 1);
+    for (int i = 0; i < steps; i++) v[i] = bench_engine_chunk(c, 0, 16 + i, 1, 1);
     double m = bench_quantile(v, (size_t)steps, 0.5);
     free(v);
     return m;
 }
 
+enum { MAX_STREAM_COUNTS = 16 };
+
 typedef struct {
-    const char *backend, *json, *baseline, *kernels;
+    const char *backend, *json, *baseline, *kernels, *streams_s;
     muse_kernels path; /* --kernels */
     bench_weights w;
     long long tokens, prompt, threads, copy_mib;
+    long long streams[MAX_STREAM_COUNTS];
+    int nstreams;
+    long long max_streams;
 } decode_flags;
 
 static const char *const decode_cols[] = {
-    "model",           "backend",       "vocab",         "threads",         "prompt tok/s (64-row)",
-    "decode tok/s",    "decode p50 ms", "decode p99 ms", "step MB (1 row)", "floor ms",
+    "model",           "backend",          "streams",
+    "vocab",           "threads",          "prompt tok/s (64-row)",
+    "decode tok/s",    "tok/s per stream", "decode p50 ms",
+    "decode p99 ms",   "step MB",          "floor ms",
     "% of floor (p50)"};
-static const char *const decode_keys[] = {"model", "backend"};
+static const char *const decode_keys[] = {"model", "backend", "streams"};
 
-/* The model of one row: the pack dirs[d], or the synthetic weights (dirs[0] NULL). */
-static int decode_open(engine_ctx *c, const decode_flags *f, const char *dir, muse_err *e)
+/* The model of one pack dir (NULL: the synthetic weights) on the backend, for every row. */
+static int decode_open(bench_engine *c, const decode_flags *f, const char *dir, muse_err *e)
 {
     memset(c, 0, sizeof *c);
     bench_weights w = f->w;
     w.dir = dir;
     if (bench_weights_load(&w, &c->model, e)) return -1;
-    return engine_start(c, f->backend, f->path, 64, f->prompt + f->tokens + 1, (int)f->threads, e);
+    long rows = f->max_streams > 64 ? (long)f->max_streams : 64;
+    return bench_engine_start(c, f->backend, f->path, rows, (int)f->max_streams,
+                              f->prompt + f->tokens + 1, (int)f->threads, e);
 }
 
-/* One row: the prompt in rounds of 64 rows, then the decode steps of one row; -1 on error. */
-static int decode_row(bench_table *t, engine_ctx *c, const decode_flags *f, const char *name,
-                      double bw)
+/* One row of S streams: each sequence's prompt in rounds of 64 rows, then the decode rounds of
+ * one row a stream; -1 on error. */
+static int decode_row(bench_table *t, bench_engine *c, const decode_flags *f, const char *name,
+                      int S, double bw)
 {
     double tp = 0, s = 0;
-    for (int64_t pos = 0; pos < f->prompt && s >= 0; pos += 64) tp += s = engine_step(c, pos, 64);
+    for (int q = 0; q < S; q++) muse_kv_release(&c->be->kv, q); /* the row before's */
+    for (int q = 0; q < S && s >= 0; q++)
+        for (int64_t pos = 0; pos < f->prompt && s >= 0; pos += 64)
+            tp += s = bench_engine_chunk(c, q, pos, 64, pos + 64 >= f->prompt);
     double *v = MUSE_MALLOC((size_t)f->tokens * sizeof *v), td = 0;
     for (long i = 0; i < f->tokens && s >= 0; i++)
-        td += v[i] = s = engine_step(c, f->prompt + i, 1);
+        td += v[i] = s = bench_engine_decode(c, S, f->prompt + i);
     if (s < 0) {
         free(v);
         return -1;
@@ -146,13 +94,18 @@ static int decode_row(bench_table *t, engine_ctx *c, const decode_flags *f, cons
            p99 = bench_quantile(v, (size_t)f->tokens, 0.99);
     free(v);
     int thr = (int)f->threads > 0 ? (int)f->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    double bytes = bench_step_bytes(&c->model, 1, f->prompt + f->tokens / 2), floor_s = bytes / bw;
+    double st[BENCH_ST_N], bytes = 0;
+    bench_decode_stage_bytes(&c->model, S, f->prompt + f->tokens / 2, st);
+    for (int i = 0; i < BENCH_ST_N; i++) bytes += st[i];
+    double floor_s = bytes / bw;
     const char *cells[] = {name,
                            f->backend,
+                           bench_fmt("%.0f", S),
                            bench_fmt("%.0f", (double)c->vocab),
                            bench_fmt("%.0f", thr),
-                           bench_fmt("%.1f", (double)f->prompt / tp),
-                           bench_fmt("%.1f", (double)f->tokens / td),
+                           bench_fmt("%.1f", (double)(f->prompt * S) / tp),
+                           bench_fmt("%.1f", (double)(f->tokens * S) / td),
+                           bench_fmt("%.2f", (double)f->tokens / td),
                            bench_fmt("%.3f", p50 * 1e3),
                            bench_fmt("%.3f", p99 * 1e3),
                            bench_fmt("%.3f", bytes / 1e6),
@@ -166,15 +119,20 @@ int bench_cmd_decode(int argc, char **argv)
 {
     const char *dirs[4] = {NULL};
     int ndirs = 0;
-    decode_flags f = {.backend = "cpu", .tokens = 64, .prompt = 256, .w = {.synthetic = -1}};
+    decode_flags f = {
+        .backend = "cpu", .tokens = 64, .prompt = 256, .streams_s = "1", .w = {.synthetic = -1}};
     muse_err e = {{0}};
     const muse_flag table[] = {
         MUSE_FLAG_S("backend", &f.backend, "cpu|cuda", "the backend to measure", .def = "cpu"),
         MUSE_KERNELS_FLAG(&f.kernels),
         MUSE_FLAG_R("model", dirs, &ndirs, 4, "DIR", "a pack to measure (or --synthetic-weights)"),
         BENCH_SYNTHETIC_FLAGS(f.w),
-        MUSE_FLAG_L("tokens", &f.tokens, 1, 100000, "N", "decode steps"),
-        MUSE_FLAG_L("prompt", &f.prompt, 64, 100000, "N", "prompt tokens (rounded down to 64)"),
+        MUSE_FLAG_S("streams", &f.streams_s, "S,S,...",
+                    "sequences decoding together, a row each (a round: one row a stream)",
+                    .def = "1"),
+        MUSE_FLAG_L("tokens", &f.tokens, 1, 100000, "N", "decode rounds a row"),
+        MUSE_FLAG_L("prompt", &f.prompt, 64, 100000, "N",
+                    "prompt tokens a stream (rounded down to 64)"),
         MUSE_FLAG_L("threads", &f.threads, 0, 1024, "N", "cpu threads", .def = "0: one per core"),
         MUSE_FLAG_L("copy-mib", &f.copy_mib, 0, 65536, "MIB", "the copy bandwidth's buffer",
                     .def = "0: 1024 on cuda, 256 on cpu"),
@@ -182,52 +140,62 @@ int bench_cmd_decode(int argc, char **argv)
         MUSE_FLAG_S("baseline", &f.baseline, "FILE",
                     "a previous --json FILE: a column of this run's decode p50 over its"),
     };
-    int prc = bench_parse_flags(
-        "decode", "Forward tokens/s on a backend: prompt in rows of 64, decode 1 row.\n", table,
-        sizeof table / sizeof *table, argc, argv);
+    int prc =
+        bench_parse_flags("decode",
+                          "Forward tokens/s on a backend: each stream's prompt in rows of 64, "
+                          "then decode rounds of one row a stream.\n",
+                          table, sizeof table / sizeof *table, argc, argv);
     if (prc != MUSE_FLAGS_RUN) return prc;
     if ((prc = bench_kernels_flag("decode", f.kernels, &f.path))) return prc;
+    char title[200], why[512];
+    f.nstreams = bench_parse_int_list("--streams", f.streams_s, 1, 256, f.streams,
+                                      MAX_STREAM_COUNTS, why, sizeof why);
+    if (f.nstreams <= 0) return bench_usage_error("decode", why);
+    f.max_streams = 1;
+    for (int i = 0; i < f.nstreams; i++)
+        if (f.streams[i] > f.max_streams) f.max_streams = f.streams[i];
     if (!ndirs && f.w.synthetic < 0)
         return bench_usage_error("decode", "--model DIR (or --synthetic-weights SEED --config "
                                            "FILE) is required");
-    if (!ndirs) ndirs = 1; /* the synthetic weights: one row */
+    if (!ndirs) ndirs = 1; /* the synthetic weights: one model */
     f.prompt = f.prompt / 64 * 64;
-    char title[200], why[512];
     snprintf(title, sizeof title,
-             "Forward on %s: %lld prompt tokens in rows of 64, then %lld decode steps of 1 row",
+             "Forward on %s: %lld prompt tokens a stream in rows of 64, then %lld decode rounds "
+             "of one row a stream",
              f.backend, f.prompt, f.tokens);
     int as_json = f.json && !strcmp(f.json, "-");
     bench_table t;
-    bench_table_open(&t, "decode", title, decode_cols, 11, as_json);
-    bench_table_io io = {f.json, f.baseline, decode_keys, 2, "decode p50 ms", argc, argv};
+    bench_table_open(&t, "decode", title, decode_cols, 13, as_json);
+    bench_table_io io = {f.json, f.baseline, decode_keys, 3, "decode p50 ms", argc, argv};
     if (bench_table_io_setup(&t, &io, why, sizeof why)) {
         fprintf(stderr, "muse-bench decode: %s\n", why);
         bench_table_discard(&t);
         return 1;
     }
-    engine_ctx c;
+    bench_engine c;
     double bw = 0;
     int rc = 0;
-    for (int d = 0; d < ndirs; d++) {
+    for (int d = 0; d < ndirs && !rc; d++) {
         if (decode_open(&c, &f, dirs[d], &e) ||
             (d == 0 && bench_copy_head(c.be, (long)f.copy_mib, &t, &bw, &e))) {
             fprintf(stderr, "muse-bench decode: %s\n", e.msg);
-            if (c.be) engine_close(&c);
+            if (c.be) bench_engine_close(&c);
             rc = 1;
             break;
         }
         if (d == 0) {
             bench_table_head(&t, "floor",
-                             "the bytes of one 1-row step (weights read, KV at the "
-                             "middle decode position) / copy bandwidth");
+                             "the bytes of one decode round (weights read, each stream's KV at "
+                             "the middle decode position) / copy bandwidth");
+            bench_table_head(&t, "tok/s",
+                             "decode tok/s: streams x rounds / their time (aggregate); per "
+                             "stream: rounds / their time; p50, p99: of a round");
             bench_table_header(&t);
         }
-        int bad = decode_row(&t, &c, &f, dirs[d] ? dirs[d] : c.model.dir, bw);
-        engine_close(&c);
-        if (bad) {
-            rc = 1;
-            break;
-        }
+        for (int i = 0; i < f.nstreams && !rc; i++)
+            rc = decode_row(&t, &c, &f, dirs[d] ? dirs[d] : c.model.dir, (int)f.streams[i], bw) ? 1
+                                                                                                : 0;
+        bench_engine_close(&c);
     }
     if (bench_table_end(&t)) rc = 1;
     return rc;
@@ -431,13 +399,13 @@ int bench_cmd_chat(int argc, char **argv)
                                  "(repeatable) are required");
     double step_s[4];
     for (int d = 0; d < ndirs; d++) {
-        engine_ctx c;
+        bench_engine c;
         if (engine_open(&c, dirs[d], 16, 4096, (int)threads, &e)) {
             fprintf(stderr, "muse-bench chat: %s\n", e.msg);
             return 1;
         }
         step_s[d] = decode_step_median(&c, 64);
-        engine_close(&c);
+        bench_engine_close(&c);
     }
     muse_tokenizer *tk;
     if (muse_tokenizer_load(tok_path, &tk, &e)) {

@@ -130,6 +130,43 @@ double bench_step_bytes(const muse_model *m, long R, int64_t ctx)
     return b + norm + linear_bytes(&m->head, R) + r * (double)c->vocab_size * 4;
 }
 
+void bench_decode_stage_bytes(const muse_model *m, long streams, int64_t ctx,
+                              double out[BENCH_ST_N])
+{
+    const muse_config *c = &m->cfg;
+    double H = (double)c->hidden_size, r = (double)streams;
+    double norm = H * 4 + 2.0 * r * H * 4, add_norm = H * 4 + 3.0 * r * H * 4;
+    double Q = (double)(c->n_heads * c->head_dim), KV = (double)(c->n_kv_heads * c->head_dim);
+    double E = (double)c->num_experts, K = (double)c->num_experts_per_tok;
+    double touched = E * (1.0 - pow(1.0 - K / E, r));
+    for (int i = 0; i < BENCH_ST_N; i++) out[i] = 0;
+    out[BENCH_ST_EMBED] = r * H * ((double)muse_dtype_size(m->embed->dtype) + 4.0);
+    out[BENCH_ST_NORMS] = norm;
+    for (int i = 0; i < (int)c->num_layers; i++) {
+        const muse_layer *ly = &m->layers[i];
+        out[BENCH_ST_NORMS] += 2 * norm + 2 * add_norm;
+        out[BENCH_ST_ATTENTION] +=
+            2.0 * r * (Q + KV) * 4 + linear_bytes(&ly->q, streams) + linear_bytes(&ly->k, streams) +
+            linear_bytes(&ly->v, streams) + linear_bytes(&ly->gate, streams) +
+            linear_bytes(&ly->o, streams) + r * attention_bytes(c, i, 1, ctx);
+        if (c->mlp_kind[i] == MUSE_MLP_DENSE) {
+            out[BENCH_ST_DENSE] +=
+                linear_bytes(&ly->dense.gate, streams) + linear_bytes(&ly->dense.up, streams) +
+                linear_bytes(&ly->dense.down, streams) + 3.0 * r * (double)c->intermediate_size * 4;
+            continue;
+        }
+        /* moe_bytes split: the router, the experts touched with the activations, the shared */
+        out[BENCH_ST_ROUTER] +=
+            E * H * (double)muse_dtype_size(ly->router->dtype) + (ly->router_bias.v ? E * 4 : 0);
+        out[BENCH_ST_ROUTED] +=
+            touched * (mlp_weight_bytes(&ly->experts[0]) + (c->expert_output_norm ? H * 4.0 : 0)) +
+            2.0 * r * H * 4.0;
+        if (c->num_shared_experts > 0) out[BENCH_ST_SHARED] += mlp_weight_bytes(&ly->shared);
+    }
+    out[BENCH_ST_HEAD] = linear_bytes(&m->head, streams);
+    out[BENCH_ST_SAMPLER] = r * (double)c->vocab_size * 4;
+}
+
 int bench_copy_head(muse_backend *be, long copy_mib, bench_table *t, double *bytes_per_s,
                     muse_err *e)
 {

@@ -35,6 +35,29 @@ double bench_op_bytes(const muse_model *m, const muse_op_case *k, long R, int64_
 /* Bytes of one forward round of R rows at ctx: the sum of its operations' bytes. */
 double bench_step_bytes(const muse_model *m, long R, int64_t ctx);
 
+/* The stages of a decode step (muse-bench stages), in table order. */
+typedef enum {
+    BENCH_ST_EMBED,
+    BENCH_ST_NORMS,
+    BENCH_ST_ATTENTION,
+    BENCH_ST_DENSE,
+    BENCH_ST_ROUTER,
+    BENCH_ST_ROUTED,
+    BENCH_ST_SHARED,
+    BENCH_ST_MOE, /* the moe op whole, where the backend does not split it */
+    BENCH_ST_ALL_REDUCE,
+    BENCH_ST_HEAD,
+    BENCH_ST_SAMPLER,
+    BENCH_ST_HOST,
+    BENCH_ST_GAPS,
+    BENCH_ST_N
+} bench_stage;
+
+/* Bytes each stage of one decode round of `streams` sequences, one row each at position ctx,
+ * must move (as bench_step_bytes counts them; host and gaps 0); their sum is the round's. */
+void bench_decode_stage_bytes(const muse_model *m, long streams, int64_t ctx,
+                              double out[BENCH_ST_N]);
+
 /* Measures be's copy bandwidth over copy_mib MiB (0: 1024 on cuda, 256 elsewhere) and adds the
  * head lines "device" and "copy bandwidth" to t; -1 with the reason. */
 int bench_copy_head(muse_backend *be, long copy_mib, bench_table *t, double *bytes_per_s,

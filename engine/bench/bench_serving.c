@@ -402,8 +402,17 @@ static void prompt_row(bench_table *t, long long len, const char *kase, long lon
     bench_table_row(t, cells);
 }
 
+/* Whether argv names a server (--url): else prompt measures a backend in this process. */
+static bool names_url(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--url") || !strncmp(argv[i], "--url=", 6)) return true;
+    return false;
+}
+
 int bench_cmd_prompt(int argc, char **argv)
 {
+    if (!names_url(argc, argv)) return bench_prompt_backend(argc, argv);
     serving sv = {.id_range = 100000, .timeout_s = 1800};
     const char *url = NULL, *lengths_s = "512,4096,16384";
     bool as_json = false;

@@ -5,7 +5,8 @@
 # --backend cuda, two ranks on one GPU (--gpus 0,0), the sticky-fault test, and the first
 # benchmark tables; the fast kernel path: exl3-fast-check (the tensor-core EXL3 product against
 # the exact one, batch invariance, timings), kernel-check --kernels fast (ops.t), compare with
-# --kernels-b fast and the kernels table of both paths on the one-GPU shape cut to 4 layers.
+# --kernels-b fast and the kernels table of both paths on the one-GPU shape cut to 4 layers;
+# the step `whole` (asked for by name): decode, stages and prompt benchmarks of that shape.
 # Needs build/gpu from
 # `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
@@ -35,7 +36,7 @@ step() {
     rc=$?
     note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
     case $name in # tables come back whole; other steps their verdict lines
-    fastcheck | shape-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
+    fastcheck | shape-* | whole-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
     *) grep -E "^not ok|SUMMARY|rel L2 max|agreement|router margin|PASS|FAIL|^# |Result|copy" \
         "$logs/$name.txt" | head -40 | tee -a "$sum" ;;
@@ -230,6 +231,31 @@ if want decode; then
             --json "$logs/decode-exact.json"
     step decode-fast 150 build/muse-bench decode --backend "$B" "${cut[@]}" --kernels fast \
         --baseline "$dbase" --json "$logs/decode-fast.json"
+fi
+
+# the benchmarks of the whole shape (issue 21 items 2 and 5) on the one-GPU shape cut to 4
+# layers, fast kernels: decode at 1, 4, 16 and 64 streams, the stages of a decode round, prompt
+# at 512, 4096 and 32768 tokens; the JSON in the logs (whole-*.json), plotted by
+# t/tools/plots.sh where this machine has gnuplot, else afterwards from those files. Not in the
+# default steps: GPU_CHECK_STEPS="setup whole" (about 3 minutes, most of it the synthetic fills).
+if want whole; then
+    # GPU_CHECK_WHOLE_CONFIG: another shape (conf/packs/tiny.json to try the step on the CPU)
+    cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu-4l.json}"
+        --bits 2 --codebook mcg --kernels fast)
+    step whole-decode 120 build/muse-bench decode --backend "$B" "${cut[@]}" --streams 1,4,16,64 \
+        --tokens 16 --prompt 64 --json "$logs/whole-decode.json"
+    step whole-stages 120 build/muse-bench stages --backend "$B" "${cut[@]}" --context 4096 \
+        --tokens 16 --json "$logs/whole-stages.json"
+    step whole-prompt 120 build/muse-bench prompt --backend "$B" "${cut[@]}" \
+        --lengths 512,4096,32768 --rows 256 --json "$logs/whole-prompt.json"
+    plots=()
+    for f in decode stages prompt; do
+        [ -s "$logs/whole-$f.json" ] && cp "$logs/whole-$f.json" "$out/" &&
+            plots+=("--$f" "$logs/whole-$f.json")
+    done
+    if command -v gnuplot >/dev/null && ((${#plots[@]})); then
+        step whole-plots 30 t/tools/plots.sh "${plots[@]}" --out "$out"
+    fi
 fi
 
 rm -rf "$packs"

@@ -5,11 +5,27 @@
 #include "backend/cuda/cuda_internal.h"
 #include "kernels/sample_fast.cuh"
 
-static const char *const prof_names[PROF_OPS] = {"begin_round (host)", "end_round (host)",
+static const char *const prof_names[PROF_OPS] = {"begin_round (host)",
+                                                 "end_round (host)",
 #define MUSE_PROF_NAME(id, name, ...) name,
                                                  MUSE_KERNELS(MUSE_PROF_NAME)
 #undef MUSE_PROF_NAME
-};
+                                                     "moe router + selection",
+                                                 "moe routed experts",
+                                                 "moe shared experts",
+                                                 "moe expert norms + combine"};
+
+/* The profile's entries so far (names stay valid while the backend lives). */
+int cuda_profile(muse_backend *be, muse_prof_entry *out, int max)
+{
+    cuda_backend *c = cu(be);
+    if (!c->prof) return 0;
+    int n = 0;
+    for (int i = 0; i < PROF_OPS && n < max; i++)
+        out[n++] = (muse_prof_entry){prof_names[i], c->prof_ms[i], c->prof_n[i],
+                                     i == PROF_BEGIN || i == PROF_END};
+    return n;
+}
 
 /* Keeps the first failure with its rank and where it happened; returns -1 on failure. */
 int cuda_ok(cuda_backend *c, int rc, const char *what, const char *file, int line)

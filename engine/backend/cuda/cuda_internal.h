@@ -33,14 +33,20 @@
 #include "model/shard.h"
 
 /* What a round's profile counts: the host's begin and end, then each kernel of the list
- * (backend/ops.h), so a new kernel gets its line by being in the list. */
+ * (backend/ops.h), so a new kernel gets its line by being in the list; then the moe op's parts
+ * on one rank (router + selection, routed experts, shared experts, the expert output norms and
+ * the combine), which replace its one MOE entry there. */
 enum {
     PROF_BEGIN,
     PROF_END,
 #define MUSE_PROF_ID(id, ...) PROF_##id,
     MUSE_KERNELS(MUSE_PROF_ID)
 #undef MUSE_PROF_ID
-        PROF_OPS
+        PROF_MOE_ROUTER,
+    PROF_MOE_ROUTED,
+    PROF_MOE_SHARED,
+    PROF_MOE_COMBINE,
+    PROF_OPS
 };
 
 /* One uploaded tensor: its host bytes and where they are in a GPU's copy of the pack. */
@@ -199,6 +205,9 @@ int upload_linears(cuda_backend *c, int r, muse_err *e);
 /* cuda_round.c: profiling, activations, the round, snapshots, copy bandwidth */
 void prof_begin(cuda_backend *c);
 void prof_end(cuda_backend *c, int op);
+/* One rank: ends the op's part so far as `part` and begins the next; several ranks: nothing
+ * (their launches interleave, so the op is timed whole). */
+void prof_split(cuda_backend *c, int part);
 void prof_host(cuda_backend *c, int op, int64_t since);
 muse_act cuda_alloc(muse_backend *be, long width);
 void cuda_write(muse_backend *be, muse_act a, const float *src, long rows);
@@ -207,6 +216,7 @@ int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e);
 int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e);
 void cuda_snapshot_save(muse_backend *be, int seq, int64_t end_pos, int slot);
 void cuda_snapshot_load(muse_backend *be, int seq, int64_t end_pos, int slot);
+int cuda_profile(muse_backend *be, muse_prof_entry *out, int max);
 int cuda_copy_bandwidth(muse_backend *be, size_t bytes, double *bytes_per_s, char *device,
                         size_t device_len, muse_err *e);
 

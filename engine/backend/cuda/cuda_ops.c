@@ -357,6 +357,7 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
         CHECK(c, (be->kernels == MUSE_KERNELS_FAST ? muse_k_select_fast : muse_k_select)(
                      &kc, rk->router_logits, E, K, rk->router_bias[i], cfg->norm_topk_prob,
                      (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w));
+        prof_split(c, PROF_MOE_ROUTER);
         if (fast) {
             cuda_fast_experts(c, rk, ly, b, H, R, rk->zg);
         } else {
@@ -367,7 +368,9 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
                                           &rk->lin[ly->experts[0].down.id]};
             run_mlp(c, rk, descs, shape, rk->sel, rk->pair_src, b, H, R * K, rk->zg);
         }
+        prof_split(c, PROF_MOE_ROUTED);
         if (shared) run_shared(c, rk, &ly->shared, b, H, R, rk->zs);
+        prof_split(c, PROF_MOE_SHARED);
         zg[r] = rk->zg;
         zs[r] = rk->zs;
     }
@@ -387,7 +390,7 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
                                     act_r(c, y_a, r)));
         c->act_cols[y_a][r] = H;
     }
-    prof_end(c, PROF_MOE);
+    prof_end(c, c->n_ranks > 1 ? PROF_MOE : PROF_MOE_COMBINE);
 }
 
 /* Each rank its vocabulary slice (shard.h: 128-row blocks); the slices are laid side by side
@@ -471,4 +474,5 @@ const muse_backend_ops cuda_ops = {
     .snapshot_save = cuda_snapshot_save,
     .snapshot_load = cuda_snapshot_load,
     .copy_bandwidth = cuda_copy_bandwidth,
+    .profile = cuda_profile,
 };

@@ -35,6 +35,13 @@ void prof_end(cuda_backend *c, int op)
     c->prof_n[op]++;
 }
 
+void prof_split(cuda_backend *c, int part)
+{
+    if (c->n_ranks > 1) return;
+    prof_end(c, part);
+    prof_begin(c);
+}
+
 void prof_host(cuda_backend *c, int op, int64_t since)
 {
     if (!c->prof) return;
