@@ -125,7 +125,7 @@ static int decode_open(engine_ctx *c, const decode_flags *f, const char *dir, mu
     memset(c, 0, sizeof *c);
     bench_weights w = f->w;
     w.dir = dir;
-    if (bench_weights_load(&w, &c->model, e)) return -1;
+    if (bench_weights_load(&w, f->backend, &c->model, e)) return -1;
     return engine_start(c, f->backend, f->path, 64, f->prompt + f->tokens + 1, (int)f->threads, e);
 }
 
