@@ -144,8 +144,12 @@ void muse_synth_fill_range(const muse_synth_spec *s, uint64_t seed, void *data, 
     }
     uint64_t key = muse_hash_name(s->name, seed);
     size_t n = s->bytes / muse_dtype_size(s->dtype);
+    /* each draw only where it is used (the values do not change: pure functions of key, i) */
+    int scales = s->fill == FILL_SUH || s->fill == FILL_SVH;
+    int normal = !scales && s->fill != FILL_TRELLIS && s->fill != FILL_MARKER;
     for (size_t i = begin; i < end; i++) {
-        double z = muse_normal(key, i), sign = muse_unit(key, i) < 0.5 ? -1.0 : 1.0;
+        double z = normal ? muse_normal(key, i) : 0.0;
+        double sign = scales && muse_unit(key, i) < 0.5 ? -1.0 : 1.0;
         switch (s->fill) {
         case FILL_LINEAR:
         case FILL_ROUTER:
@@ -303,9 +307,10 @@ int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed,
         total += (l->v[i].bytes + 63) / 64 * 64;
         n_dev += devs && muse_synth_on_device(&l->v[i]);
     }
-    /* anonymous pages: untouched ones cost nothing until filled (a GPU's never are) */
-    void *block =
-        mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* anonymous pages: untouched ones cost nothing until filled; with a GPU filling most of
+     * them, no reserve either (the host need not hold what only the GPU does) */
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | (n_dev ? MAP_NORESERVE : 0);
+    void *block = mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (block == MAP_FAILED)
         return muse_fail(e,
                          "synthetic weights: cannot map %.2f GiB; this machine lacks the memory "
