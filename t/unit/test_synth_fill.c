@@ -1,11 +1,14 @@
 /* pack/synth_fill.h (the MUSE_HD fill the GPU runs too) and the host fill of synthetic.c: the
  * mix against SplitMix64's published outputs, every element kind against the fill as it was
  * written before the split (copied here as the reference), the parallel set against it tensor
- * by tensor, and the tensors left for a GPU untouched, listed, and filled on the host on ask. */
+ * by tensor, the tensors left for a GPU untouched, listed, and filled on the host on ask, and
+ * a model left so for a GPU given to the CPU backend: filled on the host first. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
+#include "model/model.h"
 #include "pack/synthetic.h"
 #include "tap.h"
 
@@ -228,11 +231,46 @@ static void whole_config(int bits, muse_codebook cb)
     muse_synth_free(&l);
 }
 
+/* --synthetic-weights with on_device, then --backend cpu: every byte the host-filled model's. */
+static void cpu_backend_fills_host(void)
+{
+    muse_synthetic hs = {"conf/packs/tiny.json", 3, 2, "mcg", 0},
+                   ds = {"conf/packs/tiny.json", 3, 2, "mcg", 1};
+    muse_model h, d;
+    muse_err e = {{0}};
+    int made = !muse_model_synthetic(&hs, &h, &e) && !muse_model_synthetic(&ds, &d, &e);
+    ok(made, "both models made %s", e.msg);
+    if (!made) return;
+    const muse_tensor *t = muse_st_find(d.st, "model.layers.1.mlp.experts.3.up_proj.trellis");
+    size_t z = 0;
+    while (t && z < t->nbytes && !((const uint8_t *)t->data)[z]) z++;
+    ok(t && z == t->nbytes && muse_synth_devs_count(d.dev_fill) > 0,
+       "on_device: a trellis left untouched (%zu tensors for the GPU)",
+       muse_synth_devs_count(d.dev_fill));
+    muse_backend_opts o = {.max_rows = 4, .max_seqs = 1, .context = 64, .threads = 1};
+    muse_backend *be = muse_backend_create("cpu", &d, &o, &e);
+    ok(be != NULL, "the CPU backend starts on it %s", e.msg);
+    if (!be) return;
+    long differ = 0;
+    for (size_t i = 0; i < muse_st_count(d.st); i++) {
+        const muse_tensor *a = muse_st_at(d.st, i), *b = muse_st_find(h.st, a->name);
+        differ += !b || b->nbytes != a->nbytes || memcmp(a->data, b->data, a->nbytes) != 0;
+    }
+    ok(differ == 0,
+       "--backend cpu filled them on the host first: %zu tensors as the host fill's "
+       "(%ld differ)",
+       muse_st_count(d.st), differ);
+    muse_backend_destroy(be);
+    muse_model_free(&d);
+    muse_model_free(&h);
+}
+
 int main(void)
 {
     mix_and_unit();
     whole_config(0, MUSE_CB_MUL1);
     whole_config(2, MUSE_CB_MCG);
     whole_config(4, MUSE_CB_3INST);
+    cpu_backend_fills_host();
     return done_testing();
 }
