@@ -40,8 +40,9 @@ step() {
     case $name in # tables come back whole; other steps their verdict lines
     fastcheck | shape-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
-    synth-*) grep -E "synth-check|FAIL|filled on the GPU|uploading|tokens/s|ms|error|muse" \
-        "$logs/$name.txt" | head -40 | tee -a "$sum" ;;
+    synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
+    synth-*) grep -E "synth-check|FAIL|filled on the GPU|error" "$logs/$name.txt" | head -40 |
+        tee -a "$sum" ;;
     *) grep -E "^not ok|SUMMARY|rel L2 max|agreement|router margin|PASS|FAIL|^# |Result|copy" \
         "$logs/$name.txt" | head -40 | tee -a "$sum" ;;
     esac
