@@ -11,6 +11,7 @@ gpu-carry: all
 	cp $(BUILD)/muse-engine $(BUILD)/muse-pack $(BUILD)/muse-bench $(GPU_CARRY)/
 	cp $(BUILD)/t/muse-engine-test $(BUILD)/t/muse-test-engine $(GPU_CARRY)/t/
 	if [ -x $(BUILD)/t/exl3-fast-check ]; then cp $(BUILD)/t/exl3-fast-check $(GPU_CARRY)/t/; fi
+	if [ -x $(BUILD)/t/synth-check ]; then cp $(BUILD)/t/synth-check $(GPU_CARRY)/t/; fi
 	mkdir -p $(GPU_CARRY)/obj && cp $(BUILD)/obj/kernels/linear_fast.o $(GPU_CARRY)/obj/ 2>/dev/null || true
 	cp $(BUILD)/nginx/ngx_muse_module.so $(GPU_CARRY)/nginx/
 	cd $(GPU_CARRY)/debs && apt-get download $(GPU_DEBS)

@@ -45,6 +45,7 @@ muse_backend *muse_backend_create(const char *name, const muse_model *m, const m
 {
     for (size_t i = 0; i < sizeof backends / sizeof *backends; i++) {
         if (strcmp(name, backends[i].name)) continue;
+        if (strcmp(name, "cuda")) muse_model_host_weights(m); /* only a GPU fills its own */
         muse_backend *be = backends[i].create(m, o, e);
         /* every round operation of ops.h has its slot filled (a new one is added everywhere) */
 #define MUSE_OP_FILLED(op, params, doc) MUSE_CHECK(!be || be->ops->op);

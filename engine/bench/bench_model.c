@@ -67,7 +67,7 @@ static int decode_open(bench_engine *c, const decode_flags *f, const char *dir, 
     memset(c, 0, sizeof *c);
     bench_weights w = f->w;
     w.dir = dir;
-    if (bench_weights_load(&w, &c->model, e)) return -1;
+    if (bench_weights_load(&w, f->backend, &c->model, e)) return -1;
     long rows = f->max_streams > 64 ? (long)f->max_streams : 64;
     return bench_engine_start(c, f->backend, f->path, rows, (int)f->max_streams,
                               f->prompt + f->tokens + 1, (int)f->threads, e);

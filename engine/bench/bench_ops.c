@@ -14,11 +14,12 @@
 
 /* ---- the weights ---- */
 
-int bench_weights_load(const bench_weights *w, muse_model *m, muse_err *e)
+int bench_weights_load(const bench_weights *w, const char *backend, muse_model *m, muse_err *e)
 {
     if (muse_model_flags_check(w->dir, w->synthetic, w->config, w->bits, w->codebook, e)) return -1;
     if (w->dir) return muse_model_load(w->dir, m, e);
-    muse_synthetic syn = {w->config, (uint64_t)w->synthetic, (int)w->bits, w->codebook};
+    muse_synthetic syn = {w->config, (uint64_t)w->synthetic, (int)w->bits, w->codebook,
+                          !strcmp(backend, "cuda")};
     return muse_model_synthetic(&syn, m, e);
 }
 
@@ -406,7 +407,7 @@ static int kernels_run(const kernels_flags *f, const long long *rows, int n_rows
 {
     muse_err e = {{0}};
     muse_model m;
-    if (bench_weights_load(&f->w, &m, &e)) {
+    if (bench_weights_load(&f->w, f->backend, &m, &e)) {
         fprintf(stderr, "muse-bench kernels: %s\n", e.msg);
         return 1;
     }

@@ -25,8 +25,9 @@ typedef struct {
         MUSE_FLAG_S("codebook", &(w).codebook, "mul1|mcg|3inst",                                   \
                     "--synthetic-weights: the EXL3 codebook", .def = "mul1")
 
-/* Loads the weights; 0, or -1 with the reason (a bad flag combination included). */
-int bench_weights_load(const bench_weights *w, muse_model *m, muse_err *e);
+/* Loads the weights for backend (on cuda the GPU fills the synthetic trellises and scales); 0,
+ * or -1 with the reason (a bad flag combination included). */
+int bench_weights_load(const bench_weights *w, const char *backend, muse_model *m, muse_err *e);
 
 /* Bytes op k must move at R rows (one rank's shard: weights read, activations in and out, KV
  * written and read at positions ctx .. ctx+R-1); experts: the expected distinct experts of R

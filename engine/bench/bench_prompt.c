@@ -111,7 +111,7 @@ int bench_prompt_backend(int argc, char **argv)
     muse_err e = {{0}};
     bench_engine c;
     memset(&c, 0, sizeof c);
-    if (bench_weights_load(&f.w, &c.model, &e)) {
+    if (bench_weights_load(&f.w, f.backend, &c.model, &e)) {
         fprintf(stderr, "muse-bench prompt: %s\n", e.msg);
         return 1;
     }

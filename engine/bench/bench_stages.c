@@ -322,7 +322,7 @@ static int stages_run(const stages_flags *f, int argc, char **argv)
 {
     muse_err e = {{0}};
     muse_model m;
-    if (bench_weights_load(&f->w, &m, &e)) {
+    if (bench_weights_load(&f->w, f->backend, &m, &e)) {
         fprintf(stderr, "muse-bench stages: %s\n", e.msg);
         return 1;
     }

@@ -417,7 +417,8 @@ static int serve_follower(serve_flags *f)
     double bits = f->synthetic >= 0 ? (double)f->bits : cfg.quantized ? cfg.quant_bits : 0;
     double head_bits = f->synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
     if (make_plan(f, &cfg, bits, head_bits, &plan, &e)) goto out;
-    muse_synthetic syn = {f->config, (uint64_t)f->synthetic, (int)f->bits, f->codebook};
+    muse_synthetic syn = {f->config, (uint64_t)f->synthetic, (int)f->bits, f->codebook,
+                          !strcmp(f->backend, "cuda")};
     if (f->synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
                           : muse_model_load(f->model, &model, &e))
         goto out;
@@ -522,7 +523,8 @@ int muse_cmd_serve(int argc, char **argv)
     if (script) {
         if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
     } else {
-        muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook};
+        muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook,
+                              !strcmp(f.backend, "cuda")};
         if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
                              : muse_model_load(f.model, &model, &e))
             goto fail;

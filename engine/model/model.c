@@ -268,6 +268,11 @@ static void prefault(const muse_model *m)
 
 static int load_tensors(muse_model *m, muse_err *e);
 
+void muse_model_host_weights(const muse_model *m)
+{
+    muse_synth_devs_to_host(m->dev_fill);
+}
+
 int muse_model_load(const char *dir, muse_model *m, muse_err *e)
 {
     memset(m, 0, sizeof *m);
@@ -311,7 +316,7 @@ int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e)
                  muse_codebook_name(l.cb));
     }
     muse_synth_specs(&m->cfg, &l);
-    int rc = muse_synth_st(&m->cfg, &l, o->seed, &m->st, e);
+    int rc = muse_synth_st(&m->cfg, &l, o->seed, &m->st, o->on_device ? &m->dev_fill : NULL, e);
     muse_synth_free(&l);
     return rc ? -1 : load_tensors(m, e);
 }
@@ -347,7 +352,7 @@ static int load_tensors(muse_model *m, muse_err *e)
         goto fail;
     }
     count_params(m);
-    prefault(m);
+    if (!m->dev_fill) prefault(m); /* the pages a GPU fills stay untouched */
     return 0;
 fail:
     muse_model_free(m);
@@ -372,6 +377,7 @@ void muse_model_free(muse_model *m)
         free(m->layers);
     }
     free(m->final_norm.v);
+    muse_synth_devs_free(m->dev_fill);
     muse_st_close(m->st);
     memset(m, 0, sizeof *m);
 }

@@ -6,6 +6,7 @@
 #include "pack/config.h"
 #include "pack/exl3.h"
 #include "pack/safetensors.h"
+#include "pack/synthetic.h"
 
 typedef enum { MUSE_LIN_DENSE, MUSE_LIN_EXL3 } muse_linear_kind;
 
@@ -75,6 +76,9 @@ typedef struct {
     muse_layer *layers;
     uint64_t params_total, params_active; /* logical parameters */
     int32_t n_linears, n_vecs;            /* ids handed out at load */
+    /* synthetic weights with on_device: the tensors a CUDA upload fills in GPU memory (their
+     * host pages untouched until muse_model_host_weights); NULL otherwise */
+    muse_synth_devs *dev_fill;
 } muse_model;
 
 /* Loads and checks a pack. Prints progress on stderr when reading takes over a second. */
@@ -87,8 +91,12 @@ typedef struct {
     uint64_t seed;
     int bits;
     const char *codebook; /* "mul1" (default), "mcg", "3inst" */
+    int on_device;        /* the trellises and scales left for the GPU to fill (--backend cuda) */
 } muse_synthetic;
 int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e);
+/* Makes every weight readable on the host: fills what was left for a GPU there (once). For
+ * host readers of the weights: any backend but cuda, a GPU's packed shard. */
+void muse_model_host_weights(const muse_model *m);
 /* The weight flags of a command: --model DIR, or --synthetic-weights SEED (< 0: none) with
  * --config and optional --bits and --codebook; -1 naming what is missing or given twice. */
 int muse_model_flags_check(const char *dir, long long synthetic, const char *config, long long bits,

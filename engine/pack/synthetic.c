@@ -2,7 +2,10 @@
 #include "pack/synthetic.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <sys/mman.h>
+
+#include "base/threadpool.h"
 
 #include "pack/pack_random.h"
 
@@ -117,12 +120,36 @@ static void store(muse_dtype dt, void *data, size_t i, double v)
         ((float *)data)[i] = (float)v;
 }
 
-void muse_synth_fill(const muse_synth_spec *s, uint64_t seed, void *data)
+int muse_synth_on_device(const muse_synth_spec *s)
 {
+    return s->fill == FILL_TRELLIS ||
+           ((s->fill == FILL_SUH || s->fill == FILL_SVH) && s->dtype == MUSE_DT_F16);
+}
+
+muse_synth_elem muse_synth_elem_of(const muse_synth_spec *s, uint64_t seed)
+{
+    muse_synth_elem el = {muse_hash_name(s->name, seed), s->bytes / muse_dtype_size(s->dtype), 1.0,
+                          s->fill == FILL_TRELLIS ? MUSE_SYNTH_TRELLIS : MUSE_SYNTH_SCALE};
+    if (s->fill == FILL_SUH) el.scale = s->scale; /* svh: sign * 1.0 * ... is sign * ... */
+    return el;
+}
+
+void muse_synth_fill_range(const muse_synth_spec *s, uint64_t seed, void *data, size_t begin,
+                           size_t end)
+{
+    if (muse_synth_on_device(s)) { /* the one copy the kernels run too */
+        muse_synth_elem el = muse_synth_elem_of(s, seed);
+        for (size_t i = begin; i < end; i++) ((uint16_t *)data)[i] = muse_synth_at(&el, i);
+        return;
+    }
     uint64_t key = muse_hash_name(s->name, seed);
     size_t n = s->bytes / muse_dtype_size(s->dtype);
-    for (size_t i = 0; i < n; i++) {
-        double z = muse_normal(key, i), sign = muse_unit(key, i) < 0.5 ? -1.0 : 1.0;
+    /* each draw only where it is used (the values do not change: pure functions of key, i) */
+    int scales = s->fill == FILL_SUH || s->fill == FILL_SVH;
+    int normal = !scales && s->fill != FILL_TRELLIS && s->fill != FILL_MARKER;
+    for (size_t i = begin; i < end; i++) {
+        double z = normal ? muse_normal(key, i) : 0.0;
+        double sign = scales && muse_unit(key, i) < 0.5 ? -1.0 : 1.0;
         switch (s->fill) {
         case FILL_LINEAR:
         case FILL_ROUTER:
@@ -140,11 +167,10 @@ void muse_synth_fill(const muse_synth_spec *s, uint64_t seed, void *data)
         case FILL_BIAS:
             store(s->dtype, data, i, 0.05 * z);
             break;
-        case FILL_TRELLIS:
-            ((uint16_t *)data)[i] = (uint16_t)(muse_mix64(key + i) >> 48);
+        case FILL_TRELLIS: /* muse_synth_on_device: above */
             break;
         /* |W| entries ~ 1/sqrt(k) once the codebook's unit RMS passes both Hadamards */
-        case FILL_SUH:
+        case FILL_SUH: /* scales not in fp16 (never made): fp16 ones are above */
             store(s->dtype, data, i, sign * s->scale * (0.8 + 0.4 * muse_unit(key, i + n)));
             break;
         case FILL_SVH:
@@ -157,6 +183,11 @@ void muse_synth_fill(const muse_synth_spec *s, uint64_t seed, void *data)
     }
 }
 
+void muse_synth_fill(const muse_synth_spec *s, uint64_t seed, void *data)
+{
+    muse_synth_fill_range(s, seed, data, 0, s->bytes / muse_dtype_size(s->dtype));
+}
+
 void muse_synth_free(muse_synth_list *l)
 {
     free(l->v);
@@ -164,34 +195,159 @@ void muse_synth_free(muse_synth_list *l)
     l->n = l->cap = 0;
 }
 
-int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, muse_st **out,
-                  muse_err *e)
+struct muse_synth_devs {
+    muse_synth_dev *v;
+    size_t n;
+    int on_host;
+    pthread_mutex_t mu;
+};
+
+const muse_synth_dev *muse_synth_devs_find(const muse_synth_devs *d, const void *host)
 {
-    size_t total = 0;
-    for (size_t i = 0; i < l->n; i++) total += (l->v[i].bytes + 63) / 64 * 64;
-    /* anonymous pages: untouched ones cost nothing until filled */
-    void *block =
-        mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (!d) return NULL;
+    size_t lo = 0, hi = d->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((const uint8_t *)d->v[mid].host < (const uint8_t *)host)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < d->n && d->v[lo].host == host ? &d->v[lo] : NULL;
+}
+
+size_t muse_synth_devs_count(const muse_synth_devs *d)
+{
+    return d ? d->n : 0;
+}
+
+void muse_synth_devs_free(muse_synth_devs *d)
+{
+    if (!d) return;
+    pthread_mutex_destroy(&d->mu);
+    free(d->v);
+    free(d);
+}
+
+/* ---- the fill on all cores: chunks of one tensor's elements ---- */
+
+#define FILL_CHUNK ((size_t)1 << 20)
+
+typedef struct {
+    uint8_t *data;
+    const muse_synth_spec *s; /* NULL: a device entry, el */
+    muse_synth_elem el;
+    size_t begin, end;
+} fill_chunk;
+
+typedef struct {
+    fill_chunk *v;
+    size_t n, cap;
+    uint64_t seed;
+} fill_job;
+
+static void add_chunks(fill_job *j, uint8_t *data, const muse_synth_spec *s,
+                       const muse_synth_elem *el, size_t n)
+{
+    for (size_t b = 0; b < n; b += FILL_CHUNK) {
+        if (j->n == j->cap) {
+            j->cap = j->cap ? 2 * j->cap : 1024;
+            j->v = realloc(j->v, j->cap * sizeof *j->v);
+            MUSE_CHECK(j->v);
+        }
+        j->v[j->n++] = (fill_chunk){data, s, el ? *el : (muse_synth_elem){0}, b,
+                                    n - b > FILL_CHUNK ? b + FILL_CHUNK : n};
+    }
+}
+
+static void fill_chunks(void *ctx, long begin, long end)
+{
+    const fill_job *j = ctx;
+    for (long c = begin; c < end; c++) {
+        const fill_chunk *f = &j->v[c];
+        if (f->s) {
+            muse_synth_fill_range(f->s, j->seed, f->data, f->begin, f->end);
+            continue;
+        }
+        for (size_t i = f->begin; i < f->end; i++)
+            ((uint16_t *)f->data)[i] = muse_synth_at(&f->el, i);
+    }
+}
+
+static void run_chunks(fill_job *j)
+{
+    muse_pool *pool = j->n > 1 ? muse_pool_create(0) : NULL;
+    muse_pool_run(pool, fill_chunks, j, (long)j->n);
+    muse_pool_destroy(pool);
+    free(j->v);
+    j->v = NULL;
+    j->n = j->cap = 0;
+}
+
+void muse_synth_devs_to_host(muse_synth_devs *d)
+{
+    if (!d) return;
+    pthread_mutex_lock(&d->mu);
+    if (!d->on_host) {
+        fill_job j = {0};
+        for (size_t i = 0; i < d->n; i++)
+            add_chunks(&j, d->v[i].host, NULL, &d->v[i].el, (size_t)d->v[i].el.n);
+        run_chunks(&j);
+        d->on_host = 1;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, muse_st **out,
+                  muse_synth_devs **devs, muse_err *e)
+{
+    size_t total = 0, n_dev = 0;
+    if (devs) *devs = NULL;
+    for (size_t i = 0; i < l->n; i++) {
+        total += (l->v[i].bytes + 63) / 64 * 64;
+        n_dev += devs && muse_synth_on_device(&l->v[i]);
+    }
+    /* anonymous pages: untouched ones cost nothing until filled; with a GPU filling most of
+     * them, no reserve either (the host need not hold what only the GPU does) */
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | (n_dev ? MAP_NORESERVE : 0);
+    void *block = mmap(NULL, total ? total : 1, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (block == MAP_FAILED)
         return muse_fail(e,
                          "synthetic weights: cannot map %.2f GiB; this machine lacks the memory "
                          "for this shape (--config)",
                          (double)total / 1073741824.0);
     muse_tensor *t = MUSE_CALLOC(l->n, sizeof *t);
+    muse_synth_devs *d = NULL;
+    if (n_dev) {
+        d = MUSE_CALLOC(1, sizeof *d);
+        d->v = MUSE_CALLOC(n_dev, sizeof *d->v);
+        pthread_mutex_init(&d->mu, NULL);
+    }
+    fill_job j = {.seed = seed};
     size_t at = 0;
     for (size_t i = 0; i < l->n; i++) {
         const muse_synth_spec *s = &l->v[i];
+        uint8_t *data = (uint8_t *)block + at;
         t[i].name = strdup(s->name);
         MUSE_CHECK(t[i].name);
         t[i].dtype = s->dtype;
         t[i].ndim = s->ndim;
         t[i].numel = 1;
-        for (int d = 0; d < s->ndim; d++) t[i].numel *= (t[i].shape[d] = s->shape[d]);
-        t[i].data = (uint8_t *)block + at;
+        for (int k = 0; k < s->ndim; k++) t[i].numel *= (t[i].shape[k] = s->shape[k]);
+        t[i].data = data;
         t[i].nbytes = s->bytes;
-        muse_synth_fill(s, seed, (uint8_t *)block + at);
+        if (d && muse_synth_on_device(s)) /* in block order: sorted by host */
+            d->v[d->n++] = (muse_synth_dev){data, s->bytes, muse_synth_elem_of(s, seed)};
+        else
+            add_chunks(&j, data, s, NULL, s->bytes / muse_dtype_size(s->dtype));
         at += (s->bytes + 63) / 64 * 64;
     }
+    run_chunks(&j);
     (void)c;
-    return muse_st_from_memory(t, l->n, block, total ? total : 1, out, e);
+    if (muse_st_from_memory(t, l->n, block, total ? total : 1, out, e)) {
+        muse_synth_devs_free(d);
+        return -1;
+    }
+    if (devs) *devs = d;
+    return 0;
 }

@@ -8,6 +8,7 @@
 #include "pack/config.h"
 #include "pack/exl3.h"
 #include "pack/safetensors.h"
+#include "pack/synth_fill.h"
 
 typedef enum {
     FILL_LINEAR,
@@ -47,8 +48,34 @@ void muse_synth_specs(const muse_config *c, muse_synth_list *l);
 void muse_synth_free(muse_synth_list *l);
 /* Fills one tensor's bytes from the seed. */
 void muse_synth_fill(const muse_synth_spec *s, uint64_t seed, void *data);
-/* The whole set in anonymous memory (no files), ready for the model loader. */
+/* Its elements [begin, end) only: each element is a function of (seed, name, index) alone. */
+void muse_synth_fill_range(const muse_synth_spec *s, uint64_t seed, void *data, size_t begin,
+                           size_t end);
+/* Whether a GPU can fill s itself (trellis, suh, svh: synth_fill.h), and how. */
+int muse_synth_on_device(const muse_synth_spec *s);
+muse_synth_elem muse_synth_elem_of(const muse_synth_spec *s, uint64_t seed);
+
+/* A tensor of the set left for a GPU to fill: its pages in the set stay untouched. */
+typedef struct {
+    uint8_t *host; /* its bytes in the set's anonymous mapping */
+    size_t bytes;
+    muse_synth_elem el;
+} muse_synth_dev;
+
+/* The set's tensors left for a GPU, sorted by host. */
+typedef struct muse_synth_devs muse_synth_devs;
+/* The entry whose bytes start at host, or NULL (d may be NULL). */
+const muse_synth_dev *muse_synth_devs_find(const muse_synth_devs *d, const void *host);
+/* Fills them on the host after all (on all cores, once; thread safe), for a reader that needs
+ * their bytes there: the CPU backend, a GPU's packed shard. */
+void muse_synth_devs_to_host(muse_synth_devs *d);
+size_t muse_synth_devs_count(const muse_synth_devs *d);
+void muse_synth_devs_free(muse_synth_devs *d);
+
+/* The whole set in anonymous memory (no files), ready for the model loader, filled on all
+ * cores. devs NULL: every tensor filled; else the ones a GPU fills are left to it and listed
+ * in *devs (NULL when there are none). */
 int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, muse_st **out,
-                  muse_err *e);
+                  muse_synth_devs **devs, muse_err *e);
 
 #endif

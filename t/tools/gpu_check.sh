@@ -12,6 +12,9 @@
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
 # ends inside the device tool's 10 minutes. GPU_CHECK_BACKEND=cpu runs the same steps on the
 # CPU backend (to try the script where there is no GPU); GPU_CHECK_STEPS picks steps by name.
+# Not in the default list: synth (--synthetic-weights filled on the GPU: synth-check's every
+# byte against the host fill, logits against the CPU's, the whole one-GPU shape's start timed);
+# run it as GPU_CHECK_STEPS="setup synth".
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -38,6 +41,9 @@ step() {
     case $name in # tables come back whole; other steps their verdict lines
     fastcheck | shape-* | whole-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
+    synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
+    synth-*) grep -E "synth-check|FAIL|filled on the GPU|error" "$logs/$name.txt" | head -40 |
+        tee -a "$sum" ;;
     *) grep -E "^not ok|SUMMARY|rel L2 max|agreement|router margin|PASS|FAIL|^# |Result|copy" \
         "$logs/$name.txt" | head -40 | tee -a "$sum" ;;
     esac
@@ -77,6 +83,28 @@ for bits in 2 3 4; do
             --exl3-random "$bits" --codebook "$cb" >/dev/null 2>&1 || note "muse-pack q$bits-$cb failed"
     done
 done
+
+# --synthetic-weights on the GPU: every byte of every tensor of the tiny shape against the host
+# fill (each codebook), the logits of the GPU-filled weights against the CPU's (exact path:
+# equal bits), then the whole one-GPU shape at 2 bits: its start alone, then a short decode
+# (the target: ready within 60 s of start; each step's seconds are its whole command's)
+if want synth && [ "$B" = cuda ]; then
+    for bc in 2:mcg 3:3inst 4:mul1 6:mcg; do
+        step "synth-check-${bc%%:*}-${bc##*:}" 60 build/t/synth-check --config conf/packs/tiny.json \
+            --seed 3 --bits "${bc%%:*}" --codebook "${bc##*:}"
+    done
+    syn=(--synthetic-weights 3 --config conf/packs/tiny.json --bits 2 --codebook mcg --tokens "$tokens")
+    build/muse-engine logits "${syn[@]}" --out "$logs/synth-logits-cpu.f32" >"$logs/synth-logits-cpu.txt" 2>&1
+    MUSE_CUDA_PATH=exact build/muse-engine logits "${syn[@]}" --backend cuda \
+        --out "$logs/synth-logits-cuda.f32" >"$logs/synth-logits-cuda.txt" 2>&1
+    cmp -s "$logs/synth-logits-cpu.f32" "$logs/synth-logits-cuda.f32" &&
+        note "== synth logits: GPU-filled weights on cuda (exact) equal the host-filled ones on cpu" ||
+        note "== synth logits: DIFFER (logs synth-logits-*.txt)"
+    whole=(--synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu.json --bits 2 --codebook mcg)
+    step synth-load-1gpu 200 build/t/synth-check "${whole[@]:2}" --seed 1 --load-only
+    step synth-decode-1gpu 300 build/muse-bench decode --backend cuda "${whole[@]}" --tokens 8 \
+        --prompt 16 --json "$logs/synth-decode-1gpu.json"
+fi
 
 # the fast EXL3 product alone: decode bit-identical, within bound of the exact path, batch
 # invariance at 1..256 rows, then its timings beside the exact path's (and its SASS)

@@ -1,11 +1,13 @@
 /* The CUDA backend's upload and placement: where each tensor of the pack sits in a GPU's copy,
- * the upload of the whole pack or of a lone rank's shard (packed views), the fp32 vectors, the
- * codebooks, and every linear's device descriptor. */
+ * the upload of the whole pack (synthetic trellises and scales filled on the GPU itself) or of a
+ * lone rank's shard (packed views), the fp32 vectors, the codebooks, and every linear's device
+ * descriptor. */
 
 #include "backend/cuda/cuda_internal.h"
 
 #include "base/clock.h"
 #include "kernels/linear.cuh"
+#include "kernels/synth_fill.cuh"
 
 /* The index of the pack's tensor holding host bytes h (c->tensors is sorted by host). */
 size_t tensor_at(const cuda_backend *c, const uint8_t *h)
@@ -82,19 +84,35 @@ static void meter_add(upload_meter *u, size_t bytes, int last)
     }
 }
 
-/* The whole pack at the shared offsets: one rank, or the first of the ranks sharing a GPU. */
+/* The whole pack at the shared offsets: one rank, or the first of the ranks sharing a GPU.
+ * Synthetic tensors left for the GPU (model.h dev_fill) are filled there, not copied. */
 int upload_weights(cuda_backend *c, int r)
 {
     cuda_rank *rk = &c->rank[r];
+    const muse_synth_devs *devs = c->base.model->dev_fill;
     rk->wdev = dalloc(c, c->pack_bytes, &c->base.ranks[r].weights);
-    size_t all = 0;
+    size_t all = 0, filled = 0, n_filled = 0;
     for (size_t i = 0; i < c->n_tensors; i++) all += c->tensors[i].bytes;
     meter_start(&rk->up, rk->device, all);
+    double t0 = muse_now_s();
     for (size_t i = 0; i < c->n_tensors && !c->failed; i++) {
-        CHECK(c, cudaMemcpy(rk->wdev + c->tensors[i].off, c->tensors[i].host, c->tensors[i].bytes,
-                            cudaMemcpyHostToDevice));
-        meter_add(&rk->up, c->tensors[i].bytes, i + 1 == c->n_tensors);
+        const dev_tensor *t = &c->tensors[i];
+        const muse_synth_dev *d = t->bytes ? muse_synth_devs_find(devs, t->host) : NULL;
+        if (d && d->bytes == t->bytes) {
+            CHECK(c, muse_k_synth_fill(rk->st, d->el, (uint16_t *)(rk->wdev + t->off)));
+            filled += t->bytes;
+            n_filled++;
+        } else {
+            CHECK(c, cudaMemcpy(rk->wdev + t->off, t->host, t->bytes, cudaMemcpyHostToDevice));
+        }
+        meter_add(&rk->up, t->bytes, i + 1 == c->n_tensors);
     }
+    if (n_filled && !c->failed && !CHECK(c, cudaStreamSynchronize(rk->st)))
+        fprintf(stderr,
+                "muse-engine: GPU %d: %zu synthetic tensors (%.2f GB) filled on the GPU, %.2f GB "
+                "copied, in %.2f s\n",
+                rk->device, n_filled, (double)filled / 1e9, (double)(all - filled) / 1e9,
+                muse_now_s() - t0);
     return c->failed ? -1 : 0;
 }
 
@@ -180,6 +198,7 @@ int upload_shard(cuda_backend *c, int r, muse_err *e)
 {
     cuda_rank *rk = &c->rank[r];
     const muse_model *m = c->base.model;
+    muse_model_host_weights(m); /* packed views are cut on the host from the host's bytes */
     size_t nl = (size_t)(m->n_linears > 0 ? m->n_linears : 1), nt = c->n_tensors ? c->n_tensors : 1;
     shard_job j = {c, r, MUSE_CALLOC(nt, 1), 0, 0, e};
     rk->pack_off = MUSE_CALLOC(nl, sizeof *rk->pack_off);
