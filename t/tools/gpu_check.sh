@@ -101,9 +101,9 @@ if want synth && [ "$B" = cuda ]; then
         note "== synth logits: GPU-filled weights on cuda (exact) equal the host-filled ones on cpu" ||
         note "== synth logits: DIFFER (logs synth-logits-*.txt)"
     whole=(--synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu.json --bits 2 --codebook mcg)
-    step synth-load-1gpu 200 build/t/synth-check "${whole[@]:2}" --seed 1 --load-only
-    step synth-decode-1gpu 300 build/muse-bench decode --backend cuda "${whole[@]}" --tokens 8 \
-        --prompt 16 --json "$logs/synth-decode-1gpu.json"
+    step synth-load-1gpu 90 build/t/synth-check "${whole[@]:2}" --seed 1 --load-only
+    step synth-decode-1gpu 150 build/muse-bench decode --backend cuda "${whole[@]}" --kernels fast \
+        --streams 1,4 --tokens 8 --prompt 16 --json "$logs/synth-decode-1gpu.json"
 fi
 
 # the fast EXL3 product alone: decode bit-identical, within bound of the exact path, batch
