@@ -169,7 +169,17 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
             return;
         }
     }
-    if (s->cache) muse_lane_cache_resume(s, l, rq->scope, rq->scope_len);
+    if (s->cache && (l->req.grammar || l->req.n_rcpt)) {
+        /* the constraint is part of the keys: a constrained prompt resumes only its own kind */
+        char scope[MUSE_RING_MAX_SCOPE + 2 + 64];
+        size_t n = rq->scope_len < MUSE_RING_MAX_SCOPE ? rq->scope_len : MUSE_RING_MAX_SCOPE;
+        memcpy(scope, rq->scope, n);
+        scope[n++] = '#';
+        muse_sha256_hex(l->req.grammar_sha, scope + n);
+        muse_lane_cache_resume(s, l, scope, n + 64);
+    } else if (s->cache) {
+        muse_lane_cache_resume(s, l, rq->scope, rq->scope_len);
+    }
     /* the first record tells the module the request is admitted (its queue timer stops) */
     if (l->req.stream)
         muse_lane_push(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
