@@ -14,6 +14,7 @@
 int bench_cmd_exl3(int argc, char **argv);
 int bench_cmd_quant(int argc, char **argv);
 int bench_cmd_tokenizer(int argc, char **argv);
+int bench_cmd_grammar(int argc, char **argv);
 int bench_cmd_chat(int argc, char **argv);
 int bench_cmd_decode(int argc, char **argv);
 int bench_cmd_kernels(int argc, char **argv);

@@ -7,6 +7,7 @@ static const muse_subcommand cmds[] = {
     {"exl3", bench_cmd_exl3, "EXL3 tile decode and muse_exl3_linear, ns per weight"},
     {"quant", bench_cmd_quant, "muse_exl3_quantize over every Linear of a pack, weights/s"},
     {"tokenizer", bench_cmd_tokenizer, "encode MB/s and decode tokens/s on one core"},
+    {"grammar", bench_cmd_grammar, "token mask time over a corpus of schemas: p50, p99"},
     {"chat", bench_cmd_chat, "rendering, reply parsing and sampling vs one decode step"},
     {"decode", bench_cmd_decode,
      "forward tokens/s on a backend: prompt in rows of 64, decode 1 row"},

@@ -52,6 +52,7 @@ struct muse_gvocab {
     size_t max_depth;
     const uint8_t **tok_bytes; /* owned copies */
     size_t *tok_len;
+    uint8_t *text_mask; /* tokens with bytes */
 };
 
 struct muse_grammar {

@@ -29,6 +29,7 @@ typedef struct {
     uint32_t ws, any, str, num, anyobj, anyarr;
     ref_memo *refs;
     size_t nrefs, refcap;
+    bool atem; /* values inside ATEM tags: '<' only escaped */
 } ctx;
 
 static int fail(ctx *c, const char *kw, const char *msg)
@@ -126,6 +127,7 @@ static void char_alts(ctx *c, uint32_t r, uint32_t next)
     gram_set s = set_range(0x20, 0x7f);
     s.w['"' >> 5] &= ~(1u << ('"' & 31));
     s.w['\\' >> 5] &= ~(1u << ('\\' & 31));
+    if (c->atem) s.w['<' >> 5] &= ~(1u << ('<' & 31)); /* no "</atem:parameter>" in a value */
     gram_set cont = set_range(0x80, 0xbf), hex = set_range('0', '9');
     set_add(&hex, 'a', 'f');
     set_add(&hex, 'A', 'F');
@@ -662,7 +664,14 @@ static int64_t literal(ctx *c, const cJSON *v)
 {
     char *s = cJSON_PrintUnformatted(v);
     if (!s) return fail(c, "const", "could not print the value");
-    uint32_t r = rule_lit(c, s, strlen(s));
+    uint32_t r = gb_rule_new(c->b);
+    gb_alt *a = gb_alt_new(c->b, r);
+    for (const char *p = s; *p; p++) { /* '<' is only inside strings in printed JSON */
+        if (*p == '<' && c->atem)
+            gb_lit(c->b, a, "\\u003c", 6);
+        else
+            gb_byte(c->b, a, (unsigned char)*p);
+    }
     free(s);
     return r;
 }
@@ -1194,6 +1203,133 @@ out:
     return r;
 }
 
+/* One of the strings of a JSON array, byte for byte. */
+static int64_t gen_literals(ctx *c, const cJSON *list)
+{
+    if (!cJSON_IsArray(list) || !list->child)
+        return fail(c, "literals", "must be a non-empty array of strings");
+    uint32_t r = gb_rule_new(c->b);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, list)
+    {
+        if (!cJSON_IsString(it) || !it->valuestring[0])
+            return fail(c, "literals", "must be a non-empty array of non-empty strings");
+        gb_lit(c->b, gb_alt_new(c->b, r), it->valuestring, strlen(it->valuestring));
+    }
+    return r;
+}
+
+/* A name fit for name="..." in ATEM: no quote, no '>' or '<', no control bytes. */
+static bool atem_name(const char *s)
+{
+    if (!s[0]) return false;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == '"' || *p == '<' || *p == '>') return false;
+    return true;
+}
+
+/* Keywords a function's parameters schema may have at its top (it is always an object). */
+static const char *const atem_top[] = {"type",  "properties",  "required", "additionalProperties",
+                                       "$defs", "definitions", NULL};
+
+/* The ATEM block of one call: <atem:function_calls>, the invoke of name, one parameter tag a
+ * property in the schema's order (required ones always, optional ones or not), each value the
+ * JSON its property's schema admits. */
+static int64_t gen_atem(ctx *c, const cJSON *spec)
+{
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(spec, "name");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(spec, "parameters");
+    if (!cJSON_IsString(name) || !atem_name(name->valuestring))
+        return fail(c, "name", "the function's name must be text without quotes or angle brackets");
+    if (params && !cJSON_IsObject(params))
+        return fail(c, "parameters", "must be a JSON Schema object of type object");
+    c->root = params;
+    c->atem = true;
+    const cJSON *k, *props = cJSON_GetObjectItemCaseSensitive(params, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(params, "required");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(params, "type");
+    for (k = params ? params->child : NULL; k; k = k->next) {
+        if (in_list(annot, k->string) || in_list(atem_top, k->string)) continue;
+        size_t n = path_push(c, k->string);
+        fail(c, k->string,
+             "is not supported at the top of a function's parameters (an object "
+             "with properties, required, additionalProperties, $defs)");
+        path_pop(c, n);
+        return -1;
+    }
+    if (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "object") == 0))
+        return fail(c, "type", "a function's parameters must be of type object");
+    if ((props && !cJSON_IsObject(props)) || (req && !cJSON_IsArray(req)))
+        return fail(c, props && !cJSON_IsObject(props) ? "properties" : "required",
+                    "properties must be an object and required an array of names");
+    cJSON_ArrayForEach(k, req) if (!cJSON_IsString(k) ||
+                                   !cJSON_GetObjectItemCaseSensitive(props, k->valuestring))
+    {
+        return fail(c, "required", "names a parameter without a schema in properties");
+    }
+    size_t n = 0;
+    cJSON_ArrayForEach(k, props) n++;
+    uint32_t *val = MUSE_CALLOC(n ? n : 1, sizeof *val);
+    const cJSON **item = MUSE_CALLOC(n ? n : 1, sizeof *item);
+    size_t i = 0;
+    int rc = 0;
+    cJSON_ArrayForEach(k, props)
+    {
+        size_t m = path_push(c, "properties");
+        if (!atem_name(k->string)) {
+            fail(c, "properties",
+                 "a parameter's name must be text without quotes or angle brackets");
+            path_pop(c, m);
+            rc = -1;
+            break;
+        }
+        char seg[96];
+        snprintf(seg, sizeof seg, "%s", strpbrk(k->string, "/~") ? "(name)" : k->string);
+        int64_t v = gen_sub(c, k, seg);
+        path_pop(c, m);
+        if (v < 0) {
+            rc = -1;
+            break;
+        }
+        item[i] = k;
+        val[i++] = (uint32_t)v;
+    }
+    uint32_t next = gb_rule_new(c->b); /* after the last parameter */
+    gb_alt_new(c->b, next);
+    for (i = n; rc == 0 && i-- > 0;) {
+        bool must = false;
+        const cJSON *q;
+        cJSON_ArrayForEach(q, req) if (strcmp(q->valuestring, item[i]->string) == 0) must = true;
+        uint32_t r = gb_rule_new(c->b);
+        gb_alt *a = gb_alt_new(c->b, r);
+        gb_lit(c->b, a, "<atem:parameter name=\"", 22);
+        gb_lit(c->b, a, item[i]->string, strlen(item[i]->string));
+        gb_lit(c->b, a, "\">", 2);
+        gb_ref(c->b, a, val[i]);
+        gb_lit(c->b, a, "</atem:parameter>\n", 18);
+        gb_ref(c->b, a, next);
+        if (!must) gb_ref(c->b, gb_alt_new(c->b, r), next);
+        next = r;
+    }
+    free(item);
+    if (rc) {
+        free(val);
+        return -1;
+    }
+    free(val);
+    uint32_t r = gb_rule_new(c->b);
+    gb_alt *a = gb_alt_new(c->b, r);
+    static const char open[] = "<atem:function_calls>\n<atem:invoke name=\"";
+    static const char close[] = "</atem:invoke>\n</atem:function_calls>";
+    gb_lit(c->b, a, open, sizeof open - 1);
+    gb_lit(c->b, a, name->valuestring, strlen(name->valuestring));
+    gb_lit(c->b, a, "\">\n", 3);
+    gb_ref(c->b, a, next);
+    gb_lit(c->b, a, close, sizeof close - 1);
+    if (c->b->full) return fail(c, "parameters", "the schema compiles to too large a grammar");
+    return r;
+}
+
 int64_t gram_schema_compile(gram_builder *b, const cJSON *schema, int kind, muse_gerr *err)
 {
     ctx c = {.b = b, .root = schema, .err = err};
@@ -1203,6 +1339,10 @@ int64_t gram_schema_compile(gram_builder *b, const cJSON *schema, int kind, muse
         r = any_object(&c);
     else if (kind == MUSE_GRAMMAR_JSON_VALUE)
         r = any_value(&c);
+    else if (kind == MUSE_GRAMMAR_LITERALS)
+        r = gen_literals(&c, schema);
+    else if (kind == MUSE_GRAMMAR_ATEM)
+        r = gen_atem(&c, schema);
     else
         r = gen(&c, schema);
     free(c.refs);

@@ -80,7 +80,10 @@ muse_gvocab *muse_gvocab_build(const uint8_t *const *bytes, const size_t *lens, 
         }
     }
     uint32_t *ids = MUSE_MALLOC((m ? m : 1) * sizeof *ids);
+    v->text_mask = MUSE_CALLOC((n + 7) / 8 + 1, 1);
     m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (v->tok_len[i]) v->text_mask[i >> 3] |= (uint8_t)(1u << (i & 7));
     for (size_t i = 0; i < n; i++)
         if (v->tok_len[i]) ids[m++] = (uint32_t)i;
     sort_v = v; /* qsort has no context argument; building is single-threaded at startup */
@@ -111,10 +114,24 @@ void muse_gvocab_free(muse_gvocab *v)
     free(v->node_parent);
     free(v->node_depth);
     free(v->node_tok);
+    free(v->text_mask);
     free(v);
 }
 
 size_t muse_gvocab_size(const muse_gvocab *v)
 {
     return v->n;
+}
+
+const uint8_t *muse_gvocab_text_mask(const muse_gvocab *v)
+{
+    return v->text_mask;
+}
+
+const uint8_t *muse_gvocab_token(const muse_gvocab *v, int32_t t, size_t *len)
+{
+    *len = 0;
+    if (t < 0 || (size_t)t >= v->n || !v->tok_len[t]) return NULL;
+    *len = v->tok_len[t];
+    return v->tok_bytes[t];
 }

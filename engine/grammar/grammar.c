@@ -6,6 +6,13 @@
 
 #include "base/muse_common.h"
 
+/* The kinds whose text is parsed (the others ignore it). */
+static bool has_text(int kind)
+{
+    return kind == MUSE_GRAMMAR_JSON_SCHEMA || kind == MUSE_GRAMMAR_LITERALS ||
+           kind == MUSE_GRAMMAR_ATEM;
+}
+
 char *muse_grammar_canonical(const char *text, size_t len)
 {
     cJSON *j = cJSON_ParseWithLength(text, len);
@@ -21,7 +28,7 @@ int muse_grammar_compile(int kind, const char *text, size_t len, const muse_gvoc
     memset(err, 0, sizeof *err);
     *out = NULL;
     cJSON *schema = NULL;
-    if (kind == MUSE_GRAMMAR_JSON_SCHEMA) {
+    if (has_text(kind)) {
         schema = cJSON_ParseWithLength(text, len);
         if (!schema) {
             snprintf(err->keyword, sizeof err->keyword, "schema");
@@ -83,9 +90,8 @@ static muse_grammar *cache_head;
 int muse_grammar_get(int kind, const char *text, size_t len, const muse_gvocab *v,
                      muse_grammar **out, muse_gerr *err)
 {
-    char *key = kind == MUSE_GRAMMAR_JSON_SCHEMA ? muse_grammar_canonical(text, len) : NULL;
-    if (kind == MUSE_GRAMMAR_JSON_SCHEMA && !key)
-        return muse_grammar_compile(kind, text, len, v, out, err);
+    char *key = has_text(kind) ? muse_grammar_canonical(text, len) : NULL;
+    if (has_text(kind) && !key) return muse_grammar_compile(kind, text, len, v, out, err);
     pthread_mutex_lock(&cache_mu);
     for (muse_grammar *g = cache_head; g; g = g->next) {
         if (g->kind == kind && g->vocab == v &&

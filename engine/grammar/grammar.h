@@ -23,14 +23,29 @@ typedef struct muse_gvocab muse_gvocab;
 muse_gvocab *muse_gvocab_build(const uint8_t *const *bytes, const size_t *lens, size_t n);
 void muse_gvocab_free(muse_gvocab *v);
 size_t muse_gvocab_size(const muse_gvocab *v);
+/* Bit t set for every token with bytes (vocab/8 bytes rounded up): what a free body may draw. */
+const uint8_t *muse_gvocab_text_mask(const muse_gvocab *v);
+/* Token t's bytes (NULL and *len 0 for a token without text). */
+const uint8_t *muse_gvocab_token(const muse_gvocab *v, int32_t t, size_t *len);
 
 /* A compiled schema, bound to one vocabulary. Masks share its lazily filled per-position
  * table (guarded by a mutex), so one grammar serves many streams on any thread. */
 typedef struct muse_grammar muse_grammar;
 
 /* MUSE_GRAMMAR_JSON_SCHEMA: text is a JSON Schema. MUSE_GRAMMAR_JSON_OBJECT: any JSON object
- * (text ignored). MUSE_GRAMMAR_JSON_VALUE: any JSON value (text ignored). */
-enum { MUSE_GRAMMAR_JSON_SCHEMA = 0, MUSE_GRAMMAR_JSON_OBJECT = 1, MUSE_GRAMMAR_JSON_VALUE = 2 };
+ * (text ignored). MUSE_GRAMMAR_JSON_VALUE: any JSON value (text ignored).
+ * MUSE_GRAMMAR_LITERALS: text is a JSON array of strings; exactly one of them (chat headers).
+ * MUSE_GRAMMAR_ATEM: text is {"name": function, "parameters": JSON Schema}: one ATEM call
+ * block (CHAT.md) of that function whose parameters are the schema's properties in order, each
+ * value JSON held to its property's schema ('<' in strings only as \u003c, so a value never
+ * closes its tag). */
+enum {
+    MUSE_GRAMMAR_JSON_SCHEMA = 0,
+    MUSE_GRAMMAR_JSON_OBJECT = 1,
+    MUSE_GRAMMAR_JSON_VALUE = 2,
+    MUSE_GRAMMAR_LITERALS = 3,
+    MUSE_GRAMMAR_ATEM = 4
+};
 
 /* 0 and *out (free with muse_grammar_free), or -1 and *err names the keyword and path. */
 int muse_grammar_compile(int kind, const char *text, size_t len, const muse_gvocab *v,

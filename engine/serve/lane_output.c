@@ -188,6 +188,7 @@ void muse_lane_token(muse_sched *s, lane *l, int32_t tok)
     muse_sha256_update(&l->sha, le, 4);
     int stop;
     if (l->gs && !is_stop_id(s, tok)) muse_gstate_advance(l->gs, tok); /* the mask allowed it */
+    if (l->frame) muse_gframe_push(l->frame, tok);
     if (l->req.kind == MUSE_KIND_CHAT) {
         stop = muse_reply_push(l->reply, tok);
     } else if (is_stop_id(s, tok)) {
@@ -219,6 +220,10 @@ void muse_lane_token(muse_sched *s, lane *l, int32_t tok)
 
 void muse_lane_mask(muse_sched *s, lane *l)
 {
+    if (l->frame) {
+        muse_gframe_mask(l->frame, l->mask);
+        return;
+    }
     muse_gstate_mask(l->gs, l->mask);
     if (!muse_gstate_done(l->gs)) return;
     int64_t V = s->cfg ? s->cfg->vocab_size : 0;

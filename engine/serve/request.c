@@ -449,6 +449,95 @@ static int response_format(const muse_request_env *env, const cJSON *root, muse_
     return 0;
 }
 
+static void add_rcpt(muse_gen_request *r, const char *name, muse_grammar *body)
+{
+    char **names = realloc(r->rcpt_names, (r->n_rcpt + 1) * sizeof *names);
+    MUSE_CHECK(names != NULL);
+    r->rcpt_names = names;
+    muse_grammar **bodies = realloc(r->rcpt_bodies, (r->n_rcpt + 1) * sizeof *bodies);
+    MUSE_CHECK(bodies != NULL);
+    r->rcpt_bodies = bodies;
+    r->rcpt_names[r->n_rcpt] = strdup(name);
+    MUSE_CHECK(r->rcpt_names[r->n_rcpt] != NULL);
+    r->rcpt_bodies[r->n_rcpt++] = body;
+}
+
+/* Chat under a constraint: response_format holds the to=user answer; tool_choice "required"
+ * or a named function holds the call's ATEM body to the function's parameters (the answer
+ * then goes to a function); with response_format and tool_choice auto, tool calls stay free. */
+static int chat_constraint(const muse_request_env *env, const cJSON *root, muse_gen_request *r,
+                           muse_api_error *err)
+{
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    const char *named = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(choice, "function"), "name"));
+    bool required = cJSON_IsString(choice) && strcmp(choice->valuestring, "required") == 0;
+    if (!cJSON_IsArray(tools) ||
+        (cJSON_IsString(choice) && strcmp(choice->valuestring, "none") == 0))
+        tools = NULL;
+    if (!cJSON_IsObject(choice)) named = NULL;
+    if (!r->grammar && !((required || named) && tools)) return 0; /* free, as without */
+    const muse_gvocab *v = env->gvocab ? env->gvocab(env->gvocab_ctx) : NULL;
+    if (!v || !env->masks)
+        return bad(err, r->grammar ? "response_format" : "tool_choice",
+                   "'%s' needs a backend whose sampler applies token masks; this engine's does "
+                   "not (run --backend cpu until the CUDA sampler takes them)",
+                   r->grammar ? "response_format" : "tool_choice");
+    muse_sha256 h;
+    muse_sha256_init(&h);
+    muse_sha256_update(&h, "frame", 6);
+    if (r->grammar && !required && !named) {
+        add_rcpt(r, "user", r->grammar);
+        muse_sha256_update(&h, "user", 5);
+        muse_sha256_update(&h, r->grammar_sha, 32);
+    }
+    int i = -1;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools)
+    {
+        i++;
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(fn, "name"));
+        if (!name || (named && strcmp(name, named) != 0)) continue;
+        muse_sha256_update(&h, name, strlen(name) + 1);
+        if (!required && !named) { /* auto beside response_format: the call is free */
+            add_rcpt(r, name, NULL);
+            muse_sha256_update(&h, "free", 5);
+            continue;
+        }
+        cJSON *spec = cJSON_CreateObject();
+        cJSON_AddStringToObject(spec, "name", name);
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        cJSON_AddItemToObject(spec, "parameters",
+                              params ? cJSON_Duplicate(params, 1) : cJSON_CreateObject());
+        char *text = cJSON_PrintUnformatted(spec);
+        cJSON_Delete(spec);
+        if (!text) return bad(err, "tools", "%s: out of memory", "tools");
+        muse_grammar *g = NULL;
+        muse_gerr ge;
+        if (muse_grammar_get(MUSE_GRAMMAR_ATEM, text, strlen(text), v, &g, &ge)) {
+            free(text);
+            err->status = 400;
+            err->type = "invalid_request_error";
+            err->code = "invalid_schema";
+            snprintf(err->param, sizeof err->param, "tools[%d].function.parameters", i);
+            snprintf(err->message, sizeof err->message, "%s: keyword '%s' at '%s': %s", err->param,
+                     plain(ge.keyword), plain(ge.path), ge.msg);
+            return -1;
+        }
+        uint8_t k = MUSE_GRAMMAR_ATEM;
+        muse_sha256_update(&h, &k, 1);
+        muse_sha256_update(&h, text, strlen(text) + 1);
+        free(text);
+        add_rcpt(r, name, g);
+    }
+    if (r->n_rcpt == 0)
+        return bad(err, "tool_choice", "'%s' names no function of tools", "tool_choice");
+    muse_sha256_final(&h, r->grammar_sha);
+    return 0;
+}
+
 int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, const char *body,
                        size_t len, muse_gen_request *r, muse_api_error *err)
 {
@@ -470,8 +559,9 @@ int muse_request_parse(const muse_request_env *env, int kind, uint32_t flags, co
         goto out;
     const cJSON *ptc = cJSON_GetObjectItemCaseSensitive(root, "parallel_tool_calls");
     r->parallel_tool_calls = !cJSON_IsFalse(ptc);
-    if ((kind == MUSE_KIND_CHAT ? render_chat(env, root, r, err)
-                                : render_completion(env, root, sp, r, err)))
+    if ((kind == MUSE_KIND_CHAT
+             ? render_chat(env, root, r, err) || chat_constraint(env, root, r, err)
+             : render_completion(env, root, sp, r, err)))
         goto out;
     int64_t left = env->context - (int64_t)r->n_prompt;
     if (left < 1) {
@@ -519,6 +609,12 @@ void muse_request_free(muse_gen_request *r)
     for (size_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
     for (size_t i = 0; i < r->n_fn; i++) free(r->fn_names[i]);
     free(r->fn_names);
+    for (size_t i = 0; i < r->n_rcpt; i++) {
+        free(r->rcpt_names[i]);
+        if (r->rcpt_bodies[i] != r->grammar) muse_grammar_put(r->rcpt_bodies[i]);
+    }
+    free(r->rcpt_names);
+    free(r->rcpt_bodies);
     muse_grammar_put(r->grammar);
     memset(r, 0, sizeof *r);
 }

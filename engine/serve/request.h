@@ -33,6 +33,12 @@ typedef struct {
      * muse_grammar_put on free) and the SHA-256 of its kind and canonical text; NULL: free text */
     muse_grammar *grammar;
     uint8_t grammar_sha[32];
+    /* chat under a constraint (grammar/frame.h): the messages the answer may go to, "user"
+     * and/or functions, each body's grammar (NULL: free; bodies other than grammar are
+     * references of their own); grammar_sha then covers them all. n_rcpt 0: no frame */
+    char **rcpt_names;
+    muse_grammar **rcpt_bodies;
+    size_t n_rcpt;
 } muse_gen_request;
 
 /* An error for the client: HTTP status, OpenAI type/param/code and a message that never

@@ -13,6 +13,7 @@
 #include "serve/prompt_cache.h"
 #include "serve/request.h"
 #include "serve/scheduler.h"
+#include "grammar/frame.h"
 #include "text/reply.h"
 
 typedef enum { LANE_FREE, LANE_PREFILL, LANE_DECODE, LANE_FINISHING } lane_state;
@@ -56,6 +57,7 @@ typedef struct {
     /* response_format: the automaton and this round's mask (vocab/8 bytes); NULL: free */
     muse_gstate *gs;
     uint8_t *mask;
+    muse_gframe *frame; /* chat under a constraint: the turn's frame (gs stays NULL) */
 } lane;
 
 struct muse_sched {
@@ -112,7 +114,7 @@ void muse_lane_finish(muse_sched *s, lane *l, const char *reason);
 /* One sampled token: into the hash, the parser, the stop rules. */
 void muse_lane_token(muse_sched *s, lane *l, int32_t tok);
 /* A constrained lane's mask for its next draw: the automaton's tokens, and the end tokens
- * only when the value is complete. */
+ * only when the value is complete (chat: the frame's). */
 void muse_lane_mask(muse_sched *s, lane *l);
 
 /* lane_cache.c: where a prompt may be kept, resuming from the cache, keeping prefixes */

@@ -21,6 +21,7 @@ static void lane_release(muse_sched *s, lane *l)
     free(l->out);
     muse_request_free(&l->req);
     muse_gstate_free(l->gs);
+    muse_gframe_free(l->frame);
     free(l->mask);
     muse_reply_destroy(l->reply);
     free(l->pending.p);
@@ -52,6 +53,28 @@ static const muse_gvocab *sched_gvocab(void *ctx)
     return s->gvocab;
 }
 
+/* A chat lane's frame over its recipients (grammar/frame.h); -1 with err's message. */
+static int lane_frame(muse_sched *s, lane *l, muse_api_error *err)
+{
+    /* reasoning may take half of max_tokens: the answer keeps the other half */
+    muse_gframe_ids ids = {.start = s->ids.start,
+                           .message = s->ids.message,
+                           .eom = s->ids.eom,
+                           .reasoning_max = l->req.max_tokens / 2};
+    ids.ends[ids.nends++] = s->ids.end_of_text;
+    ids.ends[ids.nends++] = s->ids.eot;
+    for (int i = 0; s->cfg && i < s->cfg->n_eos && ids.nends < MUSE_GFRAME_MAX_ENDS; i++)
+        ids.ends[ids.nends++] = (int32_t)s->cfg->eos_ids[i];
+    muse_gframe_rcpt r[64];
+    size_t n = l->req.n_rcpt < 64 ? l->req.n_rcpt : 64;
+    for (size_t i = 0; i < n; i++)
+        r[i] = (muse_gframe_rcpt){l->req.rcpt_names[i], l->req.rcpt_bodies[i]};
+    muse_gerr ge;
+    if (muse_gframe_new(&ids, s->gvocab, r, n, &l->frame, &ge) == 0) return 0;
+    snprintf(err->message, sizeof err->message, "%s: %s", err->param, ge.msg);
+    return -1;
+}
+
 static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
 {
     /* a default seed below 2^53, so a JSON client can read it back exactly and reuse it */
@@ -73,17 +96,16 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
         l->state = LANE_FINISHING;
         return;
     }
-    if (l->req.grammar && s->be) { /* the script backend's tokens are scripted: no mask */
+    if ((l->req.grammar || l->req.n_rcpt) && s->be) { /* script backends' tokens: no mask */
         err = (muse_api_error){
             .status = 400, .type = "invalid_request_error", .code = "invalid_schema"};
-        snprintf(err.param, sizeof err.param, "response_format");
+        snprintf(err.param, sizeof err.param, "%s",
+                 l->req.grammar ? "response_format" : "tool_choice");
+        l->mask = MUSE_MALLOC(((size_t)s->cfg->vocab_size + 7) / 8);
         if (rq->kind == MUSE_KIND_CHAT) {
-            snprintf(err.message, sizeof err.message,
-                     "response_format on /v1/chat/completions is not supported yet; use "
-                     "/v1/completions");
+            if (lane_frame(s, l, &err) == 0) err.status = 0;
         } else {
             l->gs = muse_gstate_new(l->req.grammar);
-            l->mask = MUSE_MALLOC(((size_t)s->cfg->vocab_size + 7) / 8);
             if (!muse_gstate_dead(l->gs))
                 err.status = 0;
             else
@@ -147,7 +169,17 @@ static void lane_admit(muse_sched *s, lane *l, const muse_request *rq)
             return;
         }
     }
-    if (s->cache) muse_lane_cache_resume(s, l, rq->scope, rq->scope_len);
+    if (s->cache && (l->req.grammar || l->req.n_rcpt)) {
+        /* the constraint is part of the keys: a constrained prompt resumes only its own kind */
+        char scope[MUSE_RING_MAX_SCOPE + 2 + 64];
+        size_t n = rq->scope_len < MUSE_RING_MAX_SCOPE ? rq->scope_len : MUSE_RING_MAX_SCOPE;
+        memcpy(scope, rq->scope, n);
+        scope[n++] = '#';
+        muse_sha256_hex(l->req.grammar_sha, scope + n);
+        muse_lane_cache_resume(s, l, scope, n + 64);
+    } else if (s->cache) {
+        muse_lane_cache_resume(s, l, rq->scope, rq->scope_len);
+    }
     /* the first record tells the module the request is admitted (its queue timer stops) */
     if (l->req.stream)
         muse_lane_push(l, MUSE_EV_DATA, 0, muse_oa_role_chunk(&l->oa));
@@ -311,7 +343,7 @@ static long model_round(muse_sched *s)
                 s->b_sampling[nlogits] = l->req.sampling;
                 s->b_draw_pos[nlogits] = (int64_t)l->req.n_prompt + l->generated; /* drawn */
                 s->b_masks[nlogits] = NULL;
-                if (l->gs) {
+                if (l->gs || l->frame) {
                     muse_lane_mask(s, l);
                     s->b_masks[nlogits] = l->mask;
                     masked = true;

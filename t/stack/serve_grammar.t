@@ -102,6 +102,24 @@ for (@solo) {
 }
 is($same, scalar @solo, 'constrained streams alone equal the same among others (token_sha)');
 
+# the prompt cache keys include the constraint: the same constrained prompt again resumes and
+# gives the same tokens; another schema on the same prompt does not take that entry
+my @long = map { 20 + 3 * $_ } 1 .. 40;
+sub lbody {
+    my ($schema, $seed) = @_;
+    return $JSON->encode({prompt => \@long, max_tokens => 120, temperature => 1.0, seed => $seed,
+                          response_format => {type => 'json_schema', json_schema => {name => 'c', schema => $schema}}});
+}
+sub cached { ($_[0]{usage}{prompt_tokens_details} // {})->{cached_tokens} // 0 }
+my $fresh = $n->together('/v1/completions', [lbody($corpus->[3], 7)])->[0];
+my $again = $n->together('/v1/completions', [lbody($corpus->[3], 7)])->[0];
+ok(cached($fresh) == 0 && cached($again) >= 32, 'the constrained prompt sent again resumes from the cache (' . cached($again) . ' tokens)');
+is(MuseNginx::token_sha($again), MuseNginx::token_sha($fresh), 'constrained: resumed == fresh (token_sha)');
+my $other = $n->together('/v1/completions', [lbody($corpus->[4], 7)])->[0];
+is(cached($other), 0, 'another schema on the same prompt resumes nothing: the key includes the constraint');
+my $free = $n->together('/v1/completions', [$JSON->encode({prompt => \@long, max_tokens => 4, seed => 7})])->[0];
+is(cached($free), 0, 'an unconstrained request on the same prompt does not take the constrained entry');
+
 # max_tokens mid-value: length, the partial text as it is
 my $r = $n->together('/v1/completions', [body($corpus->[40], 5, 3)])->[0];
 is($r->{choices}[0]{finish_reason}, 'length', 'max_tokens reached mid-value: finish_reason length');

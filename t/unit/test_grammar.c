@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include "grammar/frame.h"
 #include "grammar/grammar.h"
 
 static muse_gvocab *vocab;
@@ -269,6 +270,169 @@ static void test_cache(void)
     muse_grammar_put(g2);
 }
 
+static int accepts_kind(int kind, const char *spec, const char *text)
+{
+    muse_grammar *g = NULL;
+    muse_gerr e;
+    if (muse_grammar_compile(kind, spec, strlen(spec), vocab, &g, &e)) {
+        diag("compile failed: %s at %s: %s", e.keyword, e.path, e.msg);
+        return -1;
+    }
+    int r = accepts(g, text);
+    muse_grammar_free(g);
+    return r;
+}
+
+/* The ATEM kind: the call block of CHAT.md, parameters in order, values JSON of their schema,
+ * '<' only escaped; the literals kind: exactly one of its strings. */
+static void test_atem(void)
+{
+    const char *spec = "{\"name\":\"weather.get\",\"parameters\":{\"type\":\"object\","
+                       "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":"
+                       "\"integer\",\"minimum\":1,\"maximum\":14}},\"required\":[\"days\"]}}";
+#define CALL(body)                                                                                 \
+    "<atem:function_calls>\n<atem:invoke name=\"weather.get\">\n" body                             \
+    "</atem:invoke>\n</atem:function_calls>"
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, spec,
+                    CALL("<atem:parameter name=\"city\">\"Paris\"</atem:parameter>\n"
+                         "<atem:parameter name=\"days\">3</atem:parameter>\n")) == 1,
+       "atem: both parameters");
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, spec,
+                    CALL("<atem:parameter name=\"days\">14</atem:parameter>\n")) == 1,
+       "atem: the optional parameter left out");
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, spec, CALL("")) == 0, "atem: a required parameter missing");
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, spec,
+                    CALL("<atem:parameter name=\"days\">15</atem:parameter>\n")) == 0,
+       "atem: a value outside its schema");
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, spec,
+                    CALL("<atem:parameter name=\"days\">2</atem:parameter>\n"
+                         "<atem:parameter name=\"city\">\"x\"</atem:parameter>\n")) == 0,
+       "atem: parameters out of the schema's order");
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, spec,
+                    CALL("<atem:parameter name=\"city\">\"a</atem:parameter>\"</atem:parameter>\n"
+                         "<atem:parameter name=\"days\">3</atem:parameter>\n")) == 0,
+       "atem: a raw '<' in a string value (it could close the tag)");
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, spec,
+                    CALL("<atem:parameter name=\"city\">\"a\\u003cb\"</atem:parameter>\n"
+                         "<atem:parameter name=\"days\">3</atem:parameter>\n")) == 1,
+       "atem: '<' escaped as \\u003c");
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, "{\"name\":\"f\"}",
+                    "<atem:function_calls>\n<atem:invoke name=\"f\">\n</atem:invoke>\n"
+                    "</atem:function_calls>") == 1,
+       "atem: a function without parameters");
+    muse_grammar *g = NULL;
+    muse_gerr e;
+    const char *badp = "{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":"
+                       "{\"type\":\"string\",\"pattern\":\"a\"}}}}";
+    ok(muse_grammar_compile(MUSE_GRAMMAR_ATEM, badp, strlen(badp), vocab, &g, &e) == -1 &&
+           strcmp(e.keyword, "pattern") == 0 && strcmp(e.path, "/properties/x/pattern") == 0,
+       "atem: an unsupported keyword names its path in the parameters (%s at %s)", e.keyword,
+       e.path);
+    const char *top = "{\"name\":\"f\",\"parameters\":{\"anyOf\":[{\"type\":\"object\"}]}}";
+    ok(muse_grammar_compile(MUSE_GRAMMAR_ATEM, top, strlen(top), vocab, &g, &e) == -1 &&
+           strcmp(e.keyword, "anyOf") == 0,
+       "atem: parameters that are not a plain object are refused (%s)", e.keyword);
+    const char *lit = "[\" to=self\",\" to=user\"]";
+    ok(accepts_kind(MUSE_GRAMMAR_LITERALS, lit, " to=user") == 1 &&
+           accepts_kind(MUSE_GRAMMAR_LITERALS, lit, " to=self") == 1 &&
+           accepts_kind(MUSE_GRAMMAR_LITERALS, lit, " to=use") == 0 &&
+           accepts_kind(MUSE_GRAMMAR_LITERALS, lit, " to=users") == 0,
+       "literals: exactly one of the strings");
+#undef CALL
+}
+
+static int bit(const uint8_t *m, int t)
+{
+    return (m[t >> 3] >> (t & 7)) & 1;
+}
+
+/* The frame over a vocabulary of the 256 bytes and four control ids: the header, reasoning
+ * with its budget, the forced answer header, the body to its grammar, the end only when done. */
+static void test_frame(void)
+{
+    enum { START = 256, MESSAGE = 257, EOM = 258, EOT = 259, NV = 260 };
+    uint8_t bytes[256];
+    const uint8_t *b[NV];
+    size_t l[NV];
+    for (int i = 0; i < NV; i++) {
+        if (i < 256) bytes[i] = (uint8_t)i;
+        b[i] = i < 256 ? &bytes[i] : NULL;
+        l[i] = i < 256;
+    }
+    muse_gvocab *v = muse_gvocab_build(b, l, NV);
+    muse_grammar *g = NULL;
+    muse_gerr e;
+    const char *sch = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}},"
+                      "\"required\":[\"a\"],\"additionalProperties\":false}";
+    muse_grammar_compile(MUSE_GRAMMAR_JSON_SCHEMA, sch, strlen(sch), v, &g, &e);
+    muse_gframe_ids ids = {.start = START,
+                           .message = MESSAGE,
+                           .eom = EOM,
+                           .ends = {EOT, 'Q'},
+                           .nends = 2,
+                           .reasoning_max = 3};
+    muse_gframe_rcpt r = {"user", g};
+    muse_gframe *f = NULL;
+    ok(muse_gframe_new(&ids, v, &r, 1, &f, &e) == 0, "frame: made");
+    uint8_t m[(NV + 7) / 8];
+    int good = 1;
+    static const char hs[] = " to=self";
+    for (size_t i = 0; hs[i]; i++) {
+        muse_gframe_mask(f, m);
+        good &= bit(m, (unsigned char)hs[i]) && !bit(m, MESSAGE) && !bit(m, EOT) && !bit(m, 'x');
+        if (i == 4) good &= bit(m, 'u') && bit(m, 's');
+        muse_gframe_push(f, (unsigned char)hs[i]);
+    }
+    muse_gframe_mask(f, m);
+    ok(good && bit(m, MESSAGE) && !bit(m, 'x'),
+       "frame: the first header is self or user, then <|message|>");
+    muse_gframe_push(f, MESSAGE);
+    ok(muse_gframe_where(f) == -1, "frame: in reasoning");
+    muse_gframe_mask(f, m);
+    ok(bit(m, 'x') && bit(m, EOM) && !bit(m, EOT) && !bit(m, 'Q') && !bit(m, START),
+       "frame: reasoning is free text that ends its message, never the turn (a text end id "
+       "cleared)");
+    for (int k = 0; k < 3; k++) muse_gframe_push(f, 'x');
+    muse_gframe_mask(f, m);
+    int only = bit(m, EOM);
+    for (int t = 0; t < NV; t++)
+        if (t != EOM && bit(m, t)) only = 0;
+    ok(only, "frame: its budget spent, only <|eom|>");
+    muse_gframe_push(f, EOM);
+    muse_gframe_mask(f, m);
+    ok(bit(m, START) && !bit(m, 'a'), "frame: then <|start|>");
+    muse_gframe_push(f, START);
+    good = 1;
+    for (const char *p = "assistant to=user"; *p; p++) {
+        muse_gframe_mask(f, m);
+        int n = 0;
+        for (int t = 0; t < NV; t++) n += bit(m, t);
+        good &= n == 1 && bit(m, (unsigned char)*p);
+        muse_gframe_push(f, (unsigned char)*p);
+    }
+    muse_gframe_mask(f, m);
+    ok(good && bit(m, MESSAGE), "frame: the answer header forced byte by byte");
+    muse_gframe_push(f, MESSAGE);
+    ok(muse_gframe_where(f) == 0, "frame: in the answer");
+    for (const char *p = "{\"a\":true"; *p; p++) {
+        muse_gframe_mask(f, m);
+        good &= bit(m, (unsigned char)*p) && !bit(m, EOT);
+        muse_gframe_push(f, (unsigned char)*p);
+    }
+    ok(good, "frame: the answer held to the schema, no end before it is complete");
+    muse_gframe_mask(f, m);
+    ok(bit(m, '}') && !bit(m, EOT) && !bit(m, ','), "frame: only the object's close");
+    muse_gframe_push(f, '}');
+    muse_gframe_mask(f, m);
+    ok(bit(m, EOT) && bit(m, 'Q') && !bit(m, EOM), "frame: complete: the end ids");
+    muse_gframe_free(f);
+    muse_gframe_rcpt badr = {"us er", g};
+    ok(muse_gframe_new(&ids, v, &badr, 1, &f, &e) == -1,
+       "frame: a recipient name the header cannot hold is refused");
+    muse_grammar_free(g);
+    muse_gvocab_free(v);
+}
+
 int main(void)
 {
     make_vocab();
@@ -276,6 +440,8 @@ int main(void)
     test_errors();
     test_masks();
     test_cache();
+    test_atem();
+    test_frame();
     muse_gvocab_free(vocab);
     for (size_t i = 0; i < nv; i++) free(tb[i]);
     free(tb);
