@@ -235,6 +235,7 @@ if want serve; then
     # structured outputs: the round's token masks through the CUDA sample kernels
     MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-grammar-fast 240 prove -v t/stack/serve_grammar.t
     MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve-grammar 240 prove -v t/stack/serve_grammar.t
+    MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-grammar-chat 240 prove -v t/stack/serve_grammar_chat.t
 fi
 want fault && step fault 60 prove -v t/stack/serve_gpu_fault.t
 
