@@ -189,6 +189,9 @@ fi
 # the fast kernel under the memory checker (where the machine's runtime lets it run)
 if want sanitize && [ "$B" = cuda ] && command -v compute-sanitizer >/dev/null; then
     step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
+    # every fast kernel of the round (attention, MoE, norms, sampler) under the memory checker
+    step sanitize-ops 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/muse-engine \
+        kernel-check --model "$packs/q2-mcg" --backend cuda --kernels fast --sample-rows 300
 fi
 
 # two ranks on one GPU (--gpus 0,0) against the CPU backend at --ranks 2, bitwise, on tiny-tp
