@@ -244,6 +244,7 @@ typedef struct {
     fill_chunk *v;
     size_t n, cap;
     uint64_t seed;
+    long parts; /* the pool's threads: part p fills chunks p, p + parts, ... */
 } fill_job;
 
 static void add_chunks(fill_job *j, uint8_t *data, const muse_synth_spec *s,
@@ -260,24 +261,30 @@ static void add_chunks(fill_job *j, uint8_t *data, const muse_synth_spec *s,
     }
 }
 
-static void fill_chunks(void *ctx, long begin, long end)
+static void fill_one(const fill_job *j, size_t c)
+{
+    const fill_chunk *f = &j->v[c];
+    if (f->s) {
+        muse_synth_fill_range(f->s, j->seed, f->data, f->begin, f->end);
+        return;
+    }
+    for (size_t i = f->begin; i < f->end; i++) ((uint16_t *)f->data)[i] = muse_synth_at(&f->el, i);
+}
+
+/* Parts begin..end of the pool's: part p fills chunks p, p + parts, ..., so the big tensors'
+ * chunks (the embeddings come first) spread over every thread, not the first few. */
+static void fill_parts(void *ctx, long begin, long end)
 {
     const fill_job *j = ctx;
-    for (long c = begin; c < end; c++) {
-        const fill_chunk *f = &j->v[c];
-        if (f->s) {
-            muse_synth_fill_range(f->s, j->seed, f->data, f->begin, f->end);
-            continue;
-        }
-        for (size_t i = f->begin; i < f->end; i++)
-            ((uint16_t *)f->data)[i] = muse_synth_at(&f->el, i);
-    }
+    for (long p = begin; p < end; p++)
+        for (size_t c = (size_t)p; c < j->n; c += (size_t)j->parts) fill_one(j, c);
 }
 
 static void run_chunks(fill_job *j)
 {
     muse_pool *pool = j->n > 1 ? muse_pool_create(0) : NULL;
-    muse_pool_run(pool, fill_chunks, j, (long)j->n);
+    j->parts = muse_pool_threads(pool);
+    muse_pool_run(pool, fill_parts, j, j->parts); /* one part a thread */
     muse_pool_destroy(pool);
     free(j->v);
     j->v = NULL;
