@@ -271,15 +271,16 @@ fi
 # t/tools/plots.sh where this machine has gnuplot, else afterwards from those files. Not in the
 # default steps: GPU_CHECK_STEPS="setup whole" (about 3 minutes, most of it the synthetic fills).
 if want whole; then
-    # GPU_CHECK_WHOLE_CONFIG: another shape (conf/packs/tiny.json to try the step on the CPU)
+    # GPU_CHECK_WHOLE_CONFIG: another shape (conf/packs/tiny.json to try the step on the CPU, the
+    # whole conf/packs/muse-spark-open-1gpu.json on the H200); _STREAMS, _LENGTHS: the rows
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu-4l.json}"
         --bits 2 --codebook mcg --kernels fast)
-    step whole-decode 120 build/muse-bench decode --backend "$B" "${cut[@]}" --streams 1,4,16,64 \
+    step whole-decode 120 build/muse-bench decode --backend "$B" "${cut[@]}" --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4,16,64}" \
         --tokens 16 --prompt 64 --json "$logs/whole-decode.json"
     step whole-stages 120 build/muse-bench stages --backend "$B" "${cut[@]}" --context 4096 \
         --tokens 16 --json "$logs/whole-stages.json"
     step whole-prompt 120 build/muse-bench prompt --backend "$B" "${cut[@]}" \
-        --lengths 512,4096,32768 --rows 256 --json "$logs/whole-prompt.json"
+        --lengths "${GPU_CHECK_WHOLE_LENGTHS:-512,4096,32768}" --rows 256 --json "$logs/whole-prompt.json"
     plots=()
     for f in decode stages prompt; do
         [ -s "$logs/whole-$f.json" ] && cp "$logs/whole-$f.json" "$out/" &&

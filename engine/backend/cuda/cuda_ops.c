@@ -59,15 +59,21 @@ static const float *vec(cuda_backend *c, const cuda_rank *rk, const muse_vec *w)
     return rk->vec[w->id];
 }
 
+/* A norm's weight mode as the kernels name it. */
+static int kmode_of(muse_norm_weight mode)
+{
+    return mode == MUSE_NORM_PLUS1   ? MUSE_K_NORM_PLUS1
+           : mode == MUSE_NORM_PLAIN ? MUSE_K_NORM_PLAIN
+                                     : MUSE_K_NORM_NONE;
+}
+
 static void cuda_norm(muse_backend *be, muse_act x, long width, const muse_vec *w,
                       muse_norm_weight mode, float eps, int round16, muse_act out)
 {
     cuda_backend *c = cu(be);
     if (c->failed) return;
     prof_begin(c);
-    int kmode = mode == MUSE_NORM_PLUS1   ? MUSE_K_NORM_PLUS1
-                : mode == MUSE_NORM_PLAIN ? MUSE_K_NORM_PLAIN
-                                          : MUSE_K_NORM_NONE;
+    int kmode = kmode_of(mode);
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         muse_k_ctx kc = kctx(rk, c->rows);
@@ -114,9 +120,7 @@ static void cuda_add_norm_norm(muse_backend *be, muse_act h, muse_act y, long wi
     }
     if (c->failed) return;
     prof_begin(c);
-    int kmode = next_mode == MUSE_NORM_PLUS1   ? MUSE_K_NORM_PLUS1
-                : next_mode == MUSE_NORM_PLAIN ? MUSE_K_NORM_PLAIN
-                                               : MUSE_K_NORM_NONE;
+    int kmode = kmode_of(next_mode);
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         muse_k_ctx kc = kctx(rk, c->rows);
