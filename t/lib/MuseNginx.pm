@@ -402,13 +402,16 @@ sub ring_slots {
 # The hardened-style locations most tests use.
 sub default_locations {
     my ($self) = @_;
-    return <<'EOF';
+    # an ASan+UBSan engine reads a prompt ~10x slower: on a busy 2-core machine one round can
+    # outlast 3 s with no event to send (keepalives go out between rounds), so it gets 10 s
+    my $idle = $ENV{MUSE_ENGINE_ASAN} ? '10s' : '3s';
+    return <<'EOF' =~ s/IDLE_TIMEOUT/$idle/r;
         client_max_body_size 64k;
         client_body_buffer_size 16k;
         large_client_header_buffers 4 8k;
         muse_model_id muse-spark;
         muse_queue_timeout 3s;
-        muse_idle_timeout 3s;
+        muse_idle_timeout IDLE_TIMEOUT;
         error_page 400 /_muse_error_400;
         error_page 413 /_muse_error_413;
         error_page 414 /_muse_error_414;

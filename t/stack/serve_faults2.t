@@ -51,7 +51,7 @@ my %took;
 # One nginx conf for every case: small nginx timeouts, send buffers small enough that a slow
 # reader backs up into the engine's ring, a location with a 1.5 s idle/queue timeout (27, 28),
 # and stub_status to count open connections (25).
-my $LOCATIONS = $n->default_locations =~ s/muse_idle_timeout 3s/muse_idle_timeout 5s/r . <<'EOF';
+my $LOCATIONS = $n->default_locations =~ s/muse_idle_timeout \S+;/muse_idle_timeout 5s;/r . <<'EOF';
         send_timeout 2s;
         client_header_timeout 1s;
         client_body_timeout 1s;
