@@ -14,5 +14,8 @@ gpu-carry: all
 	if [ -x $(BUILD)/t/synth-check ]; then cp $(BUILD)/t/synth-check $(GPU_CARRY)/t/; fi
 	mkdir -p $(GPU_CARRY)/obj && cp $(BUILD)/obj/kernels/linear_fast.o $(GPU_CARRY)/obj/ 2>/dev/null || true
 	cp $(BUILD)/nginx/ngx_muse_module.so $(GPU_CARRY)/nginx/
+	$(MAKE) --no-print-directory $(DEMO_TOK) && gzip -9c $(DEMO_TOK) >$(GPU_CARRY)/o200k-tokenizer.json.gz
+	# the carry is at most 64 MiB with the tree: no debug sections (the kernels' fatbins stay)
+	strip --strip-debug $(GPU_CARRY)/muse-* $(GPU_CARRY)/t/*
 	cd $(GPU_CARRY)/debs && apt-get download $(GPU_DEBS)
 	@du -sh $(GPU_CARRY)

@@ -3,7 +3,9 @@
 # processes, waits for /health, and (unless DEMO=0) streams one chat reply. Called by
 # `make run`, and by t/tools/bench_serve.sh for benchmarks. mk/stop.sh stops both by pid.
 # Optional: ENGINE_ARGS (serve flags; default --streams 4 --queue 16), IDLE_TIMEOUT (nginx's
-# muse_idle_timeout), KEEPALIVE_REQUESTS (nginx's keepalive_requests).
+# muse_idle_timeout), KEEPALIVE_REQUESTS (nginx's keepalive_requests), NGINX_BIN (the nginx binary;
+# default nginx on PATH). MODEL=- passes no --model (ENGINE_ARGS names the weights, e.g.
+# --synthetic-weights SEED --config FILE --tokenizer FILE).
 set -euo pipefail
 : "${PORT:?}" "${MODEL:?}" "${RUN_DIR:?}" "${BUILD:?}"
 mkdir -p "$RUN_DIR"/logs "$RUN_DIR"/conf "$RUN_DIR"/tmp
@@ -16,10 +18,12 @@ id "$user" >/dev/null 2>&1 || user=nobody
 group=$(id -gn "$user")
 chgrp "$group" "$RUN_DIR" && chmod 0750 "$RUN_DIR"
 sock="$RUN_DIR/engine.sock"
+model=(--model "$MODEL")
+[ "$MODEL" = - ] && model=()
 shm="/muse-run-$PORT"
 
 # shellcheck disable=SC2086 # ENGINE_ARGS is a list of flags
-"$BUILD/muse-engine" serve --model "$MODEL" --listen "$sock" --shm "$shm" --group "$group" \
+"$BUILD/muse-engine" serve "${model[@]}" --listen "$sock" --shm "$shm" --group "$group" \
     --model-id muse-spark ${ENGINE_ARGS:---streams 4 --queue 16} >"$RUN_DIR/logs/engine.log" 2>&1 &
 echo $! >"$RUN_DIR/engine.pid"
 
@@ -52,7 +56,7 @@ http {
     }
 }
 CONF
-nginx -p "$RUN_DIR" -c "$RUN_DIR/conf/nginx.conf" -g "daemon on;" >/dev/null
+"${NGINX_BIN:-nginx}" -p "$RUN_DIR" -c "$RUN_DIR/conf/nginx.conf" -g "daemon on;" >/dev/null
 
 url="http://127.0.0.1:$PORT"
 for _ in $(seq 1 600); do

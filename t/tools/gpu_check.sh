@@ -14,7 +14,8 @@
 # CPU backend (to try the script where there is no GPU); GPU_CHECK_STEPS picks steps by name.
 # Not in the default list: synth (--synthetic-weights filled on the GPU: synth-check's every
 # byte against the host fill, logits against the CPU's, the whole one-GPU shape's start timed);
-# run it as GPU_CHECK_STEPS="setup synth".
+# run it as GPU_CHECK_STEPS="setup synth". Nor servedemo and servewhole (issue 21: the demo
+# pack and the whole one-GPU shape served through nginx, t/tools/serve_measure.sh).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -241,6 +242,28 @@ if want serve; then
     MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-grammar-chat 240 prove -v t/stack/serve_grammar_chat.t
 fi
 want fault && step fault 60 prove -v t/stack/serve_gpu_fault.t
+
+# issue 21 item 4: the demo pack through nginx, one stream and eight, beside the engine's own
+# decode of the same pack (the difference is the serving path's cost a token)
+if want servedemo; then
+    step demo-decode 90 build/muse-bench decode --backend "$B" --model conf/packs/demo-en --kernels fast \
+        --streams 1,8 --tokens 256 --prompt 64 --json "$logs/demo-decode.json"
+    STREAMS=1,8 TOKENS=256 REPS=3 ID_RANGE=8000 step serve-demo 150 t/tools/serve_measure.sh \
+        "$logs/serve-demo" 18790 conf/packs/demo-en --backend "$B" --kernels fast --streams 8 --queue 16
+    cat "$logs/serve-demo/verdict.txt" "$logs/serve-demo/concurrent.txt" 2>/dev/null | tee -a "$sum"
+fi
+
+# issue 21 item 3: the whole one-GPU shape (synthetic weights on the GPU, the o200k tokenizer
+# make gpu-carry brings) behind nginx: 1, 4 and 16 streams, /health's memory beside the
+# device's, context 131072 with a pool of 65536 blocks (1M positions), requests past it refused
+if want servewhole && [ -f build/gpu/o200k-tokenizer.json.gz ]; then
+    zcat build/gpu/o200k-tokenizer.json.gz >"$packs/o200k-tokenizer.json"
+    STREAMS=${GPU_CHECK_SERVE_STREAMS:-1,4,16} TOKENS=32 REPS=1 step serve-whole 300 t/tools/serve_measure.sh \
+        "$logs/serve-whole" 18791 - --backend "$B" --kernels fast --synthetic-weights 1 \
+        --config conf/packs/muse-spark-open-1gpu.json --bits 2 --codebook mcg \
+        --tokenizer "$packs/o200k-tokenizer.json" --streams 16 --queue 32 --context 131072 --kv-blocks 65536
+    cat "$logs/serve-whole/verdict.txt" "$logs/serve-whole/concurrent.txt" 2>/dev/null | tee -a "$sum"
+fi
 
 # the first tables, with the copy bandwidth of the same run; their JSON comes back in the logs
 if want bench; then
