@@ -111,6 +111,7 @@ static int allocate_rank(cuda_backend *c, int r)
     muse_model_each_linear(m, exl3_size, &need);
     rk->ws_a = dalloc(c, rows_cap * need.a * sizeof(float), &mem->workspace);
     rk->ws_t = dalloc(c, rows_cap * need.t * sizeof(double), &mem->workspace);
+    if (be->kernels == MUSE_KERNELS_FAST) cuda_fast_moe_prepare(c, rk);
     if (be->kernels == MUSE_KERNELS_FAST &&
         (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
         rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
@@ -470,6 +471,7 @@ static void free_rank(cuda_backend *c, int r)
     free(rk->v_cache);
     free(rk->views);
     free(rk->lin);
+    free(rk->moe_ok);
     free(rk->toff);
     free(rk->pack_off);
 }

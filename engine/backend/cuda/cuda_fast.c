@@ -126,14 +126,24 @@ void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls,
                                 rk->ws_fast, rk->ws_fast_bytes));
 }
 
-int cuda_fast_moe_fits(const cuda_backend *c, const muse_layer *ly)
+/* moe_fits walks 3 x E descriptors: once per layer at start, not in every round */
+void cuda_fast_moe_prepare(const cuda_backend *c, cuda_rank *rk)
 {
     const muse_model *m = c->base.model;
+    size_t L = (size_t)m->cfg.num_layers;
     muse_k_lin shapes[3];
+    rk->moe_ok = MUSE_CALLOC(L ? L : 1, sizeof *rk->moe_ok);
+    for (size_t i = 0; i < L; i++)
+        rk->moe_ok[i] = (unsigned char)moe_fits(m, rk, (int64_t)i, shapes);
+}
+
+int cuda_fast_moe_fits(const cuda_backend *c, const muse_layer *ly)
+{
+    size_t i = (size_t)(ly - c->base.model->layers);
     if (c->base.kernels != MUSE_KERNELS_FAST) return 0;
     for (int r = 0; r < c->n_ranks; r++)
-        if (!c->rank[r].ws_fast || !c->rank[r].moe_plan ||
-            !moe_fits(m, &c->rank[r], ly - m->layers, shapes))
+        if (!c->rank[r].ws_fast || !c->rank[r].moe_plan || !c->rank[r].moe_ok ||
+            !c->rank[r].moe_ok[i])
             return 0;
     return 1;
 }
@@ -146,9 +156,10 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
     const muse_model *m = c->base.model;
     int64_t i = ly - m->layers;
     long E = (long)m->cfg.num_experts, P = rows * (long)m->cfg.num_experts_per_tok;
-    muse_k_lin shapes[3];
-    if (CHECK(c, moe_fits(m, rk, i, shapes) ? cudaSuccess : cudaErrorInvalidValue))
+    if (CHECK(c, rk->moe_ok && rk->moe_ok[i] ? cudaSuccess : cudaErrorInvalidValue))
         return; /* the caller asked cuda_fast_moe_fits */
+    const muse_k_lin shapes[3] = {rk->lin[ly->experts[0].gate.id], rk->lin[ly->experts[0].up.id],
+                                  rk->lin[ly->experts[0].down.id]}; /* expert 0's: the launch's */
     int most, gr = muse_k_linear_fast_group_rows(rows);
     plan_ints(&m->cfg, rows, &most);
     int mg = muse_k_moe_max_groups(P, E, gr);

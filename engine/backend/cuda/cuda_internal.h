@@ -106,9 +106,10 @@ typedef struct {
     size_t ws_attn_bytes;
     float *router_logits, *sel_w, *eg, *eu, *ea, *zg, *zs, *xsel, *raw, *weights;
     int32_t *sel, *pair_src;
-    int32_t *moe_plan; /* the fast MoE's groups, perm and count (cuda_fast.c), fast path only */
-    float *red;        /* [red_floats] a rank-order sum before it is copied back (ranks > 1) */
-    float *gather;     /* [ranks][red_floats] NCCL's all-gather of the partials (NCCL only) */
+    int32_t *moe_plan;     /* the fast MoE's groups, perm and count (cuda_fast.c), fast path only */
+    unsigned char *moe_ok; /* [layers]: its experts take the grouped fast product (at start) */
+    float *red;            /* [red_floats] a rank-order sum before it is copied back (ranks > 1) */
+    float *gather;         /* [ranks][red_floats] NCCL's all-gather of the partials (NCCL only) */
     ncclComm_t comm;
 } cuda_rank;
 
@@ -232,6 +233,7 @@ int cuda_fast_fits(const cuda_backend *c, const muse_linear *const *ls, int n, i
 /* The fast MoE: the plan's ints at rows rows (0: no MoE), whether layer ly's experts take the
  * grouped product on every rank, and rank rk's experts of the round's pairs into z. */
 size_t cuda_fast_plan_ints(const cuda_backend *c, long rows);
+void cuda_fast_moe_prepare(const cuda_backend *c, cuda_rank *rk);
 int cuda_fast_moe_fits(const cuda_backend *c, const muse_layer *ly);
 void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, const float *b,
                        long x_stride, long rows, float *z);
