@@ -133,6 +133,13 @@ for my $i (0 .. 11) {
     $max_used = $h->{prompt_cache}{used_bytes} if $h->{prompt_cache}{used_bytes} > $max_used;
     push @seen, $JSON->encode({cache => $h->{prompt_cache}, usage => $r->{usage}, finish => $r->{choices}[0]{finish_reason}});
 }
+# /health is published four times a second: twelve requests on a GPU can all come inside one
+# period and see the figures from before the first one, so one read after the next publish
+my $after = MuseNginx::wait_until(3, sub {
+    my $h = $n->request('GET', '/health')->{json};
+    return $h && $h->{prompt_cache}{used_bytes} > 0 ? $h : undef;
+});
+$max_used = $after->{prompt_cache}{used_bytes} if $after && $after->{prompt_cache}{used_bytes} > $max_used;
 ok($max_used > 0 && $max_used <= $budget, "the prompt cache stays within its budget ($max_used <= $budget bytes)")
     or diag(join("\n", @seen[0 .. 2], $JSON->encode($n->request('GET', '/health')->{json})));
 
