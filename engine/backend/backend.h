@@ -141,6 +141,10 @@ struct muse_backend {
     muse_kernels kernels;           /* the path resolved at start: EXACT or FAST */
     int fault_pending; /* test hooks only: the next end_round fails as a sticky device error */
     int masks;         /* 1 when sample applies muse_round.masks (constrained decoding) */
+    /* The forward sets replay_ok around its rounds: the same operations for the same rows,
+     * wanted rows and sampling flags. A backend that ran such a round whole in begin_round
+     * (a stored graph) sets replayed, and the forward goes straight to end_round. */
+    int replay_ok, replayed;
 };
 
 /* Makes the backend called name ("cpu"; "cuda" where built). Errors name the fix. */

@@ -151,7 +151,12 @@ int muse_forward_run(muse_forward *f, const muse_round *r, muse_round_out *out, 
     muse_backend *be = f->be;
     const muse_config *c = &f->m->cfg;
     if (f->hook.before_round && f->hook.before_round(f->hook.ctx, be, r, e)) return -1;
-    if (be->ops->begin_round(be, r, e)) return -1;
+    be->replay_ok = 1;
+    be->replayed = 0;
+    int rc = be->ops->begin_round(be, r, e);
+    be->replay_ok = 0;
+    if (rc) return -1;
+    if (be->replayed) return be->ops->end_round(be, out, e); /* a stored graph ran it whole */
     be->ops->embed(be, f->h);
     be->ops->norm(be, f->h, (long)c->hidden_size, &f->m->layers[0].input_norm, MUSE_NORM_PLUS1,
                   (float)c->rms_norm_eps, 1, f->a);

@@ -40,7 +40,7 @@ step() {
     rc=$?
     note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
     case $name in # tables come back whole; other steps their verdict lines
-    fastcheck | shape-* | whole-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
+    fastcheck | shape-* | whole-* | demo-decode-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
     synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
     synth-*) grep -E "synth-check|FAIL|filled on the GPU|error" "$logs/$name.txt" | head -40 |
@@ -121,6 +121,8 @@ if want logits && [ "$B" = cuda ]; then
     # the whole model on each EXL3 path alone (auto picks tiles from 32 rows, never for the MoE)
     MUSE_EXL3_PATH=tiles step logits-tiles 60 prove -v t/ops/cuda_logits.t
     MUSE_EXL3_PATH=small step logits-small 60 prove -v t/ops/cuda_logits.t
+    # a round whose key matches its bucket's last capture launches that graph (MUSE_CUDA_REPLAY)
+    MUSE_CUDA_REPLAY=1 step logits-replay 60 prove -v t/ops/cuda_logits.t
 fi
 
 if want compare; then
@@ -235,6 +237,8 @@ fi
 # serving exactness through nginx on each kernel path (the engine reads MUSE_CUDA_PATH)
 if want serve; then
     MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast 240 prove -v t/stack/serve_exactness.t
+    MUSE_CUDA_REPLAY=1 MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast-replay 240 prove -v \
+        t/stack/serve_exactness.t
     MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
     # structured outputs: the round's token masks through the CUDA sample kernels
     MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-grammar-fast 240 prove -v t/stack/serve_grammar.t
@@ -245,12 +249,18 @@ want fault && step fault 60 prove -v t/stack/serve_gpu_fault.t
 
 # issue 21 item 4: the demo pack through nginx, one stream and eight, beside the engine's own
 # decode of the same pack (the difference is the serving path's cost a token)
+# (each with MUSE_CUDA_REPLAY 0 and 1: the round captured anew, or its stored graph launched)
 if want servedemo; then
-    step demo-decode 90 build/muse-bench decode --backend "$B" --model conf/packs/demo-en --kernels fast \
-        --streams 1,8 --tokens 256 --prompt 64 --json "$logs/demo-decode.json"
-    STREAMS=1,8 TOKENS=256 REPS=3 ID_RANGE=8000 step serve-demo 150 t/tools/serve_measure.sh \
-        "$logs/serve-demo" 18790 conf/packs/demo-en --backend "$B" --kernels fast --streams 8 --queue 16
-    cat "$logs/serve-demo/verdict.txt" "$logs/serve-demo/concurrent.txt" 2>/dev/null | tee -a "$sum"
+    for v in ${GPU_CHECK_REPLAY:-0 1}; do
+        MUSE_CUDA_REPLAY=$v step "demo-decode-replay$v" 90 build/muse-bench decode --backend "$B" \
+            --model conf/packs/demo-en --kernels fast --streams 1,8 --tokens 256 --prompt 64 \
+            --json "$logs/demo-decode-replay$v.json"
+        MUSE_CUDA_REPLAY=$v STREAMS=1,8 TOKENS=256 REPS=3 ID_RANGE=8000 step "serve-demo-replay$v" 150 \
+            t/tools/serve_measure.sh "$logs/serve-demo-replay$v" 18890 conf/packs/demo-en --backend "$B" \
+            --kernels fast --streams 8 --queue 16
+        cat "$logs/serve-demo-replay$v/verdict.txt" "$logs/serve-demo-replay$v/concurrent.txt" 2>/dev/null |
+            tee -a "$sum"
+    done
 fi
 
 # issue 21 item 3: the whole one-GPU shape (synthetic weights on the GPU, the o200k tokenizer
@@ -259,7 +269,7 @@ fi
 if want servewhole && [ -f build/gpu/o200k-tokenizer.json.gz ]; then
     zcat build/gpu/o200k-tokenizer.json.gz >"$packs/o200k-tokenizer.json"
     STREAMS=${GPU_CHECK_SERVE_STREAMS:-1,4,16} TOKENS=32 REPS=1 step serve-whole 300 t/tools/serve_measure.sh \
-        "$logs/serve-whole" 18791 - --backend "$B" --kernels fast --synthetic-weights 1 \
+        "$logs/serve-whole" 18891 - --backend "$B" --kernels fast --synthetic-weights 1 \
         --config conf/packs/muse-spark-open-1gpu.json --bits 2 --codebook mcg \
         --tokenizer "$packs/o200k-tokenizer.json" --streams 16 --queue 32 --context 131072 --kv-blocks 65536
     cat "$logs/serve-whole/verdict.txt" "$logs/serve-whole/concurrent.txt" 2>/dev/null | tee -a "$sum"

@@ -16,6 +16,14 @@ build=${BUILD:-$here/build}
 run=$(mktemp -d)
 url=http://127.0.0.1:$port
 mkdir -p "$out"
+# engine and nginx stop however this ends (a step's time limit included)
+cleanup() {
+    "$here/t/tools/bench_serve.sh" stop "$run" >/dev/null 2>&1
+    cp "$run/logs/engine.log" "$run/logs/error.log" "$out/" 2>/dev/null
+    rm -rf "$run"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
 export NGINX_BIN=${NGINX_BIN:-${MUSE_NGINX:-nginx}} # (nginx itself reads $NGINX: inherited sockets)
 say() { echo "$*" | tee -a "$out/verdict.txt"; }
 gpu_mem() { # the device's own view: used and total MiB (absent without nvidia-smi)
@@ -26,7 +34,6 @@ gpu_mem() { # the device's own view: used and total MiB (absent without nvidia-s
 t0=$(date +%s.%N)
 if ! "$here/t/tools/bench_serve.sh" start "$port" "$pack" "$run" "$build" "$@" >"$out/start.txt" 2>&1; then
     say "FAIL: the server did not start: $(tail -5 "$out/start.txt")"
-    cp "$run/logs/engine.log" "$out/" 2>/dev/null
     exit 1
 fi
 say "started in $(python3 -c "import time; print(round(time.time() - $t0, 2))") s (engine fill + plan + nginx)"
@@ -87,6 +94,3 @@ say "streams running meanwhile that finished whole: $done_ok of 4"
     say "PASS beyond the context: refused with 400, the others streamed on" ||
     say "FAIL beyond the context (see over-*.json, bg-*.sse)"
 
-"$here/t/tools/bench_serve.sh" stop "$run" >/dev/null
-cp "$run/logs/engine.log" "$run/logs/error.log" "$out/" 2>/dev/null
-rm -rf "$run"

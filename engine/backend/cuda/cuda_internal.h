@@ -113,6 +113,13 @@ typedef struct {
     ncclComm_t comm;
 } cuda_rank;
 
+/* What a stored graph was captured for: a round with the same replays it (cuda_round.c). */
+typedef struct {
+    long rows, wanted;
+    int do_sample, return_logits, valid;
+    muse_act logits;
+} cuda_exec_key;
+
 typedef struct {
     muse_backend base;
     int n_ranks;
@@ -149,6 +156,12 @@ typedef struct {
      * spanning devices is not relied on. */
     int graphs, capturing;
     cudaGraphExec_t execs[MUSE_MAX_BUCKETS + 1];
+    /* MUSE_CUDA_REPLAY=1: a forward's round whose key equals its bucket's last capture launches
+     * that graph in begin_round without running the operations again: every launch parameter
+     * is a function of the key (rows, wanted rows, sampling flags; the batch itself is read
+     * from the staged buffers), so the capture would be the same graph */
+    int replay, keyed; /* keyed: this round's capture may be replayed (a forward's round) */
+    cuda_exec_key exec_key[MUSE_MAX_BUCKETS + 1];
     /* MUSE_CUDA_PROFILE=1: each op timed with events on rank 0's stream (eager, synchronized),
      * printed at exit */
     int prof;

@@ -172,6 +172,37 @@ static void begin_capture(cuda_backend *c)
         CHECK(c, cudaStreamWaitEvent(c->rank[r].st, c->rank[0].ev_join, 0));
 }
 
+/* The graph slot of the round's row count: its bucket's, or the last for any other. */
+static int bucket_slot(const cuda_backend *c)
+{
+    int slot = MUSE_MAX_BUCKETS;
+    for (int i = 0; i < c->base.n_buckets; i++)
+        if (c->base.buckets[i] == c->rows) slot = i;
+    return slot;
+}
+
+/* A forward's round with its slot's key: that graph launched after the staging copies (every
+ * rank's, as begin_capture orders them); 0 when the round must be captured. */
+static int launch_stored(cuda_backend *c)
+{
+    int slot = bucket_slot(c);
+    if (!c->keyed || !c->execs[slot]) return 0;
+    const cuda_exec_key *k = &c->exec_key[slot];
+    if (!k->valid || k->rows != c->rows || k->wanted != c->wanted || k->do_sample != c->do_sample ||
+        k->return_logits != c->return_logits)
+        return 0;
+    cudaStream_t st0 = c->rank[0].st;
+    for (int r = 1; r < c->n_ranks; r++) {
+        cuda_rank *rk = on(c, r);
+        CHECK(c, cudaEventRecord(rk->ev_join, rk->st));
+        CHECK(c, cudaStreamWaitEvent(st0, rk->ev_join, 0));
+    }
+    on(c, 0);
+    c->logits = k->logits; /* what the head and sample operations would have set */
+    CHECK(c, cudaGraphLaunch(c->execs[slot], st0));
+    return 1;
+}
+
 /* The batch into staging as the CPU backend does it (backend.c muse_backend_stage), each
  * wanted row's sampling converted field by field to the kernel's record, then to every rank. */
 int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
@@ -198,7 +229,11 @@ int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
     c->return_logits = r->return_logits;
     c->logits = -1;
     c->in_round = 1;
-    if (c->graphs && !c->failed) begin_capture(c);
+    c->keyed = c->replay && be->replay_ok;
+    if (c->graphs && !c->failed && launch_stored(c))
+        be->replayed = 1;
+    else if (c->graphs && !c->failed)
+        begin_capture(c);
     prof_host(c, PROF_BEGIN, t0);
     if (c->failed) return device_error(c, e);
     return 0;
@@ -222,10 +257,9 @@ static void replay(cuda_backend *c)
         if (g) cudaGraphDestroy(g);
         return;
     }
-    int slot = MUSE_MAX_BUCKETS;
-    for (int i = 0; i < c->base.n_buckets; i++)
-        if (c->base.buckets[i] == c->rows) slot = i;
+    int slot = bucket_slot(c);
     cudaGraphExec_t *x = &c->execs[slot];
+    c->exec_key[slot].valid = 0;
     if (*x) {
         cudaGraphExecUpdateResultInfo info;
         if (cudaGraphExecUpdate(*x, g, &info) != cudaSuccess) {
