@@ -492,7 +492,7 @@ void cuda_destroy(muse_backend *be)
     }
     void *host[] = {c->stage.block, c->h_drawn, c->h_sampling, c->h_logits, c->h_masks};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) cudaFreeHost(host[i]);
-    for (int i = 0; i <= MUSE_MAX_BUCKETS; i++)
+    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
         if (c->execs[i]) cudaGraphExecDestroy(c->execs[i]);
     for (int r = c->n_ranks - 1; r >= 0; r--) free_rank(c, r); /* owners last */
     free(c->acts);

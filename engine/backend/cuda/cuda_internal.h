@@ -113,6 +113,11 @@ typedef struct {
     ncclComm_t comm;
 } cuda_rank;
 
+/* Executable graphs: one a row bucket (the last for any other count) and round kind (drawn
+ * or not, logits back or not: their operations differ, so one exec would be made again each
+ * time the kind changed). */
+#define CUDA_GRAPH_SLOTS ((MUSE_MAX_BUCKETS + 1) * 4)
+
 /* What a stored graph was captured for: a round with the same replays it (cuda_round.c). */
 typedef struct {
     long rows, wanted;
@@ -151,17 +156,17 @@ typedef struct {
     muse_act logits;
     int64_t *kv_cap; /* per layer: ring positions of a sliding layer, 0 for a full one */
     /* CUDA graphs: each round is captured (every rank's stream, forked from and joined into
-     * rank 0's) and replayed through one executable graph a row bucket (updated in place when
-     * the next capture of the bucket differs). Ranks on several GPUs launch eagerly: one graph
-     * spanning devices is not relied on. */
+     * rank 0's) and replayed through one executable graph a row bucket and round kind
+     * (updated in place when the next capture of the slot differs). Ranks on several GPUs launch
+     * eagerly: one graph spanning devices is not relied on. */
     int graphs, capturing;
-    cudaGraphExec_t execs[MUSE_MAX_BUCKETS + 1];
+    cudaGraphExec_t execs[CUDA_GRAPH_SLOTS]; /* a row bucket's (or any other count's) x 4 kinds */
     /* MUSE_CUDA_REPLAY=1: a forward's round whose key equals its bucket's last capture launches
      * that graph in begin_round without running the operations again: every launch parameter
      * is a function of the key (rows, wanted rows, sampling flags; the batch itself is read
      * from the staged buffers), so the capture would be the same graph */
     int replay, keyed; /* keyed: this round's capture may be replayed (a forward's round) */
-    cuda_exec_key exec_key[MUSE_MAX_BUCKETS + 1];
+    cuda_exec_key exec_key[CUDA_GRAPH_SLOTS];
     /* MUSE_CUDA_PROFILE=1: each op timed with events on rank 0's stream (eager, synchronized),
      * printed at exit */
     int prof;

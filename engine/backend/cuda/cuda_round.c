@@ -172,13 +172,14 @@ static void begin_capture(cuda_backend *c)
         CHECK(c, cudaStreamWaitEvent(c->rank[r].st, c->rank[0].ev_join, 0));
 }
 
-/* The graph slot of the round's row count: its bucket's, or the last for any other. */
+/* The graph slot of the round: its row count's bucket (the last for any other count), then
+ * its kind (drawn, logits back). */
 static int bucket_slot(const cuda_backend *c)
 {
     int slot = MUSE_MAX_BUCKETS;
     for (int i = 0; i < c->base.n_buckets; i++)
         if (c->base.buckets[i] == c->rows) slot = i;
-    return slot;
+    return slot * 4 + (c->do_sample ? 1 : 0) + (c->return_logits ? 2 : 0);
 }
 
 /* A forward's round with its slot's key: that graph launched after the staging copies (every
