@@ -111,7 +111,7 @@ void gb_finish(gram_builder *b, muse_grammar *g)
         for (size_t i = 0; i < b->rules[r].n; i++) {
             const gb_alt *a = &b->rules[r].alt[i];
             g->alts[k++] = (uint32_t)e;
-            memcpy(g->el + e, a->sym, a->n * sizeof *a->sym);
+            if (a->n) memcpy(g->el + e, a->sym, a->n * sizeof *a->sym); /* sym NULL when empty */
             e += a->n;
             g->el[e++] = G_MK(G_END, 0);
         }
@@ -122,4 +122,81 @@ void gb_finish(gram_builder *b, muse_grammar *g)
     g->nsets = b->nsets;
     b->sets = NULL;
     gb_free(b);
+}
+
+/* ---- what an expansion costs ---- */
+
+#define CHECK_DEPTH 8192 /* rules chained before a byte (optional properties in a row) */
+
+typedef struct {
+    const gram_builder *b;
+    uint8_t *st; /* 0 not seen, 1 on the walk, 2 done */
+    uint64_t *tops, *empties;
+    uint32_t bad;
+    int why;
+} check_ctx;
+
+static uint64_t sat(uint64_t x)
+{
+    return x > GB_BRANCH_MAX ? GB_BRANCH_MAX + 1 : x;
+}
+
+/* For rule r: tops (byte-set elements its alternatives reach before a byte) and empties
+ * (ways it ends having read none). Both at most GB_BRANCH_MAX + 1, so products fit. */
+static int check_rule(check_ctx *c, uint32_t r, size_t depth)
+{
+    if (c->st[r] == 2) return 0;
+    if (c->st[r] == 1 || depth > CHECK_DEPTH) {
+        c->bad = r;
+        c->why = c->st[r] == 1 ? GB_LEFT_RECURSIVE : GB_TOO_DEEP;
+        return -1;
+    }
+    c->st[r] = 1;
+    const gb_rule *ru = &c->b->rules[r];
+    uint64_t tops = 0, empties = 0;
+    for (size_t i = 0; i < ru->n; i++) {
+        const gb_alt *a = &ru->alt[i];
+        uint64_t ways = 1; /* paths that reach symbol k having read nothing */
+        for (size_t k = 0; k < a->n && ways; k++) {
+            uint32_t e = a->sym[k];
+            if (G_KIND(e) == G_TERM) {
+                tops = sat(tops + ways);
+                ways = 0;
+                break;
+            }
+            uint32_t s = G_ARG(e);
+            if (check_rule(c, s, depth + 1)) return -1;
+            tops = sat(tops + sat(ways * c->tops[s]));
+            ways = sat(ways * c->empties[s]);
+        }
+        empties = sat(empties + ways);
+    }
+    c->tops[r] = tops;
+    c->empties[r] = empties;
+    c->st[r] = 2;
+    if (tops > GB_BRANCH_MAX || empties > GB_BRANCH_MAX) {
+        c->bad = r;
+        c->why = GB_TOO_BRANCHY;
+        return -1;
+    }
+    return 0;
+}
+
+int gb_check(const gram_builder *b, uint32_t *bad, int *why)
+{
+    check_ctx c = {b,
+                   MUSE_CALLOC(b->nrules + 1, 1),
+                   MUSE_CALLOC(b->nrules + 1, sizeof(uint64_t)),
+                   MUSE_CALLOC(b->nrules + 1, sizeof(uint64_t)),
+                   0,
+                   0};
+    int rc = 0;
+    /* every rule: a step can start an expansion anywhere after a byte */
+    for (uint32_t r = 0; r < b->nrules && rc == 0; r++) rc = check_rule(&c, r, 0);
+    *bad = c.bad;
+    *why = c.why;
+    free(c.st);
+    free(c.tops);
+    free(c.empties);
+    return rc;
 }

@@ -134,6 +134,13 @@ void gb_ref(gram_builder *b, gb_alt *a, uint32_t r);
 /* Flattens into g (el, rules, alts, sets); frees the builder. */
 void gb_finish(gram_builder *b, muse_grammar *g);
 void gb_free(gram_builder *b);
+/* Checks what one expansion can cost: 0, or -1 with *bad the rule at fault and *why
+ * GB_LEFT_RECURSIVE (a rule reached again before any byte: the automaton would loop) or
+ * GB_TOO_BRANCHY (over GB_BRANCH_MAX byte-set tops reached before a byte, e.g. anyOf nested
+ * over the same $ref: expansion would take exponential time) or GB_TOO_DEEP. */
+#define GB_BRANCH_MAX 32768
+enum { GB_LEFT_RECURSIVE = 1, GB_TOO_BRANCHY = 2, GB_TOO_DEEP = 3 };
+int gb_check(const gram_builder *b, uint32_t *bad, int *why);
 
 /* Compiles a schema (cJSON tree) into b; returns the root rule or -1 with err. */
 struct cJSON;

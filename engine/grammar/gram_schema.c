@@ -27,6 +27,7 @@ typedef struct {
     char path[160];
     int depth;
     uint32_t ws, any, str, num, anyobj, anyarr;
+    uint32_t dig[INT_DIGITS + 1]; /* exactly k digits, made once per k */
     ref_memo *refs;
     size_t nrefs, refcap;
     bool atem; /* values inside ATEM tags: '<' only escaped */
@@ -34,8 +35,8 @@ typedef struct {
 
 static int fail(ctx *c, const char *kw, const char *msg)
 {
-    if (c->err->keyword[0] == '\0') {
-        snprintf(c->err->keyword, sizeof c->err->keyword, "%s", kw);
+    if (c->err->msg[0] == '\0') { /* the first failure is the one reported */
+        snprintf(c->err->keyword, sizeof c->err->keyword, "%s", kw[0] ? kw : "(empty name)");
         snprintf(c->err->path, sizeof c->err->path, "%s", c->path[0] ? c->path : "/");
         snprintf(c->err->msg, sizeof c->err->msg, "%s", msg);
     }
@@ -217,6 +218,22 @@ static uint32_t digits(ctx *c, uint32_t min, uint32_t max)
     return rule_rep(c, &d, min, max);
 }
 
+static uint32_t digits_exact(ctx *c, size_t k)
+{
+    if (k < sizeof c->dig / sizeof c->dig[0]) {
+        if (c->dig[k] == NONE) c->dig[k] = digits(c, (uint32_t)k, (uint32_t)k);
+        return c->dig[k];
+    }
+    return digits(c, (uint32_t)k, (uint32_t)k);
+}
+
+static bool all_are(const char *s, size_t n, char ch)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ch) return false;
+    return true;
+}
+
 /* Decimal texts (no leading zeros) of the integers in [A, B], both of L digits. */
 static uint32_t same_len(ctx *c, const char *A, const char *B, size_t L)
 {
@@ -224,6 +241,14 @@ static uint32_t same_len(ctx *c, const char *A, const char *B, size_t L)
     gb_alt *a;
     if (L == 1) {
         gb_range(c->b, gb_alt_new(c->b, r), (unsigned char)A[0], (unsigned char)B[0]);
+        return r;
+    }
+    /* [a0..b0] then any L-1 digits: said once, else the three-way split below doubles per
+     * digit (an unbounded integer was millions of elements) */
+    if (all_are(A + 1, L - 1, '0') && all_are(B + 1, L - 1, '9')) {
+        a = gb_alt_new(c->b, r);
+        gb_range(c->b, a, (unsigned char)A[0], (unsigned char)B[0]);
+        gb_ref(c->b, a, digits_exact(c, L - 1));
         return r;
     }
     if (A[0] == B[0]) {
@@ -241,7 +266,7 @@ static uint32_t same_len(ctx *c, const char *A, const char *B, size_t L)
     if (A[0] + 1 <= B[0] - 1) {
         a = gb_alt_new(c->b, r);
         gb_range(c->b, a, (unsigned char)A[0] + 1, (unsigned char)B[0] - 1);
-        gb_ref(c->b, a, digits(c, (uint32_t)L - 1, (uint32_t)L - 1));
+        gb_ref(c->b, a, digits_exact(c, L - 1));
     }
     a = gb_alt_new(c->b, r);
     gb_byte(c->b, a, (unsigned char)B[0]);
@@ -582,18 +607,22 @@ static int64_t gen_string(ctx *c, const cJSON *node)
 
 static uint32_t any_value(ctx *c);
 
-static uint32_t any_object(ctx *c)
+/* An object of any names, each value of rule v (v NONE: any value, the rule made once). */
+static uint32_t object_of(ctx *c, uint32_t v)
 {
-    if (c->anyobj != NONE) return c->anyobj;
+    if (v == NONE && c->anyobj != NONE) return c->anyobj;
     uint32_t ws = ws_rule(c), r = gb_rule_new(c->b), rest = gb_rule_new(c->b),
              more = gb_rule_new(c->b), member = gb_rule_new(c->b);
-    c->anyobj = r;
+    if (v == NONE) {
+        c->anyobj = r; /* before any_value: it refers back to this rule */
+        v = any_value(c);
+    }
     gb_alt *a = gb_alt_new(c->b, member);
     gb_ref(c->b, a, string_rule(c, 0, NONE));
     gb_ref(c->b, a, ws);
     gb_byte(c->b, a, ':');
     gb_ref(c->b, a, ws);
-    gb_ref(c->b, a, any_value(c));
+    gb_ref(c->b, a, v);
     a = gb_alt_new(c->b, r);
     gb_byte(c->b, a, '{');
     gb_ref(c->b, a, ws);
@@ -612,6 +641,11 @@ static uint32_t any_object(ctx *c)
     gb_ref(c->b, a, member);
     gb_ref(c->b, a, more);
     return r;
+}
+
+static uint32_t any_object(ctx *c)
+{
+    return object_of(c, NONE);
 }
 
 static uint32_t any_array(ctx *c)
@@ -660,20 +694,52 @@ static uint32_t any_value(ctx *c)
 
 static int64_t gen(ctx *c, const cJSON *node);
 
-static int64_t literal(ctx *c, const cJSON *v)
+/* The value printed as compact JSON, as a new alternative of rule r ('<' escaped inside
+ * ATEM tags: in printed JSON it is only inside strings). */
+static int literal_alt(ctx *c, uint32_t r, const cJSON *v)
 {
     char *s = cJSON_PrintUnformatted(v);
-    if (!s) return fail(c, "const", "could not print the value");
-    uint32_t r = gb_rule_new(c->b);
+    if (!s) return -1;
     gb_alt *a = gb_alt_new(c->b, r);
-    for (const char *p = s; *p; p++) { /* '<' is only inside strings in printed JSON */
+    for (const char *p = s; *p; p++) {
         if (*p == '<' && c->atem)
             gb_lit(c->b, a, "\\u003c", 6);
         else
             gb_byte(c->b, a, (unsigned char)*p);
     }
     free(s);
+    return 0;
+}
+
+static int64_t literal(ctx *c, const cJSON *v)
+{
+    uint32_t r = gb_rule_new(c->b);
+    if (literal_alt(c, r, v)) return fail(c, "const", "could not print the value");
     return r;
+}
+
+/* Whether value v has JSON Schema type t (a name). */
+static bool has_type(const cJSON *v, const char *t)
+{
+    if (strcmp(t, "integer") == 0)
+        return cJSON_IsNumber(v) && isfinite(v->valuedouble) &&
+               v->valuedouble == floor(v->valuedouble);
+    return (strcmp(t, "null") == 0 && cJSON_IsNull(v)) ||
+           (strcmp(t, "boolean") == 0 && cJSON_IsBool(v)) ||
+           (strcmp(t, "number") == 0 && cJSON_IsNumber(v)) ||
+           (strcmp(t, "string") == 0 && cJSON_IsString(v)) ||
+           (strcmp(t, "array") == 0 && cJSON_IsArray(v)) ||
+           (strcmp(t, "object") == 0 && cJSON_IsObject(v));
+}
+
+/* Whether v fits type (a name or a list of names; NULL: any). */
+static bool fits_type(const cJSON *v, const cJSON *type)
+{
+    if (!type) return true;
+    if (cJSON_IsString(type)) return has_type(v, type->valuestring);
+    const cJSON *t;
+    cJSON_ArrayForEach(t, type) if (cJSON_IsString(t) && has_type(v, t->valuestring)) return true;
+    return false;
 }
 
 static int64_t gen_sub(ctx *c, const cJSON *node, const char *seg)
@@ -711,12 +777,22 @@ static int64_t gen_object(ctx *c, const cJSON *node)
     }
     size_t np = 0;
     cJSON_ArrayForEach(it, props) np++;
-    /* required names without a property schema: taken with any value */
+    /* required names without a property schema: their values are additionalProperties' */
     size_t nx = 0;
     cJSON_ArrayForEach(it, req) if (!cJSON_GetObjectItemCaseSensitive(props, it->valuestring)) nx++;
-    if (np == 0 && nx == 0 && !cJSON_IsFalse(addl)) return any_object(c);
     if (nx && cJSON_IsFalse(addl))
         return fail(c, "required", "names a property that additionalProperties false forbids");
+    int64_t extra = NONE; /* the rule of an extra name's value (NONE: any value) */
+    if (cJSON_IsObject(addl) && (nx || np == 0)) {
+        extra = gen_sub(c, addl, "additionalProperties");
+        if (extra < 0) return -1;
+    } else if (addl && !cJSON_IsBool(addl) && !cJSON_IsObject(addl)) {
+        size_t m = path_push(c, "additionalProperties");
+        fail(c, "additionalProperties", "must be a boolean or a schema");
+        path_pop(c, m);
+        return -1;
+    }
+    if (np == 0 && nx == 0 && !cJSON_IsFalse(addl)) return object_of(c, (uint32_t)extra);
     size_t n = np + nx;
     uint32_t *key = MUSE_CALLOC(n, sizeof *key), *val = MUSE_CALLOC(n, sizeof *val);
     bool *must = MUSE_CALLOC(n, sizeof *must);
@@ -757,7 +833,7 @@ static int64_t gen_object(ctx *c, const cJSON *node)
         key[i] = (uint32_t)literal(c, ks);
         cJSON_Delete(ks);
         must[i] = true;
-        val[i++] = any_value(c);
+        val[i++] = extra == NONE ? any_value(c) : (uint32_t)extra;
     }
     int64_t out = -1;
     if (rc == 0) {
@@ -1106,8 +1182,14 @@ static int64_t gen(ctx *c, const cJSON *node)
         path_pop(c, n);
         goto out;
     }
+    const cJSON *vtype = cJSON_GetObjectItemCaseSensitive(node, "type"); /* beside const/enum */
     if (cst) {
-        r = literal(c, cst);
+        size_t n = path_push(c, "const");
+        r = fits_type(cst, vtype) ? literal(c, cst)
+                                  : fail(c, "const",
+                                         "the value does not have the type named "
+                                         "beside it: no value fits both");
+        path_pop(c, n);
         goto out;
     }
     if (en) {
@@ -1116,11 +1198,14 @@ static int64_t gen(ctx *c, const cJSON *node)
             fail(c, "enum", "must be a non-empty array");
         } else {
             r = gb_rule_new(c->b);
-            for (const cJSON *it = en->child; it; it = it->next) {
-                char *s = cJSON_PrintUnformatted(it);
-                if (s) gb_lit(c->b, gb_alt_new(c->b, (uint32_t)r), s, strlen(s));
-                free(s);
+            size_t kept = 0;
+            for (const cJSON *it = en->child; it && r >= 0; it = it->next) {
+                if (!fits_type(it, vtype)) continue; /* a value the type beside excludes */
+                if (literal_alt(c, (uint32_t)r, it)) r = fail(c, "enum", "could not print a value");
+                kept++;
             }
+            if (r >= 0 && kept == 0)
+                r = fail(c, "enum", "no value has the type named beside it: none fits both");
         }
         path_pop(c, n);
         goto out;
@@ -1334,6 +1419,7 @@ int64_t gram_schema_compile(gram_builder *b, const cJSON *schema, int kind, muse
 {
     ctx c = {.b = b, .root = schema, .err = err};
     c.ws = c.any = c.str = c.num = c.anyobj = c.anyarr = NONE;
+    for (size_t k = 0; k < sizeof c.dig / sizeof c.dig[0]; k++) c.dig[k] = NONE;
     int64_t r;
     if (kind == MUSE_GRAMMAR_JSON_OBJECT)
         r = any_object(&c);
@@ -1345,6 +1431,25 @@ int64_t gram_schema_compile(gram_builder *b, const cJSON *schema, int kind, muse
         r = gen_atem(&c, schema);
     else
         r = gen(&c, schema);
+    uint32_t bad;
+    int why;
+    if (r >= 0 && gb_check(b, &bad, &why)) {
+        const char *at = "";
+        for (size_t i = 0; i < c.nrefs; i++)
+            if (c.refs[i].rule == bad) at = c.refs[i].ref + 1;
+        snprintf(c.path, sizeof c.path, "%s", at);
+        if (why == GB_LEFT_RECURSIVE)
+            r = fail(&c, "$ref",
+                     "refers back to itself before any character of the value (through $ref, "
+                     "anyOf, oneOf or allOf alone), a cycle the automaton cannot hold; recurse "
+                     "inside an object's property or an array's items");
+        else if (why == GB_TOO_BRANCHY)
+            r = fail(&c, "anyOf",
+                     "too many alternatives where a value starts (over 32768: nested anyOf or "
+                     "enum over the same choices); merge them");
+        else
+            r = fail(&c, "schema", "the schema chains too many optional parts in a row");
+    }
     free(c.refs);
     return r;
 }

@@ -48,7 +48,7 @@ sub rf { {response_format => {type => 'json_schema', json_schema => {name => 't'
 
 # ---- response_format: content validates; the header goes to self or user ----
 my (@meta, %sha);
-my @pick = grep { $_ % 6 == 0 } 0 .. $#$corpus;
+my @pick = grep { $_ % 14 == 0 } 0 .. $#$corpus; # 19 of the corpus, spread over it
 for my $seed (21, 22) {
     for (my $i = 0; $i < @pick; $i += 8) {
         my @idx = grep { defined } @pick[$i .. $i + 7];

@@ -2,7 +2,11 @@
 # A client nobody here wrote: the official `openai` npm package (t/node, exact version in
 # package.json) against nginx + ngx_muse_module + `muse-engine serve --backend script`:
 # streaming and non-streaming chat, a tool-call round trip (call, tool result sent back, answer),
-# and errors raised as the SDK's own classes (BadRequestError with param, NotFoundError).
+# and errors raised as the SDK's own classes (BadRequestError with param, NotFoundError). Then
+# against a real engine (the demo pack): structured outputs as the SDK sends them,
+# response_format json_schema (strict) through chat.completions.create, its stream and
+# chat.completions.parse (no zod), and json_object; each content JSON.parse()s and its fields
+# fit the schema (checked in the driver, and with Python's jsonschema here).
 # t/tools/openai_client_e2e.mjs drives the SDK and prints what it saw; this file asserts.
 use strict;
 use warnings;
@@ -95,4 +99,69 @@ is($e->{code}, 'model_not_found', 'unknown model: model_not_found');
 
 is(join("\n", $n->bad_log_lines), '', 'no [alert]/[crit] in error.log');
 ok($n->engine_alive, 'engine alive');
+
+# ---- structured outputs: a real engine behind nginx (the script backend holds no masks) ----
+$n->stop_nginx;
+$n->start_real_engine(args => ['--streams', '4', '--context', '2048']);
+$n->start_nginx;
+$t0 = time;
+$out = `node '$root/t/tools/openai_client_e2e.mjs' 'http://127.0.0.1:@{[$n->port]}/v1' structured 2>&1`;
+$node_s = time - $t0;
+my $g = eval { JSON::PP->new->utf8->decode($out) };
+ok($g, 'the node driver ran its structured part') or diag($out);
+$g //= {};
+diag("structured part: node driver ${\ sprintf('%.1f', $node_s)} s");
+my $JS = JSON::PP->new->canonical;
+
+my $sc = ref $g->{schema_create} eq 'ARRAY' ? $g->{schema_create} : [];
+is(scalar @$sc, 4, 'json_schema: four answers through chat.completions.create')
+    or diag($JS->encode($g->{schema_create}));
+my @done = grep { $_->{finish} eq 'stop' } @$sc;
+ok(@done >= 3, scalar(@done) . ' of 4 finish within max_tokens');
+is(scalar(grep { $_->{finish} ne 'stop' && $_->{finish} ne 'length' } @$sc), 0, 'the others end with length');
+is_deeply([map { $_->{problems} } @done], [map { [] } @done],
+          'json_schema: every finished content JSON.parse()s and its fields fit the schema')
+    or diag($JS->encode(\@done));
+my %texts = map { $_->{content} => 1 } @done;
+ok(keys(%texts) >= 2, 'the answers differ by seed (the check can fail)');
+
+my $ss = $g->{schema_stream} // {};
+is($ss->{finish}, 'stop', 'json_schema stream: finish stop') or diag($JS->encode($ss));
+is_deeply($ss->{problems}, [], 'json_schema stream: the joined deltas parse and fit the schema');
+is($ss->{content}, ($sc->[0] // {})->{content}, 'json_schema stream: the same content as the same seed unstreamed');
+
+my $sp = ref $g->{schema_parse} eq 'ARRAY' ? $g->{schema_parse} : [];
+is(scalar @$sp, 2, 'chat.completions.parse: two answers (no zod: a plain json_schema)')
+    or diag($JS->encode($g->{schema_parse}));
+is_deeply([map { $_->{problems} } @$sp], [[], []], 'parse: message.parsed fits the schema');
+is_deeply([map { $_->{parsed} } @$sp], [map { JSON::PP->new->decode($_->{content}) } @$sp],
+          'parse: message.parsed is JSON.parse(content)');
+is_deeply([map { $_->{content} } @$sp], [map { ($sc->[$_] // {})->{content} } 0, 1],
+          'parse: the same contents as create for the same seeds');
+
+if (system('/usr/bin/python3 -c "import jsonschema" 2>/dev/null') == 0) {
+    my $schema = {type => 'object', properties => {city => {type => 'string', minLength => 1, maxLength => 12},
+                  days => {type => 'integer', minimum => 1, maximum => 14}, units => {enum => ['metric', 'imperial']},
+                  tags => {type => 'array', items => {type => 'string', maxLength => 6}, maxItems => 3}},
+                  required => [qw(city days units tags)], additionalProperties => JSON::PP::false};
+    my @texts = map { $_->{content} } @done, @$sp;
+    my $tmp = "$n->{dir}/sdk_answers.json";
+    open my $fh, '>:raw', $tmp or die $!;
+    print $fh JSON::PP->new->utf8->encode([map { {schema => $schema, text => $_} } @texts]);
+    close $fh;
+    my @v = `/usr/bin/python3 $root/t/tools/validate_json.py < $tmp`;
+    chomp @v;
+    is_deeply(\@v, [map { 'ok' } @texts], 'Python\'s jsonschema agrees: ' . scalar(@texts) . ' contents validate');
+} else {
+    pass('python3-jsonschema not installed: the driver\'s field checks only');
+}
+
+my $jo = ref $g->{json_object} eq 'ARRAY' ? $g->{json_object} : [];
+my @jdone = grep { $_->{finish} eq 'stop' } @$jo;
+is(scalar @$jo, 3, 'json_object: three answers') or diag($JS->encode($g->{json_object}));
+ok(@jdone >= 1, scalar(@jdone) . ' of 3 json_object answers finish');
+is_deeply([map { $_->{kind} } @jdone], [map { 'object' } @jdone], 'json_object: each finished content is a JSON object');
+
+is(join("\n", $n->bad_log_lines), '', 'no [alert]/[crit] in error.log (real engine)');
+ok($n->engine_alive, 'the real engine alive');
 done_testing();

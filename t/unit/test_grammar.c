@@ -2,6 +2,7 @@
  * path, and every mask against a brute-force check of each token on random walks. */
 #include "tap.h"
 
+#include <limits.h>
 #include <stdlib.h>
 
 #include "grammar/frame.h"
@@ -134,6 +135,22 @@ static const cases table[] = {
      {"{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}"},
      {"{\"v\":1,\"kids\":[{}]}", "{\"kids\":[]}"}},
     {"{}", {"1", "{\"a\":[true,null,\"x\",{}]}", "[]"}, {"{a:1}", "[1,]"}},
+    /* enum/const beside type: only the values of that type (an enum value of another type
+     * was generated and failed validation) */
+    {"{\"type\":\"string\",\"enum\":[\"a\",1,\"b\"]}", {"\"a\"", "\"b\""}, {"1"}},
+    {"{\"type\":[\"integer\",\"null\"],\"enum\":[1,1.5,\"x\",null]}",
+     {"1", "null"},
+     {"1.5", "\"x\""}},
+    /* additionalProperties as a schema: the values of names beyond properties (a map was any
+     * object, a required name without a property any value) */
+    {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\",\"minimum\":0,"
+     "\"maximum\":9}}",
+     {"{}", "{\"a\":1,\"b\":9}", "{ \"\" : 0 }"},
+     {"{\"a\":\"x\"}", "{\"a\":10}", "{\"a\":[]}"}},
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}},\"required\":[\"a\","
+     "\"b\"],\"additionalProperties\":{\"type\":\"null\"}}",
+     {"{\"a\":true,\"b\":null}"},
+     {"{\"a\":true,\"b\":1}", "{\"a\":true}"}},
     {"{\"type\":\"object\"}", {"{}", "{\"k\":{\"z\":[1,2]}}"}, {"[]", "1"}},
 };
 
@@ -170,6 +187,18 @@ static void test_errors(void)
          "/properties/a~1b/maxLength"},
         {"false", "false", "/"},
         {"[1", "schema", "/"},
+        /* a const or an enum whose values the type beside excludes: nothing fits both */
+        {"{\"type\":\"string\",\"const\":5}", "const", "/const"},
+        {"{\"type\":\"integer\",\"enum\":[\"a\",1.5]}", "enum", "/enum"},
+        {"{\"additionalProperties\":3}", "additionalProperties", "/additionalProperties"},
+        /* an unknown keyword with an empty name still names something */
+        {"{\"\":1}", "(empty name)", "/"},
+        /* left recursion: the automaton's expansion looped (two self references: 2^256
+         * paths, a hang) */
+        {"{\"anyOf\":[{\"$ref\":\"#\"},{\"$ref\":\"#\"},{\"type\":\"null\"}]}", "$ref", "/"},
+        {"{\"$defs\":{\"a\":{\"allOf\":[{\"$ref\":\"#/$defs/a\"}]}},\"type\":\"array\","
+         "\"items\":{\"$ref\":\"#/$defs/a\"}}",
+         "$ref", "/$defs/a"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         muse_grammar *g = NULL;
@@ -270,6 +299,73 @@ static void test_cache(void)
     muse_grammar_put(g2);
 }
 
+/* Unbounded integers: the digit grammar doubled per digit (2.4M elements for one integer),
+ * so a schema with two was refused as too large; now a few hundred elements. */
+static void test_sizes(void)
+{
+    muse_grammar *g = compile("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+                              "\"b\":{\"type\":\"integer\"},\"c\":{\"type\":\"number\","
+                              "\"minimum\":1}},\"required\":[\"a\",\"b\",\"c\"]}");
+    ok(g != NULL, "two unbounded integers and a number with a minimum compile");
+    ok(g && muse_grammar_elements(g) < 5000, "in a small grammar (%zu elements)",
+       g ? muse_grammar_elements(g) : 0);
+    ok(g && accepts(g, "{\"a\":-1234567890123456,\"b\":0,\"c\":1.5}"), "and accept values");
+    muse_grammar_free(g);
+    /* anyOf over the same $ref nested 20 deep: 2^20 expansion paths, refused at compile */
+    char s[4096];
+    size_t n = (size_t)snprintf(s, sizeof s, "{\"$defs\":{");
+    for (char d = 'a'; d < 'u'; d++)
+        n += (size_t)snprintf(
+            s + n, sizeof s - n,
+            "\"%c\":{\"anyOf\":[{\"$ref\":\"#/$defs/%c\"},{\"$ref\":\"#/$defs/%c\"}]},", d, d + 1,
+            d + 1);
+    snprintf(s + n, sizeof s - n, "\"u\":{\"type\":\"null\"}},\"$ref\":\"#/$defs/a\"}");
+    muse_gerr e;
+    g = NULL;
+    ok(muse_grammar_compile(MUSE_GRAMMAR_JSON_SCHEMA, s, strlen(s), vocab, &g, &e) == -1 &&
+           strcmp(e.keyword, "anyOf") == 0,
+       "anyOf nested over the same $ref: refused (%s: %s)", e.keyword, e.msg);
+}
+
+/* Every integer in a window against its bounds, for bound shapes the digit grammar splits
+ * differently (same first digit, all-zero and all-nine tails, lengths apart). */
+static void test_integers(void)
+{
+    static const struct {
+        const char *schema;
+        long lo, hi; /* LONG_MIN/LONG_MAX: unbounded */
+    } r[] = {
+        {"{\"type\":\"integer\"}", LONG_MIN, LONG_MAX},
+        {"{\"type\":\"integer\",\"minimum\":5}", 5, LONG_MAX},
+        {"{\"type\":\"integer\",\"maximum\":-3}", LONG_MIN, -3},
+        {"{\"type\":\"integer\",\"minimum\":17,\"maximum\":4321}", 17, 4321},
+        {"{\"type\":\"integer\",\"minimum\":100,\"maximum\":999}", 100, 999},
+        {"{\"type\":\"integer\",\"minimum\":-1000,\"maximum\":0}", -1000, 0},
+        {"{\"type\":\"integer\",\"minimum\":1990,\"maximum\":2099}", 1990, 2099},
+        {"{\"type\":\"integer\",\"minimum\":-99999,\"maximum\":99999}", -99999, 99999},
+        {"{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1000}", 1, 999},
+        {"{\"type\":\"number\",\"minimum\":5}", 5, LONG_MAX},
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+        muse_grammar *g = compile(r[i].schema);
+        size_t wrong = 0;
+        char t[32];
+        for (long x = -12000; g && x <= 12000; x++) {
+            snprintf(t, sizeof t, "%ld", x);
+            if (accepts(g, t) != (x >= r[i].lo && x <= r[i].hi) && wrong++ < 3)
+                diag("%s: %s", r[i].schema, t);
+        }
+        static const long far[] = {99999999, 100000000, 123456789, -99999999, 2147483647};
+        for (size_t k = 0; g && k < sizeof far / sizeof far[0]; k++) {
+            snprintf(t, sizeof t, "%ld", far[k]);
+            if (accepts(g, t) != (far[k] >= r[i].lo && far[k] <= r[i].hi) && wrong++ < 3)
+                diag("%s: %s", r[i].schema, t);
+        }
+        ok(g && wrong == 0, "%s: exactly the integers in range", r[i].schema);
+        muse_grammar_free(g);
+    }
+}
+
 static int accepts_kind(int kind, const char *spec, const char *text)
 {
     muse_grammar *g = NULL;
@@ -316,6 +412,19 @@ static void test_atem(void)
                     CALL("<atem:parameter name=\"city\">\"a\\u003cb\"</atem:parameter>\n"
                          "<atem:parameter name=\"days\">3</atem:parameter>\n")) == 1,
        "atem: '<' escaped as \\u003c");
+    /* an enum value with '<' is written escaped too (it was written raw: it could close
+     * the tag) */
+    const char *espec = "{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+                        "\"t\":{\"enum\":[\"</atem:parameter>\",\"x\"]}},\"required\":[\"t\"]}}";
+    ok(accepts_kind(MUSE_GRAMMAR_ATEM, espec,
+                    "<atem:function_calls>\n<atem:invoke name=\"f\">\n<atem:parameter "
+                    "name=\"t\">\"\\u003c/atem:parameter>\"</atem:parameter>\n</atem:invoke>\n"
+                    "</atem:function_calls>") == 1 &&
+           accepts_kind(MUSE_GRAMMAR_ATEM, espec,
+                        "<atem:function_calls>\n<atem:invoke name=\"f\">\n<atem:parameter "
+                        "name=\"t\">\"</atem:parameter>\"</atem:parameter>\n</atem:invoke>\n"
+                        "</atem:function_calls>") == 0,
+       "atem: an enum value's '<' only as \\u003c");
     ok(accepts_kind(MUSE_GRAMMAR_ATEM, "{\"name\":\"f\"}",
                     "<atem:function_calls>\n<atem:invoke name=\"f\">\n</atem:invoke>\n"
                     "</atem:function_calls>") == 1,
@@ -439,6 +548,8 @@ int main(void)
     test_table();
     test_errors();
     test_masks();
+    test_sizes();
+    test_integers();
     test_cache();
     test_atem();
     test_frame();
