@@ -27,6 +27,7 @@ typedef struct {
     char path[160];
     int depth;
     uint32_t ws, any, str, num, anyobj, anyarr;
+    uint32_t digits_any[24]; /* exactly L digits, made once per L (same_len) */
     ref_memo *refs;
     size_t nrefs, refcap;
     bool atem; /* values inside ATEM tags: '<' only escaped */
@@ -217,9 +218,27 @@ static uint32_t digits(ctx *c, uint32_t min, uint32_t max)
     return rule_rep(c, &d, min, max);
 }
 
+/* Exactly n digits, one rule per n. */
+static uint32_t exact_digits(ctx *c, size_t n)
+{
+    if (n >= sizeof c->digits_any / sizeof c->digits_any[0]) return digits(c, (uint32_t)n, (uint32_t)n);
+    if (c->digits_any[n] == NONE) c->digits_any[n] = digits(c, (uint32_t)n, (uint32_t)n);
+    return c->digits_any[n];
+}
+
+static bool all_of(const char *s, size_t L, char d)
+{
+    for (size_t i = 0; i < L; i++)
+        if (s[i] != d) return false;
+    return true;
+}
+
 /* Decimal texts (no leading zeros) of the integers in [A, B], both of L digits. */
 static uint32_t same_len(ctx *c, const char *A, const char *B, size_t L)
 {
+    /* [0..0, 9..9] is any L digits: one rule per length, else the two branches below would
+     * each recurse into it again (2^L rules for an unbounded integer) */
+    if (L > 1 && all_of(A, L, '0') && all_of(B, L, '9')) return exact_digits(c, L);
     uint32_t r = gb_rule_new(c->b);
     gb_alt *a;
     if (L == 1) {
@@ -241,7 +260,7 @@ static uint32_t same_len(ctx *c, const char *A, const char *B, size_t L)
     if (A[0] + 1 <= B[0] - 1) {
         a = gb_alt_new(c->b, r);
         gb_range(c->b, a, (unsigned char)A[0] + 1, (unsigned char)B[0] - 1);
-        gb_ref(c->b, a, digits(c, (uint32_t)L - 1, (uint32_t)L - 1));
+        gb_ref(c->b, a, exact_digits(c, L - 1));
     }
     a = gb_alt_new(c->b, r);
     gb_byte(c->b, a, (unsigned char)B[0]);
@@ -1334,6 +1353,8 @@ int64_t gram_schema_compile(gram_builder *b, const cJSON *schema, int kind, muse
 {
     ctx c = {.b = b, .root = schema, .err = err};
     c.ws = c.any = c.str = c.num = c.anyobj = c.anyarr = NONE;
+    for (size_t i = 0; i < sizeof c.digits_any / sizeof c.digits_any[0]; i++)
+        c.digits_any[i] = NONE;
     int64_t r;
     if (kind == MUSE_GRAMMAR_JSON_OBJECT)
         r = any_object(&c);
