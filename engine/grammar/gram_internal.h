@@ -65,6 +65,10 @@ struct muse_gvocab {
     uint16_t *node_depth;
     int32_t *node_tok;  /* a token ending here, or -1 */
     uint32_t *dup_next; /* tokens with the same bytes: a chain, -1 ends */
+    /* the same in node order: node k's tokens are tok_by_node[node_tok_off[k] ..
+     * node_tok_off[k + 1]), so a walk reads them in sequence */
+    uint32_t *node_tok_off;
+    uint32_t *tok_by_node;
     size_t nnodes;
     size_t max_depth;
     const uint8_t **tok_bytes; /* owned copies */

@@ -32,8 +32,8 @@ typedef struct {
     const muse_grammar *g;
     const muse_gvocab *v;
     gram_dfa *d;
-    uint8_t *acc; /* the element's accepted tokens */
-    size_t nacc;
+    uint32_t *ids; /* the element's accepted tokens in trie order (room for the vocabulary) */
+    size_t nids;
     uint32_t *pops; /* trie nodes where the rule can be complete, with children */
     size_t npops, popcap;
     exit_pair *pairs;
@@ -42,50 +42,49 @@ typedef struct {
     size_t nexit, exitcap;
 } fill_ctx;
 
-static void mark(fill_ctx *c, uint32_t node)
+static void add_pop(fill_ctx *c, uint32_t k)
 {
-    const muse_gvocab *v = c->v;
-    for (int32_t t = v->node_tok[node]; t >= 0;) {
-        c->acc[t >> 3] |= (uint8_t)(1u << (t & 7));
-        c->nacc++;
-        uint32_t nx = v->dup_next[t];
-        t = nx == UINT32_MAX ? -1 : (int32_t)nx;
+    if (c->npops == c->popcap) {
+        c->popcap = c->popcap ? c->popcap * 2 : 64;
+        c->pops = realloc(c->pops, c->popcap * sizeof *c->pops);
+        MUSE_CHECK(c->pops);
     }
+    c->pops[c->npops++] = k;
 }
 
-static void walk(fill_ctx *c, uint32_t node, uint32_t q)
+/* The hot loop of the fill: the trie below node from DFA state q; n tokens so far, returned
+ * grown. The arrays are read into locals so the stores to ids cannot make them reload. */
+static size_t walk(fill_ctx *c, uint32_t node, uint32_t q, size_t n)
 {
     const muse_gvocab *v = c->v;
-    for (uint32_t k = v->node_first[node], e = k + v->node_nchild[node]; k < e; k++) {
-        uint32_t r = gram_dfa_next(c->d, q, v->node_byte[k]);
+    const uint32_t *first = v->node_first, *off = v->node_tok_off, *tbn = v->tok_by_node;
+    const uint16_t *nchild = v->node_nchild;
+    const uint8_t *byte = v->node_byte;
+    gram_dfa *d = c->d;
+    uint32_t *ids = c->ids;
+    for (uint32_t k = first[node], e = k + nchild[node]; k < e; k++) {
+        uint32_t r = gram_dfa_next(d, q, byte[k]);
         if (r == GRAM_DFA_DEAD) continue;
-        uint8_t f = c->d->flags[r];
-        mark(c, k); /* live or popped: accepted whatever lies below */
-        if (!v->node_nchild[k]) continue;
-        if (f & GRAM_DFA_POPPED) {
-            if (c->npops == c->popcap) {
-                c->popcap = c->popcap ? c->popcap * 2 : 64;
-                c->pops = realloc(c->pops, c->popcap * sizeof *c->pops);
-                MUSE_CHECK(c->pops);
-            }
-            c->pops[c->npops++] = k;
-        }
-        if (f & GRAM_DFA_LIVE) walk(c, k, r);
+        /* live or popped: the tokens ending here are accepted whatever lies below */
+        for (uint32_t i = off[k], hi = off[k + 1]; i < hi; i++) ids[n++] = tbn[i];
+        if (!nchild[k]) continue;
+        uint8_t f = d->flags[r];
+        if (f & GRAM_DFA_POPPED) add_pop(c, k);
+        if (f & GRAM_DFA_LIVE) n = walk(c, k, r, n);
     }
+    return n;
 }
 
 static void add_pairs(fill_ctx *c, uint32_t node, uint32_t off)
 {
     const muse_gvocab *v = c->v;
-    for (int32_t t = v->node_tok[node]; t >= 0;) {
+    for (uint32_t i = v->node_tok_off[node]; i < v->node_tok_off[node + 1]; i++) {
         if (c->npairs == c->paircap) {
             c->paircap = c->paircap ? c->paircap * 2 : 256;
             c->pairs = realloc(c->pairs, c->paircap * sizeof *c->pairs);
             MUSE_CHECK(c->pairs);
         }
-        c->pairs[c->npairs++] = (exit_pair){(uint32_t)t, off};
-        uint32_t nx = v->dup_next[t];
-        t = nx == UINT32_MAX ? -1 : (int32_t)nx;
+        c->pairs[c->npairs++] = (exit_pair){v->tok_by_node[i], off};
     }
     for (uint32_t k = v->node_first[node], e = k + v->node_nchild[node]; k < e; k++)
         add_pairs(c, k, off);
@@ -165,28 +164,36 @@ static void collect_exits(fill_ctx *c, const gram_set *follow)
     build_exit(c, 0, c->npairs, 0, 0);
 }
 
+/* A word-wide mix (tables of 25 KB are hashed once each). */
 static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
 {
     const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
     return h;
 }
 
-/* The walked element's table, packed (ids when they take fewer bytes than the bitmap). */
+/* The walked element's table, packed: its ids when they take fewer bytes than a bitmap. */
 static gram_pre pack(const fill_ctx *c, size_t nb)
 {
     gram_pre p = {0};
     uint64_t h = 0xcbf29ce484222325ull;
-    if (c->nacc * sizeof(uint32_t) < nb) {
-        p.ids = MUSE_MALLOC((c->nacc ? c->nacc : 1) * sizeof *p.ids);
-        for (size_t j = 0; j < nb; j++)
-            for (uint32_t w = c->acc[j]; w; w &= w - 1)
-                p.ids[p.nids++] = (uint32_t)(j * 8 + (size_t)__builtin_ctz(w));
+    if (c->nids * sizeof(uint32_t) < nb) {
+        p.nids = (uint32_t)c->nids;
+        p.ids = MUSE_MALLOC((c->nids ? c->nids : 1) * sizeof *p.ids);
+        if (c->nids) memcpy(p.ids, c->ids, c->nids * sizeof *p.ids);
         h = hash_bytes(h, p.ids, p.nids * sizeof *p.ids);
         p.bytes += p.nids * sizeof *p.ids;
     } else {
-        p.bits = MUSE_MALLOC(nb);
-        memcpy(p.bits, c->acc, nb);
+        p.bits = MUSE_CALLOC(nb, 1);
+        for (size_t i = 0; i < c->nids; i++)
+            p.bits[c->ids[i] >> 3] |= (uint8_t)(1u << (c->ids[i] & 7));
         h = hash_bytes(h ^ 1, p.bits, nb);
         p.bytes += nb;
     }
@@ -197,11 +204,7 @@ static gram_pre pack(const fill_ctx *c, size_t nb)
         p.exit_tok = MUSE_MALLOC(c->npairs * sizeof *p.exit_tok);
         p.nexit_tok = (uint32_t)c->npairs;
         for (size_t i = 0; i < c->npairs; i++) p.exit_tok[i] = c->pairs[i].tok;
-        for (size_t i = 0; i < c->nexit; i++) {
-            const gram_exit *x = &p.exit[i];
-            uint32_t f[5] = {x->first, x->tok_lo, x->tok_hi, x->nchild, x->byte};
-            h = hash_bytes(h, f, sizeof f);
-        }
+        h = hash_bytes(h, p.exit, c->nexit * sizeof *p.exit);
         h = hash_bytes(h, p.exit_tok, c->npairs * sizeof *p.exit_tok);
         p.bytes += c->nexit * sizeof *p.exit + c->npairs * sizeof *p.exit_tok;
     }
@@ -264,18 +267,16 @@ void gram_tables_fill(muse_grammar *g)
     gram_follow_build(g, &fo);
     gram_dfa d;
     gram_dfa_init(&d, g);
-    fill_ctx c = {.g = g, .v = v, .d = &d, .acc = MUSE_MALLOC(nb)};
+    fill_ctx c = {.g = g, .v = v, .d = &d, .ids = MUSE_MALLOC((v->n ? v->n : 1) * sizeof *c.ids)};
     /* dedup: open addressing over the tables' hashes */
     size_t htcap = 64;
     uint32_t *ht = MUSE_CALLOC(htcap, sizeof *ht);
     for (uint32_t x = 0; x < g->nel; x++) {
         if (G_KIND(g->el[x]) != G_TERM || !fo.reach[fo.rule_of[x]]) continue;
         if (gram_dfa_bytes(&d) > DFA_KEEP) gram_dfa_reset(&d);
-        memset(c.acc, 0, nb);
-        c.nacc = 0;
         c.npops = 0;
         uint32_t q = gram_dfa_start(&d, x);
-        if (q != GRAM_DFA_DEAD) walk(&c, 0, q);
+        c.nids = q != GRAM_DFA_DEAD ? walk(&c, 0, q, 0) : 0;
         collect_exits(&c, &fo.follow[fo.rule_of[x]]);
         gram_pre p = pack(&c, nb);
         size_t i = p.hash & (htcap - 1);
@@ -313,7 +314,7 @@ void gram_tables_fill(muse_grammar *g)
     }
     g->table_bytes += g->nel * sizeof *g->el_pre;
     free(ht);
-    free(c.acc);
+    free(c.ids);
     free(c.pops);
     free(c.pairs);
     free(c.exit);
