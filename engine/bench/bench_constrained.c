@@ -124,15 +124,10 @@ int bench_cmd_constrained(int argc, char **argv)
     uint64_t warm_salt = (uint64_t)salt * 7919ull + 1;
     stream_result warm;
     run_streams(&held, &warm_salt, 1, prompt_tokens, 2, temperature, &warm);
-    static const char *const cols[] = {"streams",
-                                       "constraint",
-                                       "requests",
-                                       "errors",
-                                       "tokens a stream",
-                                       "tok/s per stream p50",
-                                       "aggregate tok/s",
-                                       "TTFT mean ms",
-                                       "held / free tok/s per stream"};
+    static const char *const cols[] = {
+        "streams",         "constraint",      "requests",
+        "errors",          "tokens a stream", "tok/s per stream p50",
+        "aggregate tok/s", "TTFT mean ms",    "held / free tok/s per stream"};
     char title[256];
     snprintf(title, sizeof title,
              "Streams held to a JSON Schema vs free: %lld prompt tokens, max_tokens %lld, T %g, "
@@ -153,8 +148,7 @@ int bench_cmd_constrained(int argc, char **argv)
                            (uint64_t)r * 257ull + (uint64_t)j;
             for (int k = 0; k < 2; k++) { /* free first on even reps, held first on odd ones */
                 int mode = (int)((r + k) & 1);
-                run_streams(mode ? &held : &sv, salts, s, prompt_tokens, tokens, temperature,
-                            res);
+                run_streams(mode ? &held : &sv, salts, s, prompt_tokens, tokens, temperature, res);
                 add_batch(&m[mode], res, s);
             }
         }

@@ -84,7 +84,8 @@ int bench_cmd_grammar(int argc, char **argv)
     if (cap_mib) muse_grammar_set_table_cap((size_t)cap_mib << 20);
     size_t nsch = (size_t)cJSON_GetArraySize(corpus), cap = nsch * (size_t)steps, nt = 0;
     double *ts = MUSE_MALLOC((cap ? cap : 1) * sizeof *ts);
-    double *cms = MUSE_MALLOC((nsch ? nsch : 1) * sizeof *cms), *mib = MUSE_MALLOC((nsch ? nsch : 1) * sizeof *mib);
+    double *cms = MUSE_MALLOC((nsch ? nsch : 1) * sizeof *cms),
+           *mib = MUSE_MALLOC((nsch ? nsch : 1) * sizeof *mib);
     uint8_t *mask = MUSE_MALLOC((V + 7) / 8);
     size_t compiled = 0, untabled = 0, capped = 0;
     uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -121,11 +122,11 @@ int bench_cmd_grammar(int argc, char **argv)
     qsort(ts, nt, sizeof *ts, cmp_d);
     double p50 = nt ? ts[nt / 2] : 0, p99 = nt ? ts[(size_t)floor(0.99 * (double)(nt - 1))] : 0;
     double mx = nt ? ts[nt - 1] : 0;
-    static const char *const cols[] = {
-        "vocab",          "schemas",          "masks",           "p50 us",
-        "p99 us",         "max us",           "compile ms p50",  "compile ms p99",
-        "compile ms max", "tables MiB p50",   "tables MiB max",  "tops without a table",
-        "trie build s"};
+    static const char *const cols[] = {"vocab",          "schemas",        "masks",
+                                       "p50 us",         "p99 us",         "max us",
+                                       "compile ms p50", "compile ms p99", "compile ms max",
+                                       "tables MiB p50", "tables MiB max", "tops without a table",
+                                       "trie build s"};
     bench_table tb;
     bench_table_begin(&tb, "grammar", "Token masks over a corpus of JSON Schemas (one core)", cols,
                       13, as_json);
@@ -150,7 +151,8 @@ int bench_cmd_grammar(int argc, char **argv)
                      "muse_grammar_compile: the rules and every stack top's table (the serving "
                      "cache fills the tables on its worker thread instead)");
     char note[160];
-    snprintf(note, sizeof note, "%zu MiB a grammar; %zu schemas over it (their tops without a "
+    snprintf(note, sizeof note,
+             "%zu MiB a grammar; %zu schemas over it (their tops without a "
              "table walk the whole trie each step)",
              muse_grammar_table_cap() >> 20, capped);
     bench_table_note(&tb, "table cap", note);

@@ -172,7 +172,7 @@ static void read_stream(const bench_http_exchange *x, stream_result *r)
 
 /* Runs n streamed completions at once; results in res[n]. */
 void run_streams(const serving *sv, const uint64_t *salts, int n, long long prompt_tokens,
-                        long long max_tokens, double temperature, stream_result *res)
+                 long long max_tokens, double temperature, stream_result *res)
 {
     bench_http_exchange *ex = MUSE_CALLOC((size_t)n, sizeof *ex);
     muse_buf *bodies = MUSE_CALLOC((size_t)n, sizeof *bodies);

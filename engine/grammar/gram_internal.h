@@ -93,7 +93,7 @@ struct muse_grammar {
     pthread_mutex_t mu; /* with cv: waiting for ready */
     pthread_cond_t cv;
     _Atomic int ready;
-    gram_pre *pres;   /* distinct tables */
+    gram_pre *pres; /* distinct tables */
     uint32_t npres;
     uint32_t *el_pre; /* per element: its table in pres, or UINT32_MAX (no table) */
     size_t table_bytes;

@@ -28,8 +28,8 @@ static void full_walk(const muse_grammar *g, gram_sset *sc, uint32_t node, size_
 }
 
 /* Marks the exit tokens below exit node u whose remaining bytes the stacks in sc[d] accept. */
-static void exit_walk(const muse_grammar *g, const gram_pre *p, uint32_t u, gram_sset *sc,
-                      size_t d, uint8_t *m)
+static void exit_walk(const muse_grammar *g, const gram_pre *p, uint32_t u, gram_sset *sc, size_t d,
+                      uint8_t *m)
 {
     gram_sset *out = &sc[d + 1];
     for (uint32_t k = p->exit[u].first, e = k + p->exit[u].nchild; k < e; k++) {

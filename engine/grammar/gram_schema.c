@@ -221,7 +221,8 @@ static uint32_t digits(ctx *c, uint32_t min, uint32_t max)
 /* Exactly n digits, one rule per n. */
 static uint32_t exact_digits(ctx *c, size_t n)
 {
-    if (n >= sizeof c->digits_any / sizeof c->digits_any[0]) return digits(c, (uint32_t)n, (uint32_t)n);
+    if (n >= sizeof c->digits_any / sizeof c->digits_any[0])
+        return digits(c, (uint32_t)n, (uint32_t)n);
     if (c->digits_any[n] == NONE) c->digits_any[n] = digits(c, (uint32_t)n, (uint32_t)n);
     return c->digits_any[n];
 }

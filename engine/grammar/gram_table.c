@@ -215,15 +215,14 @@ static gram_pre pack(const fill_ctx *c, size_t nb)
 
 static bool same_pre(const gram_pre *a, const gram_pre *b, size_t nb)
 {
-    if (a->hash != b->hash || a->bytes != b->bytes || !a->bits != !b->bits ||
-        a->nids != b->nids || a->nexit != b->nexit || a->nexit_tok != b->nexit_tok)
+    if (a->hash != b->hash || a->bytes != b->bytes || !a->bits != !b->bits || a->nids != b->nids ||
+        a->nexit != b->nexit || a->nexit_tok != b->nexit_tok)
         return false;
     if (a->bits ? memcmp(a->bits, b->bits, nb) != 0
                 : a->nids && memcmp(a->ids, b->ids, a->nids * sizeof *a->ids) != 0)
         return false;
-    return !a->nexit ||
-           (memcmp(a->exit, b->exit, a->nexit * sizeof *a->exit) == 0 &&
-            memcmp(a->exit_tok, b->exit_tok, a->nexit_tok * sizeof *a->exit_tok) == 0);
+    return !a->nexit || (memcmp(a->exit, b->exit, a->nexit * sizeof *a->exit) == 0 &&
+                         memcmp(a->exit_tok, b->exit_tok, a->nexit_tok * sizeof *a->exit_tok) == 0);
 }
 
 static void pre_free(gram_pre *p)

@@ -334,8 +334,8 @@ static void test_table_cap(void)
             wrong += walk_check(g, 200 + (unsigned)i, &steps, &done);
             muse_grammar_free(g);
         }
-        is_int(wrong, 0, "cap %zu bytes: masks equal the brute-force check over %zu steps",
-               caps[c], steps);
+        is_int(wrong, 0, "cap %zu bytes: masks equal the brute-force check over %zu steps", caps[c],
+               steps);
         ok(none > 0, "cap %zu bytes: %zu grammars have tops without a table", caps[c], none);
         if (c == 0) is_int(some, 0, "cap 1 byte: no grammar has a table");
     }
