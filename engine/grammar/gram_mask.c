@@ -32,8 +32,14 @@ static void exit_walk(const muse_grammar *g, const gram_pre *p, uint32_t u, gram
                       uint8_t *m)
 {
     gram_sset *out = &sc[d + 1];
+    gram_set takes = {{0}}; /* a child whose byte no top takes is passed over without a step */
+    for (size_t i = 0; i < sc[d].len; i += 2 + sc[d].buf[i]) {
+        const gram_set *t = &g->sets[G_ARG(g->el[sc[d].buf[i + 1 + sc[d].buf[i]]])];
+        for (int w = 0; w < 8; w++) takes.w[w] |= t->w[w];
+    }
     for (uint32_t k = p->exit[u].first, e = k + p->exit[u].nchild; k < e; k++) {
         const gram_exit *x = &p->exit[k];
+        if (!gram_set_has(&takes, x->byte)) continue;
         gram_step(g, &sc[d], x->byte, out);
         if (out->nstacks || out->accept)
             for (uint32_t i = x->tok_lo; i < x->tok_hi; i++)
