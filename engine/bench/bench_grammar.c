@@ -12,6 +12,7 @@
 #include "bench.h"
 #include "bench_table.h"
 #include "grammar/grammar.h"
+#include "text/sampler.h"
 #include "text/tokenizer.h"
 
 static int cmp_d(const void *a, const void *b)
@@ -89,6 +90,17 @@ int bench_cmd_grammar(int argc, char **argv)
     uint8_t *mask = MUSE_MALLOC((V + 7) / 8);
     size_t compiled = 0, untabled = 0, capped = 0;
     uint64_t rng = 0x9E3779B97F4A7C15ull;
+    /* what a held token adds besides its mask: the masked draw over a free one, the step */
+    double *tadd = MUSE_MALLOC((cap ? cap : 1) * sizeof *tadd),
+           *tdm = MUSE_MALLOC((cap ? cap : 1) * sizeof *tdm);
+    double *tdf = MUSE_MALLOC((cap ? cap : 1) * sizeof *tdf),
+           *tav = MUSE_MALLOC((cap ? cap : 1) * sizeof *tav);
+    size_t nd = 0;
+    float *logits = MUSE_MALLOC(V * sizeof *logits);
+    for (size_t i = 0; i < V; i++) /* a fixed spread of logits (the walk's rng left alone) */
+        logits[i] = (float)((double)(muse_mix64(i + 1) >> 11) * 0x1p-53 * 16.0 - 8.0);
+    muse_sampler *smp = muse_sampler_create((int64_t)V);
+    muse_sampling sp = {.temperature = 0.8f, .top_p = 1, .seed = 1};
     const cJSON *sc;
     cJSON_ArrayForEach(sc, corpus)
     {
@@ -111,10 +123,23 @@ int bench_cmd_grammar(int argc, char **argv)
         for (long long k = 0; k < steps; k++) {
             double a = muse_now_s();
             muse_gstate_mask(st, mask);
-            ts[nt++] = muse_now_s() - a;
+            double tm = muse_now_s() - a;
+            ts[nt++] = tm;
+            a = muse_now_s();
+            muse_sample_masked(smp, logits, mask, &sp, k);
+            double b = muse_now_s();
+            muse_sample(smp, logits, &sp, k);
+            double c = muse_now_s();
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             int32_t t = pick(mask, V, rng >> 17);
-            if (t < 0 || muse_gstate_advance(st, t)) break; /* complete and closed */
+            double d = muse_now_s();
+            int adv = t < 0 ? -1 : muse_gstate_advance(st, t);
+            double e2 = muse_now_s();
+            tdm[nd] = b - a;
+            tdf[nd] = c - b;
+            tav[nd] = e2 - d;
+            tadd[nd++] = tm + (b - a) - (c - b) + (e2 - d);
+            if (adv) break; /* complete and closed */
         }
         muse_gstate_free(st);
         muse_grammar_free(g);
@@ -158,6 +183,34 @@ int bench_cmd_grammar(int argc, char **argv)
     bench_table_note(&tb, "table cap", note);
     bench_table_note(&tb, "target", "p99 under 50 us at vocab 202048");
     bench_table_end(&tb);
+    static const char *const cols2[] = {
+        "vocab",       "tokens",       "mask us p50", "masked draw us p50", "free draw us p50",
+        "step us p50", "added us p50", "added us p99"};
+    bench_table_begin(&tb, "grammar-token",
+                      "What a held token adds to a free one on the host: its mask, the masked "
+                      "draw over a free draw, the automaton's step (one core)",
+                      cols2, 8, as_json);
+    double ta50 = bench_quantile(tadd, nd, 0.5), ta99 = bench_quantile(tadd, nd, 0.99);
+    const char *cells2[] = {bench_fmt("%.0f", (double)V),
+                            bench_fmt("%.0f", (double)nd),
+                            bench_fmt("%.1f", p50 * 1e6),
+                            bench_fmt("%.1f", bench_quantile(tdm, nd, 0.5) * 1e6),
+                            bench_fmt("%.1f", bench_quantile(tdf, nd, 0.5) * 1e6),
+                            bench_fmt("%.1f", bench_quantile(tav, nd, 0.5) * 1e6),
+                            bench_fmt("%.1f", ta50 * 1e6),
+                            bench_fmt("%.1f", ta99 * 1e6)};
+    bench_table_row(&tb, cells2);
+    bench_table_note(&tb, "draw", "muse_sample_masked vs muse_sample on fixed logits, T 0.8");
+    bench_table_note(&tb, "added",
+                     "mask + masked draw - free draw + step, each token (the server's copy of "
+                     "the mask into the round is not in it)");
+    bench_table_end(&tb);
+    muse_sampler_destroy(smp);
+    free(logits);
+    free(tadd);
+    free(tdm);
+    free(tdf);
+    free(tav);
     free(cms);
     free(mib);
     free(mask);
