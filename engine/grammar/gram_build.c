@@ -111,7 +111,7 @@ void gb_finish(gram_builder *b, muse_grammar *g)
         for (size_t i = 0; i < b->rules[r].n; i++) {
             const gb_alt *a = &b->rules[r].alt[i];
             g->alts[k++] = (uint32_t)e;
-            memcpy(g->el + e, a->sym, a->n * sizeof *a->sym);
+            if (a->n) memcpy(g->el + e, a->sym, a->n * sizeof *a->sym); /* NULL when empty */
             e += a->n;
             g->el[e++] = G_MK(G_END, 0);
         }

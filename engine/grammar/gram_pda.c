@@ -46,7 +46,7 @@ static void add_stack(gram_sset *s, const uint32_t *f, uint32_t n, uint32_t top)
     uint32_t h = hash_frames(f, n, top), len = n + 1;
     for (size_t i = 0; i < s->len; i += 2 + s->buf[i]) {
         if (s->buf[i] == len && s->buf[i + 1] == h && s->buf[i + 1 + len] == top &&
-            memcmp(s->buf + i + 2, f, n * sizeof *f) == 0)
+            (!n || memcmp(s->buf + i + 2, f, n * sizeof *f) == 0)) /* f is NULL at the root */
             return;
     }
     if (s->nstacks >= GRAM_MAX_STACKS) return;
@@ -58,7 +58,7 @@ static void add_stack(gram_sset *s, const uint32_t *f, uint32_t n, uint32_t top)
     uint32_t *d = s->buf + s->len;
     d[0] = len;
     d[1] = h;
-    memcpy(d + 2, f, n * sizeof *f);
+    if (n) memcpy(d + 2, f, n * sizeof *f);
     d[2 + n] = top;
     s->len += len + 2;
     s->nstacks++;
@@ -90,7 +90,7 @@ static void expand(const muse_grammar *g, const uint32_t *frames, uint32_t n, ui
             uint32_t m = n;
             if (G_KIND(g->el[next]) != G_END) {
                 if (n >= GRAM_MAX_FRAMES) return;
-                memcpy(buf, frames, n * sizeof *buf);
+                if (n) memcpy(buf, frames, n * sizeof *buf);
                 buf[n] = next;
                 f = buf;
                 m = n + 1;
