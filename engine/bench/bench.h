@@ -21,6 +21,7 @@ int bench_cmd_kernels(int argc, char **argv);
 int bench_cmd_server(int argc, char **argv);
 int bench_cmd_stamp_engine(int argc, char **argv);
 int bench_cmd_concurrent(int argc, char **argv);
+int bench_cmd_constrained(int argc, char **argv);
 int bench_cmd_prompt(int argc, char **argv);
 int bench_cmd_stages(int argc, char **argv);
 /* muse-bench prompt without --url: on a backend (bench_prompt.c). */

@@ -15,6 +15,7 @@ static const muse_subcommand cmds[] = {
     {"server", bench_cmd_server, "added latency, SSE events/s, /health req/s (raw sockets)"},
     {"stamp-engine", bench_cmd_stamp_engine, "an engine whose tokens carry their publish time"},
     {"concurrent", bench_cmd_concurrent, "S streamed completions at once: tok/s, TTFT, token_sha"},
+    {"constrained", bench_cmd_constrained, "streams held to a JSON Schema vs free: tok/s"},
     {"prompt", bench_cmd_prompt, "prompt tokens/s and TTFT: on a backend, or through a server"},
     {"stages", bench_cmd_stages, "one decode round stage by stage: time, share, bytes floor"},
 };

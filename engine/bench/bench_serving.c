@@ -14,34 +14,11 @@
 
 #include "bench.h"
 #include "bench_http.h"
+#include "bench_serving.h"
 #include "bench_table.h"
 #include "base/flags.h"
 #include "base/muse_common.h"
 #include "pack/pack_random.h"
-
-enum { MAX_LIST = 16, MAX_STREAMS = 256 };
-
-/* What the serving benchmarks share: where the server is and what it says about itself. */
-typedef struct {
-    bench_http_target target;
-    char model[128];
-    long long context; /* /health context_length */
-    long long lanes;   /* /health streams.max */
-    long long id_range;
-    double timeout_s;
-} serving;
-
-/* One streamed completion as the client saw it. */
-typedef struct {
-    bool ok;
-    char error[256];
-    double ttft_ms;        /* request sent -> first SSE event showing a token */
-    double decode_tok_s;   /* (tokens - 1) / (finish event - first token event) */
-    double engine_ttft_ms; /* muse.ttft_ms */
-    long long completion_tokens, prompt_tokens, cached_tokens;
-    char token_sha[72];
-    int64_t sent_ns, first_ns, finish_ns;
-} stream_result;
 
 /* GET /health: the model name, context_length and lanes. */
 static int serving_health(serving *sv, muse_err *e)
@@ -80,7 +57,8 @@ static int32_t prompt_id(const serving *sv, uint64_t salt, long long j)
                      (uint64_t)sv->id_range);
 }
 
-/* The /v1/completions body: a streamed completion of prompt `salt` (n ids) with a fixed seed. */
+/* The /v1/completions body: a streamed completion of prompt `salt` (n ids) with a fixed seed,
+ * and the request's response_format when sv has one. */
 static void completion_body(const serving *sv, uint64_t salt, long long n, long long max_tokens,
                             double temperature, muse_buf *out)
 {
@@ -88,6 +66,11 @@ static void completion_body(const serving *sv, uint64_t salt, long long n, long 
     out->len = 0;
     int k = snprintf(tmp, sizeof tmp, "{\"model\":\"%s\",\"stream\":true,", sv->model);
     muse_buf_add(out, tmp, (size_t)k);
+    if (sv->response_format) {
+        muse_buf_add(out, "\"response_format\":", 18);
+        muse_buf_add(out, sv->response_format, strlen(sv->response_format));
+        muse_buf_add(out, ",", 1);
+    }
     k = snprintf(tmp, sizeof tmp,
                  "\"stream_options\":{\"include_usage\":true},\"max_tokens\":%lld,"
                  "\"temperature\":%g,\"seed\":%llu,\"prompt\":[",
@@ -188,8 +171,8 @@ static void read_stream(const bench_http_exchange *x, stream_result *r)
 }
 
 /* Runs n streamed completions at once; results in res[n]. */
-static void run_streams(const serving *sv, const uint64_t *salts, int n, long long prompt_tokens,
-                        long long max_tokens, double temperature, stream_result *res)
+void run_streams(const serving *sv, const uint64_t *salts, int n, long long prompt_tokens,
+                 long long max_tokens, double temperature, stream_result *res)
 {
     bench_http_exchange *ex = MUSE_CALLOC((size_t)n, sizeof *ex);
     muse_buf *bodies = MUSE_CALLOC((size_t)n, sizeof *bodies);
@@ -211,19 +194,7 @@ static void run_streams(const serving *sv, const uint64_t *salts, int n, long lo
     free(ex);
 }
 
-/* Options both commands take. Returns 1 when ch was one of them, -1 on a bad value. */
-/* The flags concurrent and prompt share. */
-#define SERVING_FLAGS(sv, url, salt, as_json)                                                      \
-    MUSE_FLAG_S("url", &(url), "URL", "http://127.0.0.1:PORT (127.0.0.1 only)"),                   \
-        MUSE_FLAG_L("id-range", &(sv).id_range, 2, 1 << 30, "N",                                   \
-                    "prompt ids in [0, N) (below the pack's vocabulary)"),                         \
-        MUSE_FLAG_L("salt", &(salt), 0, 1LL << 62, "N", "names the prompts",                       \
-                    .def = "the time, so every run is cold"),                                      \
-        MUSE_FLAG_D("timeout", &(sv).timeout_s, 1, 86400, "S",                                     \
-                    "seconds a request batch may take"),                                           \
-        MUSE_FLAG_B("json", &(as_json), "print JSON instead of a table")
-
-static int serving_start(const char *cmd, const char *url, serving *sv)
+int serving_start(const char *cmd, const char *url, serving *sv)
 {
     if (!url || bench_http_parse_url(url, &sv->target))
         return bench_usage_error(cmd, "--url http://127.0.0.1:PORT is required (127.0.0.1 only)");

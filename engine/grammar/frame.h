@@ -32,6 +32,8 @@ typedef struct muse_gframe muse_gframe;
 int muse_gframe_new(const muse_gframe_ids *ids, const muse_gvocab *v, const muse_gframe_rcpt *r,
                     size_t n, muse_gframe **out, muse_gerr *err);
 void muse_gframe_free(muse_gframe *f);
+/* True once every grammar of the frame has its tables (muse_grammar_ready). */
+bool muse_gframe_ready(const muse_gframe *f);
 /* The next draw's mask (vocab/8 bytes rounded up, written whole). */
 void muse_gframe_mask(muse_gframe *f, uint8_t *mask);
 /* One drawn token (a mask's token: anything else leaves the frame done, every end allowed). */

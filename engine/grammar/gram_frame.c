@@ -125,6 +125,14 @@ void muse_gframe_free(muse_gframe *f)
     free(f);
 }
 
+bool muse_gframe_ready(const muse_gframe *f)
+{
+    if (!muse_grammar_ready(f->head[0]) || !muse_grammar_ready(f->head[1])) return false;
+    for (size_t i = 0; i < f->n; i++)
+        if (!muse_grammar_ready(f->r[i].body)) return false;
+    return true;
+}
+
 void muse_gframe_mask(muse_gframe *f, uint8_t *mask)
 {
     size_t nb = (muse_gvocab_size(f->v) + 7) / 8;

@@ -4,6 +4,7 @@
 #define MUSE_GRAM_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "grammar/grammar.h"
 
@@ -30,13 +31,29 @@ static inline bool gram_set_has(const gram_set *s, unsigned b)
     return (s->w[b >> 5] >> (b & 31)) & 1u;
 }
 
-/* The mask precomputed for a stack whose top is one element: tokens accepted whatever lies
- * below (acc), and trie nodes after which a token leaves the element's rule, so the rest of
- * such a token is checked against the whole stack (dep). */
+/* A node of a table's exit trie: the bytes of tokens after the point where they leave the
+ * element's rule. Tokens whose remaining bytes end here are tok[tok_lo, tok_hi). */
 typedef struct {
-    uint8_t *acc; /* bitmap over the vocabulary */
-    uint32_t *dep;
-    size_t ndep;
+    uint32_t first; /* first child (children contiguous, in byte order) */
+    uint32_t tok_lo, tok_hi;
+    uint16_t nchild;
+    uint8_t byte;
+    uint8_t pad; /* zero: tables compare with memcmp */
+} gram_exit;
+
+/* The table of a stack top (gram_table.c): the tokens accepted whatever lies below it (a
+ * bitmap over the vocabulary, or the sorted ids when fewer), and the tokens that leave the
+ * top's rule partway, by their remaining bytes, checked against the stack below at each step. */
+typedef struct {
+    uint8_t *bits; /* (vocab + 7) / 8 bytes, or NULL: ids */
+    uint32_t *ids;
+    uint32_t nids;
+    gram_exit *exit; /* nexit 0: no token leaves the rule with bytes to spare */
+    uint32_t nexit;
+    uint32_t *exit_tok;
+    uint32_t nexit_tok;
+    size_t bytes;
+    uint64_t hash;
 } gram_pre;
 
 struct muse_gvocab {
@@ -48,6 +65,10 @@ struct muse_gvocab {
     uint16_t *node_depth;
     int32_t *node_tok;  /* a token ending here, or -1 */
     uint32_t *dup_next; /* tokens with the same bytes: a chain, -1 ends */
+    /* the same in node order: node k's tokens are tok_by_node[node_tok_off[k] ..
+     * node_tok_off[k + 1]), so a walk reads them in sequence */
+    uint32_t *node_tok_off;
+    uint32_t *tok_by_node;
     size_t nnodes;
     size_t max_depth;
     const uint8_t **tok_bytes; /* owned copies */
@@ -67,8 +88,18 @@ struct muse_grammar {
     uint32_t root; /* the start rule */
     uint32_t sent; /* index of the G_SENT element */
     const muse_gvocab *vocab;
-    pthread_mutex_t mu; /* guards pre */
-    gram_pre **pre;     /* per element, filled on first use */
+    /* the tables (gram_table.c): filled at compile time or by the fill worker (gram_fill.c);
+     * read only once ready is set */
+    pthread_mutex_t mu; /* with cv: waiting for ready */
+    pthread_cond_t cv;
+    _Atomic int ready;
+    gram_pre *pres; /* distinct tables */
+    uint32_t npres;
+    uint32_t *el_pre; /* per element: its table in pres, or UINT32_MAX (no table) */
+    size_t table_bytes;
+    uint32_t untabled; /* reachable stack tops left without a table (the cap) */
+    double fill_s;
+    struct muse_grammar *fill_next; /* the fill worker's queue */
     /* the cache's */
     char *key;
     int kind;
@@ -103,6 +134,9 @@ struct muse_gstate {
     gram_sset cur;
     gram_sset *scratch; /* one per trie depth + 2, for masks and steps */
     size_t nscratch;
+    uint32_t *stamp; /* per table: the mask call that ORed it last */
+    size_t nstamp;
+    uint32_t gen;
 };
 
 /* Builder: rules with alternatives of symbols (G_TERM / G_REF elements), flattened at the end. */
@@ -146,8 +180,12 @@ int gb_check(const gram_builder *b, uint32_t *bad, int *why);
 struct cJSON;
 int64_t gram_schema_compile(gram_builder *b, const struct cJSON *schema, int kind, muse_gerr *err);
 
-/* The precomputation for element x (locks g->mu on first use). */
-const gram_pre *gram_pre_get(const muse_grammar *g, uint32_t x, gram_sset *scratch,
-                             size_t nscratch);
+/* Fills every reachable stack top's table (up to the cap), then sets ready. */
+void gram_tables_fill(muse_grammar *g);
+void gram_tables_free(muse_grammar *g);
+/* Queues g for the fill worker (takes a reference, put back when filled). */
+void gram_fill_async(muse_grammar *g);
+/* Blocks until g's tables are filled. */
+void gram_wait_ready(const muse_grammar *g);
 
 #endif

@@ -143,6 +143,7 @@ void muse_gstate_free(muse_gstate *s)
     gram_sset_free(&s->cur);
     for (size_t i = 0; i < s->nscratch; i++) gram_sset_free(&s->scratch[i]);
     free(s->scratch);
+    free(s->stamp);
     free(s);
 }
 
@@ -188,4 +189,9 @@ bool muse_gstate_done(const muse_gstate *s)
 bool muse_gstate_dead(const muse_gstate *s)
 {
     return s->cur.nstacks == 0;
+}
+
+bool muse_gstate_ready(const muse_gstate *s)
+{
+    return muse_grammar_ready(s->g);
 }

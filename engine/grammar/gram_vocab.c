@@ -98,6 +98,17 @@ muse_gvocab *muse_gvocab_build(const uint8_t *const *bytes, const size_t *lens, 
     build_ctx c = {v, ids};
     build(&c, 0, m, 0, 0);
     free(ids);
+    v->node_tok_off = MUSE_CALLOC(v->nnodes + 1, sizeof *v->node_tok_off);
+    v->tok_by_node = MUSE_MALLOC((m ? m : 1) * sizeof *v->tok_by_node);
+    uint32_t at = 0;
+    for (size_t k = 0; k < v->nnodes; k++) {
+        v->node_tok_off[k] = at;
+        for (int32_t t = v->node_tok[k]; t >= 0;) {
+            v->tok_by_node[at++] = (uint32_t)t;
+            t = v->dup_next[t] == UINT32_MAX ? -1 : (int32_t)v->dup_next[t];
+        }
+    }
+    v->node_tok_off[v->nnodes] = at;
     return v;
 }
 
@@ -114,6 +125,8 @@ void muse_gvocab_free(muse_gvocab *v)
     free(v->node_parent);
     free(v->node_depth);
     free(v->node_tok);
+    free(v->node_tok_off);
+    free(v->tok_by_node);
     free(v->text_mask);
     free(v);
 }

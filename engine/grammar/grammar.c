@@ -22,7 +22,8 @@ char *muse_grammar_canonical(const char *text, size_t len)
     return s;
 }
 
-int muse_grammar_compile(int kind, const char *text, size_t len, const muse_gvocab *v,
+/* The rules only: the tables are the caller's to fill (now, or on the fill worker). */
+static int compile_rules(int kind, const char *text, size_t len, const muse_gvocab *v,
                          muse_grammar **out, muse_gerr *err)
 {
     memset(err, 0, sizeof *err);
@@ -51,21 +52,25 @@ int muse_grammar_compile(int kind, const char *text, size_t len, const muse_gvoc
     g->kind = kind;
     g->refs = 1;
     pthread_mutex_init(&g->mu, NULL);
-    g->pre = MUSE_CALLOC(g->nel, sizeof *g->pre);
+    pthread_cond_init(&g->cv, NULL);
+    atomic_init(&g->ready, 0);
     *out = g;
     return 0;
+}
+
+int muse_grammar_compile(int kind, const char *text, size_t len, const muse_gvocab *v,
+                         muse_grammar **out, muse_gerr *err)
+{
+    int rc = compile_rules(kind, text, len, v, out, err);
+    if (rc == 0) gram_tables_fill(*out);
+    return rc;
 }
 
 void muse_grammar_free(muse_grammar *g)
 {
     if (!g) return;
-    for (size_t i = 0; i < g->nel; i++) {
-        if (!g->pre[i]) continue;
-        free(g->pre[i]->acc);
-        free(g->pre[i]->dep);
-        free(g->pre[i]);
-    }
-    free(g->pre);
+    gram_tables_free(g);
+    pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     free(g->el);
     free(g->alts);
@@ -81,9 +86,21 @@ size_t muse_grammar_elements(const muse_grammar *g)
     return g->nel;
 }
 
+void muse_grammar_table_stats(const muse_grammar *g, muse_gtable_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!muse_grammar_ready(g)) return;
+    out->bytes = g->table_bytes;
+    out->tables = g->npres;
+    out->untabled = g->untabled;
+    out->fill_s = g->fill_s;
+}
+
 /* The cache: a short list (distinct schemas in use are few); entries stay while referenced
- * and up to CACHE_KEEP unreferenced ones are kept for the next request. */
-#define CACHE_KEEP 64
+ * and unreferenced ones are kept for the next request up to CACHE_KEEP of them and
+ * CACHE_BYTES of tables, newest first. */
+#define CACHE_KEEP  64
+#define CACHE_BYTES ((size_t)512 << 20)
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static muse_grammar *cache_head;
 
@@ -104,21 +121,23 @@ int muse_grammar_get(int kind, const char *text, size_t len, const muse_gvocab *
         }
     }
     pthread_mutex_unlock(&cache_mu);
-    if (muse_grammar_compile(kind, key ? key : text, key ? strlen(key) : len, v, out, err)) {
+    if (compile_rules(kind, key ? key : text, key ? strlen(key) : len, v, out, err)) {
         free(key);
         return -1;
     }
     muse_grammar *g = *out;
     g->key = key;
-    g->refs = 2; /* the caller's and the cache's */
+    g->refs = 3; /* the caller's, the cache's and the fill worker's */
+    gram_fill_async(g);
     pthread_mutex_lock(&cache_mu);
     g->next = cache_head;
     cache_head = g;
-    /* drop unreferenced entries past CACHE_KEEP */
-    size_t kept = 0;
+    /* drop unreferenced entries past CACHE_KEEP or CACHE_BYTES (a filled one's bytes) */
+    size_t kept = 0, bytes = 0;
     for (muse_grammar **pp = &cache_head; *pp;) {
         muse_grammar *e = *pp;
-        if (++kept > CACHE_KEEP && e->refs == 1) {
+        if (muse_grammar_ready(e)) bytes += e->table_bytes;
+        if ((++kept > CACHE_KEEP || bytes > CACHE_BYTES) && e->refs == 1) {
             *pp = e->next;
             muse_grammar_free(e);
             continue;

@@ -28,8 +28,9 @@ const uint8_t *muse_gvocab_text_mask(const muse_gvocab *v);
 /* Token t's bytes (NULL and *len 0 for a token without text). */
 const uint8_t *muse_gvocab_token(const muse_gvocab *v, int32_t t, size_t *len);
 
-/* A compiled schema, bound to one vocabulary. Masks share its lazily filled per-position
- * table (guarded by a mutex), so one grammar serves many streams on any thread. */
+/* A compiled schema, bound to one vocabulary, with a table per stack top filled once (at
+ * compile, or by the fill worker for grammars from the cache); read-only once filled, so one
+ * grammar serves many streams on any thread. */
 typedef struct muse_grammar muse_grammar;
 
 /* MUSE_GRAMMAR_JSON_SCHEMA: text is a JSON Schema. MUSE_GRAMMAR_JSON_OBJECT: any JSON object
@@ -47,15 +48,35 @@ enum {
     MUSE_GRAMMAR_ATEM = 4
 };
 
-/* 0 and *out (free with muse_grammar_free), or -1 and *err names the keyword and path. */
+/* 0 and *out (free with muse_grammar_free), or -1 and *err names the keyword and path. The
+ * tables are filled before it returns. */
 int muse_grammar_compile(int kind, const char *text, size_t len, const muse_gvocab *v,
                          muse_grammar **out, muse_gerr *err);
 void muse_grammar_free(muse_grammar *g);
 /* Rules and elements of the compiled grammar (for tests and the bench). */
 size_t muse_grammar_elements(const muse_grammar *g);
 
+/* The tables: bytes held (tables, deduplicated, and the per-element index), the stack tops
+ * left without one by the cap, the seconds the fill took. A top without a table still gets
+ * exact masks, by a walk of the whole vocabulary against its stack at each step (milliseconds
+ * at a vocabulary of 200k: the cap bounds memory, not correctness). */
+typedef struct {
+    size_t bytes;
+    size_t tables;
+    size_t untabled;
+    double fill_s;
+} muse_gtable_stats;
+void muse_grammar_table_stats(const muse_grammar *g, muse_gtable_stats *out);
+/* The byte cap on one grammar's tables (default 256 MiB); process-wide. */
+void muse_grammar_set_table_cap(size_t bytes);
+size_t muse_grammar_table_cap(void);
+/* True once g's tables are filled (a mask before then waits for them). */
+bool muse_grammar_ready(const muse_grammar *g);
+
 /* The cache: one compiled grammar per distinct (kind, canonical schema text), refcounted.
- * muse_grammar_get compiles on a miss; muse_grammar_put drops a reference. Thread-safe. */
+ * muse_grammar_get compiles the rules on a miss and queues the tables for the fill worker (one
+ * thread), so the caller pays only the rules; muse_grammar_ready says when masks cost no wait.
+ * muse_grammar_put drops a reference. Thread-safe. */
 int muse_grammar_get(int kind, const char *text, size_t len, const muse_gvocab *v,
                      muse_grammar **out, muse_gerr *err);
 void muse_grammar_put(muse_grammar *g);
@@ -67,6 +88,8 @@ typedef struct muse_gstate muse_gstate;
 muse_gstate *muse_gstate_new(const muse_grammar *g);
 muse_gstate *muse_gstate_copy(const muse_gstate *s);
 void muse_gstate_free(muse_gstate *s);
+/* True once the state's grammar has its tables (muse_grammar_ready). */
+bool muse_gstate_ready(const muse_gstate *s);
 
 /* Sets bit t of mask (vocab/8 bytes rounded up, zeroed here first) for every token whose
  * bytes keep the text a valid prefix. The end token is the caller's: allowed iff done. */

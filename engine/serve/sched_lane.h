@@ -75,6 +75,7 @@ struct muse_sched {
     uint64_t round;
     uint64_t seed_counter;
     uint64_t admitted; /* requests taken into lanes (the OOM test hook counts them) */
+    bool grammar_wait; /* a lane sat out the last round for its grammar's tables */
     /* batch buffers, sized once */
     int32_t *b_tokens, *b_seqs;
     int64_t *b_pos;

@@ -306,6 +306,13 @@ static void refuse_kv_starved(muse_sched *s)
     newest->state = LANE_FINISHING;
 }
 
+/* Whether a constrained lane's grammars still lack their tables (the fill worker's): its
+ * first draw waits, so a mask never makes the round wait. */
+static bool grammar_pending(const lane *l)
+{
+    return (l->gs && !muse_gstate_ready(l->gs)) || (l->frame && !muse_gframe_ready(l->frame));
+}
+
 /* Builds and runs one round; returns the rows run (0: nothing to do). */
 static long model_round(muse_sched *s)
 {
@@ -313,11 +320,22 @@ static long model_round(muse_sched *s)
     int n = order_lanes(s, order), waiting = 0;
     long rows = 0, nlogits = 0;
     bool masked = false; /* a round with no constrained row passes no masks */
+    s->grammar_wait = false;
     for (int k = 0; k < n && rows < s->o.max_rows; k++) {
         lane *l = &s->lanes[order[k]];
         long take = 1;
+        bool pending = grammar_pending(l);
+        if (pending && l->state != LANE_PREFILL) {
+            s->grammar_wait = true;
+            continue;
+        }
         if (l->state == LANE_PREFILL) {
             take = (long)l->req.n_prompt - (long)l->fed;
+            if (pending) take--; /* the prompt, but not the row that draws */
+            if (take <= 0) {
+                s->grammar_wait = true;
+                continue;
+            }
             if (take > s->o.max_rows - rows) take = s->o.max_rows - rows;
             /* a chunk ends at the next prefix point so the cache can keep its state */
             if (l->next_cut < l->n_cuts && l->cuts[l->next_cut] > l->fed &&
@@ -467,7 +485,7 @@ void muse_sched_run(muse_sched *s, volatile sig_atomic_t *stopping, int drain_ms
         if (draining && (run == 0 || muse_now_ms() > drain_deadline)) break;
         /* idle, or waiting on readers; lanes admitted this round (their first records were just
          * flushed) run next round without the idle wait */
-        if (!rows && !admitted) muse_server_wait(s->srv, pending ? 2 : 100);
+        if (!rows && !admitted) muse_server_wait(s->srv, pending || s->grammar_wait ? 2 : 100);
     }
     for (int i = 0; i < s->o.streams; i++) { /* drain deadline passed: tell the clients */
         lane *l = &s->lanes[i];

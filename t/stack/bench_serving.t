@@ -1,7 +1,7 @@
 #!/usr/bin/perl
-# muse-bench concurrent and prompt against nginx + ngx_muse_module + `muse-engine serve` on the
-# tiny pack: the tables' rows and the figures that do not depend on speed (request counts,
-# errors, identical-to-alone, cached tokens, skipped lengths). Cached tokens are checked against
+# muse-bench concurrent, prompt and constrained against nginx + ngx_muse_module + `muse-engine
+# serve` on the tiny pack: the tables' rows and the figures that do not depend on speed (request
+# counts, errors, identical-to-alone, cached tokens, skipped lengths, a held stream's length). Cached tokens are checked against
 # the prompt cache's rule computed here: whole blocks of 16 positions, leaving a token to read.
 use strict;
 use warnings;
@@ -61,6 +61,18 @@ is($row{'41 prompt + 1 token'}{'cached tokens'}, int(40 / 16) * 16, 'prompt 41: 
 is($row{$_}{errors}, 0, "$_: no errors") for ('40 cold', '40 same prompt again', '41 prompt + 1 token');
 like($row{"$CONTEXT skipped"}{note} // '', qr/skipped: $CONTEXT prompt \+ 1 token > context_length $CONTEXT/,
      'prompt beyond the context: skipped with the reason');
+# constrained: the same request free and held to a schema (an object too long to end in 6
+# tokens, so the held one runs to max_tokens), no errors.
+my $schema = MuseNginx::root() . '/t/data/grammar_bench_schema.json';
+my $h = bench('constrained', '--schema', $schema, '--streams', '1', '--reps', '1', '--tokens', '6',
+              '--prompt-tokens', '8');
+is(scalar @{ $h->{rows} }, 2, 'constrained: a free row and a held row');
+is($h->{rows}[0]{constraint} // '', 'free', 'constrained: free first');
+is($h->{rows}[1]{constraint} // '', 'json_schema', 'constrained: then held');
+is($_->{errors}, 0, "constrained $_->{constraint}: no errors") for @{ $h->{rows} };
+is($_->{requests}, 1, "constrained $_->{constraint}: one request") for @{ $h->{rows} };
+is($h->{rows}[1]{'streams to max_tokens'}, 1, 'constrained: the held stream ran to max_tokens');
+like($h->{'warm-up'} // '', qr/^one held request first/, 'constrained: the warm-up request held');
 ok($n->engine_alive, 'engine alive');
 is(join("\n", $n->bad_log_lines), '', 'no [alert]/[crit] in error.log');
 done_testing();

@@ -234,57 +234,150 @@ static size_t check_mask(muse_gstate *s, const uint8_t *mask)
     return wrong;
 }
 
+/* Random walks from g's start, each mask checked against the brute force; returns the
+ * differences, counts steps and complete values. */
+static size_t walk_check(muse_grammar *g, unsigned salt, size_t *steps, size_t *done)
+{
+    uint8_t *mask = malloc((nv + 7) / 8);
+    size_t wrong = 0;
+    for (unsigned seed = 1; seed <= 6; seed++) {
+        srand(seed * 31 + salt);
+        muse_gstate *s = muse_gstate_new(g);
+        for (int step = 0; step < 40; step++) {
+            muse_gstate_mask(s, mask);
+            wrong += check_mask(s, mask);
+            (*steps)++;
+            size_t allowed[4096], na = 0;
+            for (size_t t = 0; t < nv && na < 4096; t++)
+                if ((mask[t >> 3] >> (t & 7)) & 1) allowed[na++] = t;
+            if (muse_gstate_done(s) && (na == 0 || rand() % 4 == 0)) {
+                (*done)++;
+                break;
+            }
+            if (na == 0) break;
+            size_t t = allowed[(size_t)rand() % na];
+            if (muse_gstate_advance(s, (int32_t)t) != 0) {
+                wrong++;
+                break;
+            }
+        }
+        muse_gstate_free(s);
+    }
+    free(mask);
+    return wrong;
+}
+
+/* Schemas whose masks are checked token by token: nesting, strings that close inside tokens
+ * ("\",", "\"}"), length chains, formats, recursion, bounded numbers, alternatives. */
+static const char *mask_schemas[] = {
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":"
+    "\"integer\",\"minimum\":0,\"maximum\":150},\"tags\":{\"type\":\"array\",\"items\":{"
+    "\"enum\":"
+    "[\"x\",\"abc\"]}}},\"required\":[\"name\",\"age\"]}",
+    "{\"type\":\"string\",\"maxLength\":4}",
+    "{}",
+    "{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"array\",\"items\":{\"type\":\"string\","
+    "\"format\":\"date\"}}]}",
+    "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\","
+    "\"items\":{"
+    "\"$ref\":\"#/$defs/n\"}}},\"additionalProperties\":false}},\"$ref\":\"#/$defs/n\"}",
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":2,"
+    "\"maxLength\":6},\"b\":{\"type\":\"string\",\"format\":\"email\"},\"c\":{\"type\":"
+    "\"number\"}},\"required\":[\"a\",\"b\"],\"additionalProperties\":false}",
+    "{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"integer\","
+    "\"exclusiveMinimum\":-5,\"maximum\":120}},\"minItems\":1,\"maxItems\":3}",
+    "{\"type\":\"object\",\"properties\":{\"when\":{\"type\":\"string\",\"format\":"
+    "\"date-time\"},\"id\":{\"type\":\"string\",\"format\":\"uuid\"},\"n\":{\"type\":"
+    "[\"integer\",\"null\"]}}}",
+    "{\"oneOf\":[{\"const\":\"abc\"},{\"const\":\"abcd\"},{\"type\":\"string\","
+    "\"maxLength\":2},{\"enum\":[1,12,123,true]}]}",
+    "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"boolean\"},{\"type\":\"string\"}],"
+    "\"items\":{\"type\":\"number\",\"minimum\":0,\"maximum\":99}}",
+    "{\"type\":\"object\"}",
+};
+
 static void test_masks(void)
 {
-    static const char *schemas[] = {
-        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":"
-        "\"integer\",\"minimum\":0,\"maximum\":150},\"tags\":{\"type\":\"array\",\"items\":{"
-        "\"enum\":"
-        "[\"x\",\"abc\"]}}},\"required\":[\"name\",\"age\"]}",
-        "{\"type\":\"string\",\"maxLength\":4}",
-        "{}",
-        "{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"array\",\"items\":{\"type\":\"string\","
-        "\"format\":\"date\"}}]}",
-        "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\","
-        "\"items\":{"
-        "\"$ref\":\"#/$defs/n\"}}},\"additionalProperties\":false}},\"$ref\":\"#/$defs/n\"}",
-    };
-    uint8_t *mask = malloc((nv + 7) / 8);
     size_t steps = 0, wrong = 0, done = 0;
-    for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
-        muse_grammar *g = compile(schemas[i]);
+    for (size_t i = 0; i < sizeof mask_schemas / sizeof mask_schemas[0]; i++) {
+        muse_grammar *g = compile(mask_schemas[i]);
         if (!g) {
             ok(0, "compiles mask schema %zu", i);
             continue;
         }
-        for (unsigned seed = 1; seed <= 6; seed++) {
-            srand(seed * 31 + (unsigned)i);
-            muse_gstate *s = muse_gstate_new(g);
-            for (int step = 0; step < 40; step++) {
-                muse_gstate_mask(s, mask);
-                wrong += check_mask(s, mask);
-                steps++;
-                size_t allowed[4096], na = 0;
-                for (size_t t = 0; t < nv && na < 4096; t++)
-                    if ((mask[t >> 3] >> (t & 7)) & 1) allowed[na++] = t;
-                if (muse_gstate_done(s) && (na == 0 || rand() % 4 == 0)) {
-                    done++;
-                    break;
-                }
-                if (na == 0) break;
-                size_t t = allowed[(size_t)rand() % na];
-                if (muse_gstate_advance(s, (int32_t)t) != 0) {
-                    wrong++;
-                    break;
-                }
-            }
-            muse_gstate_free(s);
-        }
+        wrong += walk_check(g, (unsigned)i, &steps, &done);
         muse_grammar_free(g);
     }
     is_int(wrong, 0, "masks equal the brute-force check over %zu steps", steps);
     ok(done > 0, "walks reach complete values (%zu)", done);
-    free(mask);
+    /* the other kinds: any object, any value, literals, an ATEM call */
+    static const struct {
+        int kind;
+        const char *text;
+    } kinds[] = {
+        {MUSE_GRAMMAR_JSON_OBJECT, ""},
+        {MUSE_GRAMMAR_JSON_VALUE, ""},
+        {MUSE_GRAMMAR_LITERALS, "[\"user\",\"self\",\"name\",\"na\"]"},
+        {MUSE_GRAMMAR_ATEM, "{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                            "{\"q\":{\"type\":\"string\"},\"n\":{\"type\":\"integer\"}},"
+                            "\"required\":[\"q\"]}}"},
+    };
+    steps = wrong = done = 0;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        muse_grammar *g = NULL;
+        muse_gerr e;
+        if (muse_grammar_compile(kinds[i].kind, kinds[i].text, strlen(kinds[i].text), vocab, &g,
+                                 &e)) {
+            ok(0, "compiles kind %d: %s", kinds[i].kind, e.msg);
+            continue;
+        }
+        wrong += walk_check(g, 100 + (unsigned)i, &steps, &done);
+        muse_grammar_free(g);
+    }
+    is_int(wrong, 0, "other kinds: masks equal the brute-force check over %zu steps", steps);
+}
+
+/* The tables: every reachable top has one under the default cap; under a cap of one byte none
+ * has, and under a small cap some have; the masks stay those of the brute force either way
+ * (tops without a table walk the whole trie). */
+static void test_table_cap(void)
+{
+    size_t def = muse_grammar_table_cap();
+    muse_grammar *g = compile(mask_schemas[5]);
+    muse_gtable_stats st;
+    muse_grammar_table_stats(g, &st);
+    ok(st.bytes > 0 && st.tables > 0 && st.untabled == 0,
+       "default cap: %zu tables, %zu bytes, none left out", st.tables, st.bytes);
+    size_t full = st.bytes;
+    muse_grammar_free(g);
+    size_t caps[] = {1, full / 3};
+    for (size_t c = 0; c < 2; c++) {
+        muse_grammar_set_table_cap(caps[c]);
+        size_t steps = 0, wrong = 0, done = 0, some = 0, none = 0;
+        for (size_t i = 0; i < sizeof mask_schemas / sizeof mask_schemas[0]; i++) {
+            g = compile(mask_schemas[i]);
+            if (!g) continue;
+            muse_grammar_table_stats(g, &st);
+            some += st.tables > 0;
+            none += st.untabled > 0;
+            wrong += walk_check(g, 200 + (unsigned)i, &steps, &done);
+            muse_grammar_free(g);
+        }
+        is_int(wrong, 0, "cap %zu bytes: masks equal the brute-force check over %zu steps", caps[c],
+               steps);
+        ok(none > 0, "cap %zu bytes: %zu grammars have tops without a table", caps[c], none);
+        if (c == 0) is_int(some, 0, "cap 1 byte: no grammar has a table");
+    }
+    muse_grammar_set_table_cap(def);
+}
+
+/* An unbounded integer is a few hundred elements (same_len made 2^16 rules of it once). */
+static void test_integer_size(void)
+{
+    muse_grammar *g = compile("{\"type\":\"integer\"}");
+    ok(g && muse_grammar_elements(g) < 5000, "{\"type\":\"integer\"}: %zu elements",
+       g ? muse_grammar_elements(g) : 0);
+    muse_grammar_free(g);
 }
 
 static void test_cache(void)
@@ -297,6 +390,24 @@ static void test_cache(void)
     ok(g1 == g2, "the same canonical text is compiled once");
     muse_grammar_put(g1);
     muse_grammar_put(g2);
+    /* the cache's grammars are filled by the worker: a mask right away waits for the tables and
+     * equals the one of a grammar compiled (and filled) in place */
+    const char *sch = mask_schemas[5];
+    muse_grammar *gc = NULL, *gd = compile(sch);
+    ok(muse_grammar_get(MUSE_GRAMMAR_JSON_SCHEMA, sch, strlen(sch), vocab, &gc, &e) == 0,
+       "get a schema to fill on the worker");
+    muse_gstate *sc = muse_gstate_new(gc), *sd = muse_gstate_new(gd);
+    uint8_t *mc = malloc((nv + 7) / 8), *md = malloc((nv + 7) / 8);
+    muse_gstate_mask(sc, mc);
+    muse_gstate_mask(sd, md);
+    ok(memcmp(mc, md, (nv + 7) / 8) == 0, "the worker-filled grammar's first mask is the same");
+    ok(muse_gstate_ready(sc) && muse_grammar_ready(gc), "ready once a mask returned");
+    muse_gstate_free(sc);
+    muse_gstate_free(sd);
+    free(mc);
+    free(md);
+    muse_grammar_put(gc);
+    muse_grammar_free(gd);
 }
 
 /* Unbounded integers: the digit grammar doubled per digit (2.4M elements for one integer),
@@ -550,6 +661,8 @@ int main(void)
     test_masks();
     test_sizes();
     test_integers();
+    test_table_cap();
+    test_integer_size();
     test_cache();
     test_atem();
     test_frame();
