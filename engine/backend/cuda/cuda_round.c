@@ -152,18 +152,24 @@ static void stage_rank(cuda_backend *c, int r)
           cudaMemcpyAsync(rk->d_tables, c->stage.tables, tables * 4, cudaMemcpyHostToDevice, st));
 }
 
-/* Starts the round's capture on rank 0's stream and forks every other rank's stream from it;
- * before that, rank 0's stream waits for their staging copies (eager, outside the graph), so
- * the graph launched on it later runs after them. */
-static void begin_capture(cuda_backend *c)
+/* Rank 0's stream waits for every other rank's staging copies (eager, outside the graph), so
+ * a graph launched on it runs after them; rank 0's GPU current again. */
+static void wait_staging(cuda_backend *c)
 {
-    cudaStream_t st0 = c->rank[0].st;
     for (int r = 1; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         CHECK(c, cudaEventRecord(rk->ev_join, rk->st));
-        CHECK(c, cudaStreamWaitEvent(st0, rk->ev_join, 0));
+        CHECK(c, cudaStreamWaitEvent(c->rank[0].st, rk->ev_join, 0));
     }
     on(c, 0);
+}
+
+/* Starts the round's capture on rank 0's stream (after wait_staging) and forks every other
+ * rank's stream from it. */
+static void begin_capture(cuda_backend *c)
+{
+    cudaStream_t st0 = c->rank[0].st;
+    wait_staging(c);
     if (c->failed || CHECK(c, cudaStreamBeginCapture(st0, cudaStreamCaptureModeThreadLocal)))
         return;
     c->capturing = 1;
@@ -182,8 +188,8 @@ static int bucket_slot(const cuda_backend *c)
     return slot * 4 + (c->do_sample ? 1 : 0) + (c->return_logits ? 2 : 0);
 }
 
-/* A forward's round with its slot's key: that graph launched after the staging copies (every
- * rank's, as begin_capture orders them); 0 when the round must be captured. */
+/* A forward's round with its slot's key: that graph launched after the staging copies;
+ * 0 when the round must be captured. */
 static int launch_stored(cuda_backend *c)
 {
     int slot = bucket_slot(c);
@@ -192,15 +198,9 @@ static int launch_stored(cuda_backend *c)
     if (!k->valid || k->rows != c->rows || k->wanted != c->wanted || k->do_sample != c->do_sample ||
         k->return_logits != c->return_logits)
         return 0;
-    cudaStream_t st0 = c->rank[0].st;
-    for (int r = 1; r < c->n_ranks; r++) {
-        cuda_rank *rk = on(c, r);
-        CHECK(c, cudaEventRecord(rk->ev_join, rk->st));
-        CHECK(c, cudaStreamWaitEvent(st0, rk->ev_join, 0));
-    }
-    on(c, 0);
+    wait_staging(c);
     c->logits = k->logits; /* what the head and sample operations would have set */
-    CHECK(c, cudaGraphLaunch(c->execs[slot], st0));
+    CHECK(c, cudaGraphLaunch(c->execs[slot], c->rank[0].st));
     return 1;
 }
 
