@@ -1,9 +1,11 @@
 # make gpu-carry: what one device call needs to check the CUDA backend on a GPU machine that has
 # no Debian packages and no nginx: the binaries built here, the nginx module and test engines,
-# and Debian's nginx and libcjson .debs (unpacked there with dpkg -x by t/tools/gpu_check.sh).
+# and Debian's nginx, libcjson and jsonschema .debs (unpacked there with dpkg -x by t/tools/gpu_check.sh).
 # Carry build/gpu; run `bash t/tools/gpu_check.sh` there (docs/gpu.md).
 GPU_CARRY := $(BUILD)/gpu
-GPU_DEBS  := nginx nginx-common libcjson1
+# python3-jsonschema and its two dependencies: the constrained tests' validator (pure Python
+# on the device's own python3, PYTHONPATH set by gpu_check.sh)
+GPU_DEBS  := nginx nginx-common libcjson1 python3-jsonschema python3-attr python3-pyrsistent
 
 .PHONY: gpu-carry
 gpu-carry: all

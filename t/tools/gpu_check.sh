@@ -65,6 +65,9 @@ if want setup; then
         deb=/tmp/muse-debs
         for f in build/gpu/debs/*.deb; do dpkg -x "$f" "$deb"; done
         export LD_LIBRARY_PATH="$deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        export PYTHONPATH="$deb/usr/lib/python3/dist-packages${PYTHONPATH:+:$PYTHONPATH}"
+        /usr/bin/python3 -c 'import jsonschema; print("jsonschema", jsonschema.__version__)' 2>&1 |
+            tail -1 | tee -a "$sum"
         export MUSE_NGINX="$deb/usr/sbin/nginx"
     fi
     command -v nvidia-smi >/dev/null &&
