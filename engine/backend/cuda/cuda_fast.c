@@ -27,10 +27,11 @@ static size_t need(const cuda_rank *rk, const muse_linear *const *ls, int n, int
 
 /* Whether layer i's experts take the grouped fast product on rank rk: every expert's gate, up
  * and down a fast shape, the same k, n, bits and codebook in each role (one launch's
- * template); shapes: expert 0's three descriptors. */
-static int moe_fits(const muse_model *m, const cuda_rank *rk, int64_t i, muse_k_lin shapes[3])
+ * template: expert 0's three descriptors, moe_shapes). */
+static int moe_fits(const muse_model *m, const cuda_rank *rk, int64_t i)
 {
     const muse_layer *ly = &m->layers[i];
+    muse_k_lin shapes[3];
     int64_t E = m->cfg.num_experts;
     if (m->cfg.mlp_kind[i] != MUSE_MLP_MOE || E < 1 || m->cfg.num_experts_per_tok < 1 ||
         !ly->experts)
@@ -50,6 +51,14 @@ static int moe_fits(const muse_model *m, const cuda_rank *rk, int64_t i, muse_k_
             }
         }
     return muse_k_linear_fast_fits(shapes, 2, MUSE_K_EPI_SWIGLU) && shapes[2].k == shapes[0].n;
+}
+
+/* A grouped launch's shapes: expert 0's gate, up and down descriptors on rank rk. */
+static void moe_shapes(const cuda_rank *rk, const muse_layer *ly, muse_k_lin s[3])
+{
+    s[0] = rk->lin[ly->experts[0].gate.id];
+    s[1] = rk->lin[ly->experts[0].up.id];
+    s[2] = rk->lin[ly->experts[0].down.id];
 }
 
 /* The ints of a rank's MoE plan (moe_fast.cuh): groups [most][4], perm [P], n_groups. */
@@ -89,7 +98,8 @@ size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows
             one[0] = &ly->dense.down, MOST(need(rk, one, 1, MUSE_K_EPI_NONE, rows));
         }
         muse_k_lin ex[3];
-        if (moe_fits(m, rk, i, ex)) {
+        if (rk->moe_ok && rk->moe_ok[i]) { /* cuda_fast_moe_prepare ran first */
+            moe_shapes(rk, ly, ex);
             long P = rows * (long)m->cfg.num_experts_per_tok;
             MOST(muse_k_linear_fast_workspace(ex, 2, P));
             MOST(muse_k_linear_fast_workspace(ex + 2, 1, P));
@@ -126,15 +136,14 @@ void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls,
                                 rk->ws_fast, rk->ws_fast_bytes));
 }
 
-/* moe_fits walks 3 x E descriptors: once per layer at start, not in every round */
+/* moe_fits walks 3 x E descriptors: once a layer at start (before the workspace's size),
+ * never in a round */
 void cuda_fast_moe_prepare(const cuda_backend *c, cuda_rank *rk)
 {
     const muse_model *m = c->base.model;
     size_t L = (size_t)m->cfg.num_layers;
-    muse_k_lin shapes[3];
     rk->moe_ok = MUSE_CALLOC(L ? L : 1, sizeof *rk->moe_ok);
-    for (size_t i = 0; i < L; i++)
-        rk->moe_ok[i] = (unsigned char)moe_fits(m, rk, (int64_t)i, shapes);
+    for (size_t i = 0; i < L; i++) rk->moe_ok[i] = (unsigned char)moe_fits(m, rk, (int64_t)i);
 }
 
 int cuda_fast_moe_fits(const cuda_backend *c, const muse_layer *ly)
@@ -158,8 +167,8 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
     long E = (long)m->cfg.num_experts, P = rows * (long)m->cfg.num_experts_per_tok;
     if (CHECK(c, rk->moe_ok && rk->moe_ok[i] ? cudaSuccess : cudaErrorInvalidValue))
         return; /* the caller asked cuda_fast_moe_fits */
-    const muse_k_lin shapes[3] = {rk->lin[ly->experts[0].gate.id], rk->lin[ly->experts[0].up.id],
-                                  rk->lin[ly->experts[0].down.id]}; /* expert 0's: the launch's */
+    muse_k_lin shapes[3];
+    moe_shapes(rk, ly, shapes);
     int most, gr = muse_k_linear_fast_group_rows(rows);
     plan_ints(&m->cfg, rows, &most);
     int mg = muse_k_moe_max_groups(P, E, gr);

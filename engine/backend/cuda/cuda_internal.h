@@ -118,11 +118,12 @@ typedef struct {
  * time the kind changed). */
 #define CUDA_GRAPH_SLOTS ((MUSE_MAX_BUCKETS + 1) * 4)
 
-/* What a stored graph was captured for: a round with the same replays it (cuda_round.c). */
+/* What a stored graph was captured for, besides its slot's kind: a round of the slot with the
+ * same rows (the last slot holds any count) and wanted rows replays it (cuda_round.c). */
 typedef struct {
     long rows, wanted;
-    int do_sample, return_logits, valid;
-    muse_act logits;
+    int valid;
+    muse_act logits; /* what the head and sample operations set */
 } cuda_exec_key;
 
 typedef struct {

@@ -195,11 +195,9 @@ static int launch_stored(cuda_backend *c)
     int slot = bucket_slot(c);
     if (!c->keyed || !c->execs[slot]) return 0;
     const cuda_exec_key *k = &c->exec_key[slot];
-    if (!k->valid || k->rows != c->rows || k->wanted != c->wanted || k->do_sample != c->do_sample ||
-        k->return_logits != c->return_logits)
-        return 0;
+    if (!k->valid || k->rows != c->rows || k->wanted != c->wanted) return 0;
     wait_staging(c);
-    c->logits = k->logits; /* what the head and sample operations would have set */
+    c->logits = k->logits;
     CHECK(c, cudaGraphLaunch(c->execs[slot], c->rank[0].st));
     return 1;
 }
@@ -272,6 +270,8 @@ static void replay(cuda_backend *c)
     if (!*x) CHECK(c, cudaGraphInstantiate(x, g, 0));
     if (*x) CHECK(c, cudaGraphLaunch(*x, st0));
     cudaGraphDestroy(g);
+    if (*x && !c->failed && c->keyed) /* a forward's round: the next of its key replays it */
+        c->exec_key[slot] = (cuda_exec_key){c->rows, c->wanted, 1, c->logits};
 }
 
 int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
