@@ -1,28 +1,52 @@
-/* moe_fast: the fast path's router (a warp an (row, expert) instead of a thread) and the plan
- * that groups a MoE's (row, slot) pairs by expert for the grouped product. The grouping is a
- * counting sort done by one block in a fixed order: pair p's place depends on sel alone, and
- * its bits on its own row and expert alone (the product's chain), never on its group. */
+/* moe_fast: the fast path's router (a block an expert and 8 rows, not a thread a logit) and
+ * the plan that groups a MoE's (row, slot) pairs by expert for the grouped product. The
+ * grouping is a counting sort done by one block in a fixed order: pair p's place depends on
+ * sel alone, and its bits on its own row and expert alone (the product's chain), never on its
+ * group. */
 #include "common.cuh"
 #include "moe_fast.cuh"
 
 #define MG_THREADS 256
 
-/* grid (ceil(E / 4), R), 128 threads: warp w of block b is expert 4 b + w. Lane l sums the
- * products of elements l, l + 32, ... in double; the lanes' sums then add in a shuffle tree. */
-__global__ void __launch_bounds__(128)
-    k_router_fast(const float *b, long H, const void *router, int dtype, long E, float *logits)
+/* grid (E, ceil(R / RT_ROWS)), RT_THREADS threads: block (x, y) is expert x for rows y RT_ROWS..
+ * Thread t reads router elements t, t + RT_THREADS, ... once (the loop unrolled 4: several
+ * loads in flight; 8 issued before their use measured slower) and adds each one's product with
+ * every row of the block in double; the lanes' sums then add in a shuffle tree, the warps' in
+ * warp order (a fixed tree for every R). */
+#define RT_THREADS 256
+#define RT_ROWS    8
+__global__ void __launch_bounds__(RT_THREADS)
+    k_router_fast(const float *b, long H, long R, const void *router, int dtype, long E,
+                  float *logits)
 {
-    long r = blockIdx.y, x = (long)blockIdx.x * 4 + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (x >= E) return;
-    const float *br = b + r * H;
-    int64_t base = (int64_t)x * H;
-    double acc = 0;
-    for (long i = lane; i < H; i += 32)
-        acc += (double)br[i] * (double)k_load(router, dtype, base + i);
+    __shared__ double part[RT_THREADS / 32][RT_ROWS];
+    long x = blockIdx.x, r0 = (long)blockIdx.y * RT_ROWS;
+    int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    int nr = R - r0 < RT_ROWS ? (int)(R - r0) : RT_ROWS;
+    double acc[RT_ROWS];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) logits[r * E + x] = (float)acc;
+    for (int r = 0; r < RT_ROWS; r++) acc[r] = 0;
+    int64_t base = (int64_t)x * H;
+    const float *br = b + r0 * H;
+#pragma unroll 4
+    for (long i = t; i < H; i += RT_THREADS) {
+        double w = (double)k_load(router, dtype, base + i);
+#pragma unroll
+        for (int r = 0; r < RT_ROWS; r++)
+            if (r < nr) acc[r] += (double)br[r * H + i] * w;
+    }
+#pragma unroll
+    for (int r = 0; r < RT_ROWS; r++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        if (lane == 0) part[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (t < nr) {
+        double sum = part[0][t];
+        for (int w = 1; w < RT_THREADS / 32; w++) sum += part[w][t];
+        logits[(r0 + t) * E + x] = (float)sum;
+    }
 }
 
 /* grid ceil(R / 4), 128 threads: warp w a row, kernels/moe.cu k_select's result bit for bit:
@@ -117,8 +141,8 @@ MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H,
 {
     long rows = ctx->rows;
     if (rows <= 0) return 0;
-    k_router_fast<<<dim3((unsigned)((E + 3) / 4), (unsigned)rows), 128, 0, ctx->st>>>(
-        b, H, router, dtype, E, logits);
+    k_router_fast<<<dim3((unsigned)E, (unsigned)((rows + RT_ROWS - 1) / RT_ROWS)), RT_THREADS, 0,
+                    ctx->st>>>(b, H, rows, router, dtype, E, logits);
     return (int)cudaGetLastError();
 }
 

@@ -3,9 +3,10 @@
 #ifndef MUSE_K_MOE_FAST_CUH
 #define MUSE_K_MOE_FAST_CUH
 #include "launch.h"
-/* logits[R, E] = b[R, H] router^T as kernels/moe.cu's router, a warp an (row, expert): the same
- * double products summed in a fixed lane-then-tree order, so the float logits equal the exact
- * path's unless a double sum falls within an ulp of a float rounding boundary. ctx: st, rows */
+/* logits[R, E] = b[R, H] router^T as kernels/moe.cu's router, a block an expert and 8 rows: the
+ * same double products summed in a fixed thread-then-tree order (a row's the same at any R), so
+ * the float logits equal the exact path's unless a double sum falls within an ulp of a float
+ * rounding boundary. ctx: st, rows */
 MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H, const void *router,
                                   int dtype, long E, float *logits);
 /* kernels/moe.cu muse_k_select's sel and w bit for bit, a warp a row. ctx: st, rows */
