@@ -1,28 +1,29 @@
 /* linear_fast: the fast EXL3 product y = x W (linear_fast.cuh). Step 1 and 3 (prepare, finish)
  * are the exact path's math (linear_fast_ends.cu); step 2 here: t = a Wq on tensor cores.
- * A block is 4 warps x 2 n-tiles (128 columns) x MT m-tiles (16 rows each; rows >= R read as
- * zero and are never written) x one k split. The trellis and the A rows of KC k-tiles a stage
- * go to shared memory by cp.async (3 stages in flight); each lane decodes its 8 states of a
- * tile (linear_fast.h) in registers straight into the mma B fragment and applies it to every
- * m-tile of the block. Partials [split][R][n] fp32, added in split order by the finish.
+ * A block is 4 warps x NTW n-tiles (128 or 64 columns) x MT m-tiles (16 rows each; rows >= R
+ * read as zero and are never written) x one k split. The trellis and the A rows of KC k-tiles
+ * a stage go to shared memory by cp.async (3 stages in flight); each lane decodes its 8 states
+ * of a tile (linear_fast.h) in registers straight into the mma B fragment and applies it to
+ * every m-tile of the block. Partials [split][R][n] fp32, added in split order by the finish.
  * Batch invariance: an output element is the mma chain over its split's k-tiles in ascending
- * order from its own A row and B column; MT, the m-group and R change which rows share a
- * block, never that chain, and the split is a function of (k, n) (muse_fast_splits).
- * Built without -fmad=false (mk/fast.mk): this file's only floating-point arithmetic is the
- * mma and explicit __hadd2 / __hfma2 intrinsics, which no contraction flag changes. */
+ * order from its own A row and B column; MT, NTW, KC, the m-group and R change which rows and
+ * columns share a block or a stage, never that chain, and the split is a function of (k, n)
+ * (muse_fast_splits). Built without -fmad=false (mk/fast.mk): this file's only floating-point
+ * arithmetic is the mma and explicit __hadd2 / __hfma2 intrinsics, which no contraction flag
+ * changes. */
 #include <cuda_fp16.h>
 #include <stdlib.h>
 
 #include "linear_fast.h"
 #include "linear_fast_ends.cuh"
 
-#define FB_WARPS   4
-#define FB_NTW     2                   /* n-tiles a warp */
-#define FB_NT      (FB_WARPS * FB_NTW) /* n-tiles a block */
-#define FB_KC      4                   /* k-tiles a pipeline stage */
-#define FB_STAGES  3
-#define FB_AROW    (FB_KC * 16 + 8) /* halves a staged A row: padded, ldmatrix conflict-free */
-#define FB_MT_MANY 8                /* m-tiles a block from 17 rows on */
+#define FB_WARPS 4
+/* n-tiles a warp, NTW: 2 (a block of 128 columns), or 1 (64 columns: twice the blocks where a
+ * launch would leave SMs idle; a column's chain is the same either way) */
+#define FB_STAGES 3
+/* k-tiles a pipeline stage, KC: 8 at one m-tile (half the stage's loads, barrier and waits a
+ * k-tile), 4 at FB_MT_MANY (three stages of 128 rows stay in shared memory 3 blocks an SM) */
+#define FB_MT_MANY 8 /* m-tiles a block from 17 rows on */
 
 typedef struct {
     const uint16_t *trellis;
@@ -125,9 +126,12 @@ __device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int 
 }
 
 /* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads */
-template <int CB, int BITS, int MT>
+template <int CB, int BITS, int MT, int NTW, int KC>
 __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
 {
+    constexpr int FB_NT = FB_WARPS * NTW; /* n-tiles a block */
+    constexpr int FB_KC = KC;
+    constexpr int FB_AROW = KC * 16 + 8; /* halves a staged A row: padded, ldmatrix conflict-free */
     extern __shared__ __align__(16) unsigned char f_sm[];
     constexpr int A_HALVES = MT * 16 * FB_AROW;
     constexpr int B_WORDS = FB_KC * FB_NT * 8 * BITS;
@@ -167,16 +171,18 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
      * A thread's chunks are fixed for the block (c = th + 128 i): their sources, destinations
      * and row/column validity are set here once; a stage adds its stride and, in the last
      * stage only, checks the k bound. */
-    constexpr int A_CHR = FB_KC * 2;                 /* 16-byte chunks of a staged A row */
-    constexpr int CH_ROW = FB_NT * 2 * BITS;         /* 16-byte chunks of one k-tile's 8 tiles */
-    constexpr int B_CH = FB_KC * CH_ROW;             /* of a stage */
-    constexpr int B_PER = (B_CH + 127) / 128;        /* a thread's B chunks */
-    const int a_ch = th % A_CHR, a_row = th / A_CHR; /* rows a_row + 16 i, i < MT */
+    constexpr int A_CHR = FB_KC * 2;          /* 16-byte chunks of a staged A row */
+    constexpr int CH_ROW = FB_NT * 2 * BITS;  /* 16-byte chunks of one k-tile's 8 tiles */
+    constexpr int B_CH = FB_KC * CH_ROW;      /* of a stage */
+    constexpr int B_PER = (B_CH + 127) / 128; /* a thread's B chunks */
+    constexpr int A_RP = 128 / A_CHR;         /* rows the block stages at once */
+    constexpr int A_PASSES = MT * 16 / A_RP;
+    const int a_ch = th % A_CHR, a_row = th / A_CHR; /* rows a_row + A_RP i, i < A_PASSES */
     const uint16_t *a_src = L.a + (m0 + a_row) * L.k + kt0 * 16 + a_ch * 8;
     const int a_dst = a_row * FB_AROW + a_ch * 8;
     unsigned a_rows_ok = 0;
 #pragma unroll
-    for (int i = 0; i < MT; i++) a_rows_ok |= (unsigned)(m0 + a_row + 16 * i < rend) << i;
+    for (int i = 0; i < A_PASSES; i++) a_rows_ok |= (unsigned)(m0 + a_row + A_RP * i < rend) << i;
     const uint16_t *b_src[B_PER];
     int b_dst[B_PER], b_kk[B_PER];
     bool b_ok[B_PER];
@@ -200,9 +206,10 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
         const uint16_t *as_src = a_src + (int64_t)st * FB_KC * 16;
         bool a_k_ok = full || ktb + a_ch / 2 < kt1;
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
+        for (int i = 0; i < A_PASSES; i++) {
             bool ok = (a_rows_ok >> i & 1) && a_k_ok;
-            f_cp16(as + a_dst + 16 * i * FB_AROW, ok ? as_src + (int64_t)16 * i * L.k : L.a, ok);
+            f_cp16(as + a_dst + A_RP * i * FB_AROW, ok ? as_src + (int64_t)A_RP * i * L.k : L.a,
+                   ok);
         }
 #pragma unroll
         for (int i = 0; i < B_PER; i++) {
@@ -219,11 +226,11 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
         }
     };
 
-    float acc[MT][FB_NTW][2][4];
+    float acc[MT][NTW][2][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < FB_NTW; nt++)
+        for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -245,10 +252,10 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
         int nkt = kt1 - ktb < FB_KC ? (int)(kt1 - ktb) : FB_KC;
         /* k-tile kk of the stage: decode the warp's tiles, then every m-tile's mma in k order */
         auto ktile = [&](int kk) {
-            uint32_t bf[FB_NTW][4];
+            uint32_t bf[NTW][4];
 #pragma unroll
-            for (int nt = 0; nt < FB_NTW; nt++)
-                f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + warp * FB_NTW + nt) * 8 * BITS, l_widx,
+            for (int nt = 0; nt < NTW; nt++)
+                f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + warp * NTW + nt) * 8 * BITS, l_widx,
                                          l_sh, bf[nt]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
@@ -256,7 +263,7 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
                 uint32_t af[4];
                 f_ldmatrix4(af, as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
 #pragma unroll
-                for (int nt = 0; nt < FB_NTW; nt++) {
+                for (int nt = 0; nt < NTW; nt++) {
                     f_mma(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
                     f_mma(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
                 }
@@ -275,8 +282,8 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < FB_NTW; nt++) {
-            int64_t tn = tn0 + warp * FB_NTW + nt;
+        for (int nt = 0; nt < NTW; nt++) {
+            int64_t tn = tn0 + warp * NTW + nt;
             if (tn >= ntiles) continue;
 #pragma unroll
             for (int h = 0; h < 2; h++)
@@ -314,29 +321,29 @@ __global__ void k_fast_decode(const uint16_t *trellis, int64_t tiles_ld, int64_t
 typedef void (*prod_fn)(fast_prod);
 typedef void (*dec_fn)(const uint16_t *, int64_t, int64_t, uint16_t *);
 
-template <int CB, int BITS, int MT> static int f_stage_bytes(void)
+template <int CB, int BITS, int MT, int NTW, int KC> static int f_stage_bytes(void)
 {
-    return FB_STAGES * (MT * 16 * FB_AROW * 2 + FB_KC * FB_NT * 8 * BITS * 4);
+    return FB_STAGES * (MT * 16 * (KC * 16 + 8) * 2 + KC * FB_WARPS * NTW * 8 * BITS * 4);
 }
 
-#define F_BITS(CB, MT)                                                                             \
+#define F_BITS(F, CB, MT, NTW, KC)                                                                 \
     {                                                                                              \
-        k_fast_product<CB, 1, MT>, k_fast_product<CB, 2, MT>, k_fast_product<CB, 3, MT>,           \
-            k_fast_product<CB, 4, MT>, k_fast_product<CB, 5, MT>, k_fast_product<CB, 6, MT>,       \
-            k_fast_product<CB, 7, MT>, k_fast_product<CB, 8, MT>                                   \
+        F<CB, 1, MT, NTW, KC>, F<CB, 2, MT, NTW, KC>, F<CB, 3, MT, NTW, KC>,                       \
+            F<CB, 4, MT, NTW, KC>, F<CB, 5, MT, NTW, KC>, F<CB, 6, MT, NTW, KC>,                   \
+            F<CB, 7, MT, NTW, KC>, F<CB, 8, MT, NTW, KC>                                           \
     }
-#define F_SMEM(CB, MT)                                                                             \
+#define F_SHAPE(F, MT, NTW, KC)                                                                    \
     {                                                                                              \
-        f_stage_bytes<CB, 1, MT>, f_stage_bytes<CB, 2, MT>, f_stage_bytes<CB, 3, MT>,              \
-            f_stage_bytes<CB, 4, MT>, f_stage_bytes<CB, 5, MT>, f_stage_bytes<CB, 6, MT>,          \
-            f_stage_bytes<CB, 7, MT>, f_stage_bytes<CB, 8, MT>                                     \
+        F_BITS(F, 0, MT, NTW, KC), F_BITS(F, 1, MT, NTW, KC), F_BITS(F, 2, MT, NTW, KC)            \
     }
-static const prod_fn f_prod[2][3][8] = {
-    {F_BITS(0, 1), F_BITS(1, 1), F_BITS(2, 1)},
-    {F_BITS(0, FB_MT_MANY), F_BITS(1, FB_MT_MANY), F_BITS(2, FB_MT_MANY)}};
-static int (*const f_smem_bytes[2][3][8])(void) = {
-    {F_SMEM(0, 1), F_SMEM(1, 1), F_SMEM(2, 1)},
-    {F_SMEM(0, FB_MT_MANY), F_SMEM(1, FB_MT_MANY), F_SMEM(2, FB_MT_MANY)}};
+/* the block shapes: [0] one m-tile, 128 columns; [1] FB_MT_MANY m-tiles, 128 columns; [2] one
+ * m-tile, 64 columns (stages of 8 k-tiles at one m-tile: 9% faster than 4 on the H200) */
+#define F_SHAPES(F)                                                                                \
+    {                                                                                              \
+        F_SHAPE(F, 1, 2, 8), F_SHAPE(F, FB_MT_MANY, 2, 4), F_SHAPE(F, 1, 1, 8)                     \
+    }
+static const prod_fn f_prod[3][3][8] = F_SHAPES(k_fast_product);
+static int (*const f_smem_bytes[3][3][8])(void) = F_SHAPES(f_stage_bytes);
 #define F_DEC(CB)                                                                                  \
     {                                                                                              \
         k_fast_decode<CB, 1>, k_fast_decode<CB, 2>, k_fast_decode<CB, 3>, k_fast_decode<CB, 4>,    \
@@ -352,6 +359,23 @@ MUSE_K_API int muse_k_linear_fast_split_target(void)
         return t > 0 ? t : MUSE_FAST_SPLIT_TARGET;
     }();
     return target;
+}
+
+/* Launches of fewer 128-column blocks than this take 64-column blocks: MUSE_FAST_NARROW=N
+ * from the environment (tuning only, read once a process; 0: never), else 8 an SM. */
+static long f_narrow_set = -1; /* muse_k_linear_fast_narrow: checks only */
+static long f_narrow_below(void)
+{
+    static const long below = [] {
+        const char *v = getenv("MUSE_FAST_NARROW");
+        return v && *v ? atol(v) : 8L * MUSE_FAST_SMS;
+    }();
+    return f_narrow_set >= 0 ? f_narrow_set : below;
+}
+
+MUSE_K_API void muse_k_linear_fast_narrow(long below)
+{
+    f_narrow_set = below;
 }
 
 static int f_valid(const muse_k_lin *s)
@@ -453,6 +477,15 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         p.R = rows;
         p.groups = g ? (const int4 *)g->groups : NULL;
         p.n_groups = g ? g->n_groups : NULL;
+        /* the block shape: 64 columns where 128 would leave the launch under the narrow
+         * threshold of blocks (more warps in flight at few rows); the bits are the same */
+        long wide = 0;
+        for (int j = i; j < n_lin; j++)
+            if (!done[j] && shapes[j].bits == shapes[i].bits)
+                wide += (long)(shapes[j].n / MUSE_FAST_BLOCK_COLS) *
+                        muse_fast_splits(shapes[j].k, shapes[j].n, target) * mgroups;
+        int shape = many ? 1 : wide < f_narrow_below() ? 2 : 0;
+        int64_t cols = shape == 2 ? MUSE_FAST_BLOCK_COLS / 2 : MUSE_FAST_BLOCK_COLS;
         long blocks = 0;
         for (int j = i; j < n_lin; j++) {
             if (done[j] || shapes[j].bits != shapes[i].bits) continue;
@@ -467,14 +500,14 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             L->part = part[j];
             L->descs = g ? g->descs[j] : NULL;
             L->splits = muse_fast_splits(s->k, s->n, target);
-            L->nblk = (int)((s->n + MUSE_FAST_BLOCK_COLS - 1) / MUSE_FAST_BLOCK_COLS);
+            L->nblk = (int)((s->n + cols - 1) / cols);
             L->aligned = (uintptr_t)s->trellis % 16 == 0; /* tile rows are 32 * bits bytes */
             L->blk0 = blocks;
             blocks += (long)L->nblk * L->splits * mgroups;
         }
         int bi = shapes[i].bits - 1;
-        prod_fn fn = f_prod[many][cb][bi];
-        int smem = f_smem_bytes[many][cb][bi]();
+        prod_fn fn = f_prod[shape][cb][bi];
+        int smem = f_smem_bytes[shape][cb][bi]();
         if (smem > 48 * 1024) {
             err = (int)cudaFuncSetAttribute((const void *)fn,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

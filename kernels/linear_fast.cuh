@@ -54,6 +54,10 @@ MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, c
  * 2 product, 4 finish; the results are then wrong. 0 (the default): every step. */
 MUSE_K_API void muse_k_linear_fast_skip(int steps);
 
+/* Checks only (exl3-fast-check): launches of fewer 128-column blocks than below take 64-column
+ * blocks (0: never; -1: back to MUSE_FAST_NARROW or the default). The bits do not change. */
+MUSE_K_API void muse_k_linear_fast_narrow(long below);
+
 /* The split target in use: MUSE_FAST_SPLIT_TARGET, or MUSE_FAST_SPLITS=N from the environment
  * (tuning only; read once a process, so every call of the process splits alike). */
 MUSE_K_API int muse_k_linear_fast_split_target(void);

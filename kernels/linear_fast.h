@@ -94,7 +94,24 @@ MUSE_HD void muse_fast_lane_words(int bits, int nwords, int lane, int widx[3], i
     *shift = first & 31;
 }
 
-/* The 8 states of a lane from the tile's words at its muse_fast_lane_words places. */
+/* __byte_perm(a, b, sel) (PRMT): result byte i is byte (sel >> 4 i) & 7 of b:a (0-3 from a,
+ * 4-7 from b); the sign-replicate mode is not used. */
+MUSE_HD uint32_t muse_fast_prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, sel);
+#else
+    uint64_t ba = (uint64_t)b << 32 | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)(ba >> 8 * ((sel >> 4 * i) & 7) & 0xFFu) << 8 * i;
+    return r;
+#endif
+}
+
+/* The 8 states of a lane from the tile's words at its muse_fast_lane_words places. At 2 bits
+ * state j is (W >> (16 - 2 j)) & 0xFFFF of one window word W: from W and W shifted left by 2,
+ * 4 and 6 (multiplies, off the ALU pipe) each state is one shift or one byte permute, where a
+ * shift and a mask would be two ALU instructions. */
 MUSE_HD void muse_fast_lane_states_at(const uint32_t *words, const int widx[3], int s, int bits,
                                       int nwords, int nwin, uint32_t st[8])
 {
@@ -104,6 +121,18 @@ MUSE_HD void muse_fast_lane_states_at(const uint32_t *words, const int widx[3], 
     /* a word not read holds no bit the lane needs (nwords covers the widest lane) */
     for (int i = 0; i < 3; i++)
         if (i < nwin) win[i] = muse_fast_fshl(w[i + 1], w[i], s);
+    if (bits == 2) {
+        uint32_t W = win[0], W2 = W * 4u, W4 = W * 16u, W6 = W * 64u;
+        st[0] = W >> 16; /* the permutes below: ptxas turns (W << 2) >> 16 back into two ops */
+        st[1] = muse_fast_prmt(W2, 0, 0x4432);
+        st[2] = muse_fast_prmt(W4, 0, 0x4432);
+        st[3] = muse_fast_prmt(W6, 0, 0x4432);
+        st[4] = muse_fast_prmt(W, 0, 0x4421);
+        st[5] = muse_fast_prmt(W2, 0, 0x4421);
+        st[6] = muse_fast_prmt(W4, 0, 0x4421);
+        st[7] = muse_fast_prmt(W6, 0, 0x4421);
+        return;
+    }
     for (int j = 0; j < 8; j++) st[j] = muse_fast_window_state(win, j * bits);
 }
 

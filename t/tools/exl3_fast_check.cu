@@ -249,6 +249,16 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
             run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
             std::vector<float> got_y = dl(yf, R * n);
             diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
+            /* the 128- and the 64-column blocks of few rows alike (the default picks by size) */
+            for (long below : {0L, 1L << 40}) {
+                if (R > 16) break;
+                muse_k_linear_fast_narrow(below);
+                poison(yf, RB * n);
+                run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
+                muse_k_linear_fast_narrow(-1);
+                got_y = dl(yf, R * n);
+                diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
+            }
             /* the same rows among other rows: a batch of 2R with R foreign rows first */
             if (2 * R <= RB) {
                 CK(cudaMemcpy(xo + R * k, x + place * k, (size_t)R * k * 4,
@@ -260,7 +270,8 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                     memcmp(got_y.data() + R * n, ref.data() + place * n, (size_t)R * n * 4) != 0;
             }
         }
-    snprintf(what, sizeof what, "%lldx%lld %d bits %s%s: batch invariant at R 1..256 (%ld differ)",
+    snprintf(what, sizeof what,
+             "%lldx%lld %d bits %s%s: batch invariant at R 1..256, both block widths (%ld differ)",
              (long long)k, (long long)n, bits, cb_name[cb], tag, diff);
     verdict(diff == 0, what);
     for (float *p : {x, ye, yf, xo}) CK(cudaFree(p));
@@ -635,6 +646,26 @@ static void time_moe(void)
     }
 }
 
+/* --prof: a few products alone, for a profiler (ncu -k regex:k_fast_product): 6144x4096 and
+ * 8192x28672 at 2 bits mcg, M = 1, three calls each, no checks */
+static void prof_only(void)
+{
+    for (int64_t kn : {6144L * 4096L, 8192L * 28672L}) {
+        weight w;
+        int64_t k = kn == 6144L * 4096L ? 6144 : 8192;
+        weight_make(&w, k, kn / k, 2, 1, 0, 0);
+        weight *p = &w;
+        float *x = rand_x(1, k), *y = dalloc((size_t)(kn / k));
+        long ys = kn / k;
+        for (int i = 0; i < 3; i++) run_fast(&p, 1, x, 1, 1, &y, &ys, MUSE_K_EPI_NONE);
+        CK(cudaDeviceSynchronize());
+        CK(cudaFree(x));
+        CK(cudaFree(y));
+        weight_free(&w);
+    }
+    printf("exl3-fast-check: --prof done\n");
+}
+
 int main(int argc, char **argv)
 {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -642,6 +673,10 @@ int main(int argc, char **argv)
     if (skip && *skip) muse_k_linear_fast_skip(atoi(skip));
     for (int cb = 0; cb < 3; cb++)
         d_table[cb] = (float *)upload(muse_exl3_value_table((muse_codebook)cb), 65536 * 4);
+    if (argc > 1 && !strcmp(argv[1], "--prof")) {
+        prof_only();
+        return 0;
+    }
     for (int cb = 0; cb < 3; cb++)
         for (int bits = 1; bits <= 8; bits++) check_one(256, 384, bits, cb, 0, 0);
     for (int cb = 0; cb < 3; cb++) {
