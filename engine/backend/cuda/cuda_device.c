@@ -400,8 +400,8 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
     }
     const char *graphs = getenv("MUSE_CUDA_GRAPHS"); /* 0: launch each kernel eagerly */
     c->graphs = !(graphs && !strcmp(graphs, "0")) && !c->multi_dev;
-    const char *replay = getenv("MUSE_CUDA_REPLAY"); /* 1: a stored graph replays its key */
-    c->replay = replay && !strcmp(replay, "1");
+    const char *replay = getenv("MUSE_CUDA_REPLAY"); /* 0: every round captured anew */
+    c->replay = !(replay && !strcmp(replay, "0"));
     const char *prof = getenv("MUSE_CUDA_PROFILE");
     c->prof = prof && !strcmp(prof, "1");
     if (c->prof) c->graphs = 0; /* each op synchronized on its own */

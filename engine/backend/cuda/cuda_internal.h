@@ -162,10 +162,10 @@ typedef struct {
      * eagerly: one graph spanning devices is not relied on. */
     int graphs, capturing;
     cudaGraphExec_t execs[CUDA_GRAPH_SLOTS]; /* a row bucket's (or any other count's) x 4 kinds */
-    /* MUSE_CUDA_REPLAY=1: a forward's round whose key equals its bucket's last capture launches
-     * that graph in begin_round without running the operations again: every launch parameter
-     * is a function of the key (rows, wanted rows, sampling flags; the batch itself is read
-     * from the staged buffers), so the capture would be the same graph */
+    /* replay (on unless MUSE_CUDA_REPLAY=0): a forward's round whose key equals its bucket's last
+     * capture launches that graph in begin_round without running the operations again: every launch
+     * parameter is a function of the key (rows, wanted rows, sampling flags; the batch itself is
+     * read from the staged buffers), so the capture would be the same graph */
     int replay, keyed; /* keyed: this round's capture may be replayed (a forward's round) */
     cuda_exec_key exec_key[CUDA_GRAPH_SLOTS];
     /* MUSE_CUDA_PROFILE=1: each op timed with events on rank 0's stream (eager, synchronized),
