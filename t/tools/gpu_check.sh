@@ -118,14 +118,38 @@ if want fastcheck && [ "$B" = cuda ]; then
     command -v cuobjdump >/dev/null && [ -f build/obj/kernels/linear_fast.o ] &&
         cuobjdump --dump-sass build/obj/kernels/linear_fast.o >"$logs/linear_fast.sass" 2>&1
 fi
+# every kernel of a decode round by its own device time (ncu, one metric, each kernel node of the
+# round's graphs, caches left warm as in a served round): the demo pack, the 4-layer cut, the
+# whole one-GPU shape, without the fill kernels (k_synth_fill left out by name); the CSVs come
+# back in $OUT, summed by t/tools/kprof.py (GPU_CHECK_KPROF_SHAPES: a subset)
+if want kprof && [ "$B" = cuda ] && command -v ncu >/dev/null; then
+    for shape in ${GPU_CHECK_KPROF_SHAPES:-demo 1gpu-4l 1gpu}; do
+        w=(--synthetic-weights 1 --config "conf/packs/muse-spark-open-$shape.json" --bits 2 --codebook mcg)
+        [ $shape = demo ] && w=(--model conf/packs/demo-en)
+        step "kprof-$shape" 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+            -k 'regex:k_([a-rt-z]|s[^y])' --log-file "$logs/kprof-$shape.csv" build/muse-bench decode \
+            --backend cuda "${w[@]}" --kernels fast --streams 1 --tokens 2 --prompt 64
+        gzip -c "$logs/kprof-$shape.csv" >"$out/kprof-$shape.csv.gz"
+        python3 t/tools/kprof.py "$logs/kprof-$shape.csv" 2>&1 | head -40 | tee -a "$sum"
+    done
+fi
+# the fast product under ncu's full set (occupancy, pipes, stalls, the hottest SASS lines):
+# 6144x4096 and 8192x28672 at M = 1, 2 bits mcg (exl3-fast-check --prof)
+if want ncuprod && [ "$B" = cuda ] && command -v ncu >/dev/null; then
+    step ncuprod 120 ncu --clock-control none --set full --import-source no -k regex:k_fast_product \
+        -c 6 -o "$logs/prod" build/t/exl3-fast-check --prof
+    ncu --import "$logs/prod.ncu-rep" >"$out/ncuprod.txt" 2>&1
+    ncu --import "$logs/prod.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip >"$out/prod-sass.csv.gz"
+    rm -f "$logs/prod.ncu-rep"
+fi
 want ops && MUSE_OPS_BACKEND=$B step ops 150 prove -v t/ops/ops.t
 if want logits && [ "$B" = cuda ]; then
     step logits 60 prove -v t/ops/cuda_logits.t
     # the whole model on each EXL3 path alone (auto picks tiles from 32 rows, never for the MoE)
     MUSE_EXL3_PATH=tiles step logits-tiles 60 prove -v t/ops/cuda_logits.t
     MUSE_EXL3_PATH=small step logits-small 60 prove -v t/ops/cuda_logits.t
-    # a round whose key matches its bucket's last capture launches that graph (MUSE_CUDA_REPLAY)
-    MUSE_CUDA_REPLAY=1 step logits-replay 60 prove -v t/ops/cuda_logits.t
+    # every round captured anew (the default launches a bucket's stored graph for its key)
+    MUSE_CUDA_REPLAY=0 step logits-noreplay 60 prove -v t/ops/cuda_logits.t
 fi
 
 if want compare; then
@@ -237,10 +261,11 @@ if want medium; then
         --tokens "$(ids 256 32000)" --a cpu --b "$B"
 fi
 
-# serving exactness through nginx on each kernel path (the engine reads MUSE_CUDA_PATH)
+# serving exactness through nginx on each kernel path (the engine reads MUSE_CUDA_PATH), the fast
+# one also with every round captured anew (MUSE_CUDA_REPLAY=0; the stored graphs replay by default)
 if want serve; then
     MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast 240 prove -v t/stack/serve_exactness.t
-    MUSE_CUDA_REPLAY=1 MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast-replay 240 prove -v \
+    MUSE_CUDA_REPLAY=0 MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast-noreplay 240 prove -v \
         t/stack/serve_exactness.t
     MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
     # structured outputs: the round's token masks through the CUDA sample kernels
