@@ -336,7 +336,7 @@ static void run_shared(cuda_backend *c, cuda_rank *rk, const muse_mlp *s, const 
  * rank's share of its expert and the shared experts; the ranks' partial outputs summed in rank
  * order (the CPU backend sums each expert's before its norm); then on every rank the expert
  * output norm and the weighted sum in ascending expert index, plus the shared experts. The
- * fast path: the warp router and the experts grouped through the fast product (cuda_fast.c). */
+ * fast path: the block router and the experts grouped through the fast product (cuda_fast.c). */
 static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_act y_a)
 {
     cuda_backend *c = cu(be);
