@@ -389,12 +389,25 @@ static size_t f_align(size_t v)
     return (v + 255) & ~(size_t)255;
 }
 
-/* the workspace of n_lin linears at rows rows: a_i then part_i, each 256-byte aligned */
-static size_t f_layout(const muse_k_lin *shapes, int n_lin, long rows, uint16_t *a[], float *part[],
-                       unsigned char *ws)
+/* The split target of a grouped call: MUSE_FAST_GROUP_SPLITS=N from the environment (tuning
+ * only, read once a process), else the caller's (muse_k_fast_groups.split_target), else the
+ * plain one. At most the plain one, so muse_k_linear_fast_workspace covers it. */
+static int f_group_target(const muse_k_fast_groups *g)
+{
+    static const int env = [] {
+        const char *v = getenv("MUSE_FAST_GROUP_SPLITS");
+        return v && *v ? atoi(v) : 0;
+    }();
+    int plain = muse_k_linear_fast_split_target(), t = env > 0 ? env : g->split_target;
+    return t > 0 && t < plain ? t : plain;
+}
+
+/* the workspace of n_lin linears at rows rows split for target: a_i then part_i, each 256-byte
+ * aligned */
+static size_t f_layout(const muse_k_lin *shapes, int n_lin, long rows, int target, uint16_t *a[],
+                       float *part[], unsigned char *ws)
 {
     size_t off = 0;
-    int target = muse_k_linear_fast_split_target();
     for (int i = 0; i < n_lin; i++) {
         const muse_k_lin *s = shapes + i;
         if (a) a[i] = (uint16_t *)(ws + off);
@@ -408,7 +421,7 @@ static size_t f_layout(const muse_k_lin *shapes, int n_lin, long rows, uint16_t 
 
 MUSE_K_API size_t muse_k_linear_fast_workspace(const muse_k_lin *shapes, int n_lin, long max_rows)
 {
-    return f_layout(shapes, n_lin, max_rows, NULL, NULL, NULL);
+    return f_layout(shapes, n_lin, max_rows, muse_k_linear_fast_split_target(), NULL, NULL, NULL);
 }
 
 /* Steps left out, for timing only (wrong results): set by exl3-fast-check alone, never read
@@ -450,9 +463,9 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         return (int)cudaErrorInvalidValue;
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     float *part[MUSE_K_FAST_MAX_LIN];
-    if (f_layout(shapes, n_lin, rows, a, part, (unsigned char *)ws) > ws_bytes)
+    int target = g ? f_group_target(g) : muse_k_linear_fast_split_target();
+    if (f_layout(shapes, n_lin, rows, target, a, part, (unsigned char *)ws) > ws_bytes)
         return (int)cudaErrorInvalidValue;
-    int target = muse_k_linear_fast_split_target();
 
     muse_fast_prep pp;
     pp.k = shapes[0].k;

@@ -28,11 +28,15 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
  * row p) with linear i's descriptor descs[i][sel[p]] (device arrays of the experts' [E]);
  * perm [P]: the pairs in group order; groups [max_groups][4]: (expert, first place in perm,
  * count <= group_rows, 0), the first *n_groups of them used. y_i row p is pair p's. A pair's
- * bits depend on its own input row and expert only: the same chain as muse_k_linear_fast. */
+ * bits depend on its own input row and expert only: the chain of muse_k_linear_fast with the
+ * k split of split_target (0: the plain one), the caller's choice for its experts, fixed for a
+ * model and never a function of the rows (the engine: 2 MUSE_FAST_SPLIT_TARGET / K, since a
+ * token's K pairs share the GPU). */
 typedef struct {
     const muse_k_lin *descs[MUSE_K_FAST_MAX_LIN];
     const int32_t *sel, *src, *perm, *groups, *n_groups;
     int max_groups, group_rows;
+    int split_target;
 } muse_k_fast_groups;
 /* The rows a group holds at most for a round of rows rows (the product's m-tiles a block). */
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows);

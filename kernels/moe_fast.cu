@@ -49,68 +49,91 @@ __global__ void __launch_bounds__(RT_THREADS)
     }
 }
 
-/* grid ceil(R / 4), 128 threads: warp w a row, kernels/moe.cu k_select's result bit for bit:
- * each pick the largest key not taken (ties to the lower expert: a lane's own scan keeps its
- * first, the warp's tree keeps the lower index), the weights the same fp32 steps in pick order.
- * shared: key [4][E], taken [4][E] */
-__global__ void __launch_bounds__(128)
-    k_select_fast(const float *logits, long R, long E, long K, const float *bias, int norm_topk,
-                  float scaling, int32_t *sel, float *w)
+/* Row r's selection by one warp, kernels/moe.cu k_select's result bit for bit (key, taken:
+ * the warp's E floats and E bytes of shared memory). The picks are the order (key descending,
+ * expert ascending): without a NaN key each expert's place is the count of the keys before it
+ * in that order, every lane counting its experts' at once; a row with a NaN key takes the
+ * sequential picks (each the largest key not taken, ties to the lower expert: a lane's scan
+ * keeps its first, the warp's tree the lower index). The weights: the same fp32 steps in pick
+ * order. */
+__device__ void d_select_row(const float *logits, long r, long E, long K, const float *bias,
+                             int norm_topk, float scaling, int32_t *sel, float *w, float *key,
+                             unsigned char *taken, int lane)
 {
-    extern __shared__ float sf_sh[];
-    int wi = threadIdx.x / 32, lane = threadIdx.x % 32;
-    long r = (long)blockIdx.x * 4 + wi;
-    float *key = sf_sh + (size_t)wi * E;
-    unsigned char *taken = (unsigned char *)(sf_sh + 4 * E) + (size_t)wi * E;
-    if (r >= R) return;
     const float *lg = logits + r * E;
+    bool nan = false;
     for (long x = lane; x < E; x += 32) {
         float sg = k_sigmoid(lg[x]);
         key[x] = bias ? __fadd_rn(sg, bias[x]) : sg;
         taken[x] = 0;
+        nan |= key[x] != key[x];
     }
     __syncwarp();
     int32_t *sr = sel + r * K;
     float *wr = w + r * K;
-    float sum = 0;
-    for (long i = 0; i < K; i++) {
-        long best = -1;
-        for (long x = lane; x < E; x += 32)
-            if (!taken[x] && (best < 0 || key[x] > key[best])) best = x;
-        for (int o = 16; o > 0; o >>= 1) {
-            long other = __shfl_xor_sync(0xffffffffu, best, o);
-            if (other >= 0 &&
-                (best < 0 || key[other] > key[best] || (key[other] == key[best] && other < best)))
-                best = other;
+    if (!__any_sync(0xffffffffu, nan)) {
+        for (long x = lane; x < E; x += 32) {
+            float kx = key[x];
+            long place = 0;
+#pragma unroll 8
+            for (long y = 0; y < E; y++) place += key[y] > kx || (key[y] == kx && y < x);
+            if (place < K) {
+                sr[place] = (int32_t)x;
+                wr[place] = k_sigmoid(lg[x]);
+            }
         }
-        __syncwarp();
-        if (lane == 0) taken[best] = 1;
-        __syncwarp();
-        float sb = k_sigmoid(lg[best]);
-        if (lane == 0) {
-            sr[i] = (int32_t)best;
-            wr[i] = sb;
+    } else {
+        for (long i = 0; i < K; i++) {
+            long best = -1;
+            for (long x = lane; x < E; x += 32)
+                if (!taken[x] && (best < 0 || key[x] > key[best])) best = x;
+            for (int o = 16; o > 0; o >>= 1) {
+                long other = __shfl_xor_sync(0xffffffffu, best, o);
+                if (other >= 0 && (best < 0 || key[other] > key[best] ||
+                                   (key[other] == key[best] && other < best)))
+                    best = other;
+            }
+            __syncwarp();
+            if (lane == 0) taken[best] = 1;
+            __syncwarp();
+            if (lane == 0) {
+                sr[i] = (int32_t)best;
+                wr[i] = k_sigmoid(lg[best]);
+            }
         }
-        sum = __fadd_rn(sum, sb);
     }
-    __syncwarp();
-    if (lane == 0)
+    __syncwarp(); /* the weights in pick order, written by the lanes, summed by lane 0 */
+    if (lane == 0) {
+        float sum = 0;
+        for (long i = 0; i < K; i++) sum = __fadd_rn(sum, wr[i]);
         for (long i = 0; i < K; i++) {
             float v = wr[i];
             if (norm_topk) v = __fdiv_rn(v, sum);
             wr[i] = __fmul_rn(v, scaling);
         }
+    }
 }
 
-/* one block of MG_THREADS; shared: cnt[E], first[E] */
-__global__ void __launch_bounds__(MG_THREADS)
-    k_moe_group(const int32_t *sel, long P, long E, int group_rows, int max_groups, int32_t *perm,
-                int4 *groups, int32_t *n_groups)
+/* grid ceil(R / 4), 128 threads: warp w row 4 x + w. shared: key [4][E], taken [4][E] */
+__global__ void __launch_bounds__(128)
+    k_select_fast(const float *logits, long R, long E, long K, const float *bias, int norm_topk,
+                  float scaling, int32_t *sel, float *w)
 {
-    extern __shared__ int32_t mg_sh[];
-    int32_t *cnt = mg_sh, *first = mg_sh + E;
+    extern __shared__ float sf_sh[];
+    int wi = threadIdx.x / 32;
+    long r = (long)blockIdx.x * 4 + wi;
+    if (r >= R) return;
+    d_select_row(logits, r, E, K, bias, norm_topk, scaling, sel, w, sf_sh + (size_t)wi * E,
+                 (unsigned char *)(sf_sh + 4 * E) + (size_t)wi * E, threadIdx.x % 32);
+}
+
+/* The groups of P pairs by the block's threads (cnt, first: E ints of shared memory each). */
+__device__ void d_group(const int32_t *sel, long P, long E, int group_rows, int max_groups,
+                        int32_t *perm, int4 *groups, int32_t *n_groups, int32_t *cnt,
+                        int32_t *first)
+{
     int t = threadIdx.x;
-    for (long e = t; e < E; e += MG_THREADS) {
+    for (long e = t; e < E; e += blockDim.x) {
         int32_t c = 0;
         for (long p = 0; p < P; p++) c += sel[p] == e;
         cnt[e] = c;
@@ -129,11 +152,77 @@ __global__ void __launch_bounds__(MG_THREADS)
         *n_groups = g;
     }
     __syncthreads();
-    for (long e = t; e < E; e += MG_THREADS) {
+    for (long e = t; e < E; e += blockDim.x) {
         int32_t at = first[e];
         for (long p = 0; p < P; p++)
             if (sel[p] == e) perm[at++] = (int32_t)p;
     }
+}
+
+/* one block of MG_THREADS; shared: cnt[E], first[E] */
+__global__ void __launch_bounds__(MG_THREADS)
+    k_moe_group(const int32_t *sel, long P, long E, int group_rows, int max_groups, int32_t *perm,
+                int4 *groups, int32_t *n_groups)
+{
+    extern __shared__ int32_t mg_sh[];
+    d_group(sel, P, E, group_rows, max_groups, perm, groups, n_groups, mg_sh, mg_sh + E);
+}
+
+/* d_group's plan for P <= blockDim.x pairs, a thread a pair: its place is the count of the
+ * pairs before it in (expert, pair) order, and the pair that starts a group (its place among
+ * its expert's a multiple of group_rows) writes that group at the count of the starts before
+ * it. The same perm, groups and count as d_group. shared: s_sel [P], s_start [P]. */
+__device__ void d_group_small(const int32_t *sel, int P, long E, int group_rows, int max_groups,
+                              int32_t *perm, int4 *groups, int32_t *n_groups, int32_t *s_sel,
+                              int32_t *s_start)
+{
+    int t = threadIdx.x;
+    if (t < P) s_sel[t] = sel[t];
+    __syncthreads();
+    int32_t e = t < P ? s_sel[t] : -1, place = 0, within = 0, count = 0;
+    bool valid = e >= 0 && e < E; /* d_group skips the others */
+    if (valid) {
+        for (int q = 0; q < P; q++) {
+            int32_t f = s_sel[q];
+            bool fv = f >= 0 && f < E;
+            place += fv && (f < e || (f == e && q < t));
+            within += f == e && q < t;
+            count += f == e;
+        }
+        perm[place] = t;
+    }
+    if (t < P) s_start[t] = valid && within % group_rows == 0 ? place : -1;
+    __syncthreads();
+    if (t < P && s_start[t] >= 0) {
+        int g = 0;
+        for (int q = 0; q < P; q++) g += s_start[q] >= 0 && s_start[q] < place;
+        int32_t c = count - within < group_rows ? count - within : group_rows;
+        if (g < max_groups) groups[g] = make_int4((int)e, place, c, 0);
+    }
+    if (t == 0) {
+        int g = 0;
+        for (int q = 0; q < P; q++) g += s_start[q] >= 0;
+        *n_groups = g < max_groups ? g : max_groups;
+    }
+}
+
+/* Up to 4 rows and 128 pairs: one block of 128 threads, warp w selects row w, then the block
+ * groups the rows' pairs: k_select_fast and k_moe_group in one launch. shared: s_sel [128],
+ * s_start [128], then key [4][E], taken [4][E] */
+__global__ void __launch_bounds__(128)
+    k_select_group_fast(const float *logits, long R, long E, long K, const float *bias,
+                        int norm_topk, float scaling, int32_t *sel, float *w, int group_rows,
+                        int max_groups, int32_t *perm, int4 *groups, int32_t *n_groups)
+{
+    extern __shared__ int32_t sg_sh[];
+    int wi = threadIdx.x / 32;
+    float *key = (float *)(sg_sh + 2 * 128);
+    if (wi < R)
+        d_select_row(logits, wi, E, K, bias, norm_topk, scaling, sel, w, key + (size_t)wi * E,
+                     (unsigned char *)(key + 4 * E) + (size_t)wi * E, threadIdx.x % 32);
+    __syncthreads(); /* every row's sel, written by its warp, seen by the block */
+    d_group_small(sel, (int)(R * K), E, group_rows, max_groups, perm, groups, n_groups, sg_sh,
+                  sg_sh + 128);
 }
 
 MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H, const void *router,
@@ -156,6 +245,30 @@ MUSE_K_API int muse_k_select_fast(const muse_k_ctx *ctx, const float *logits, lo
     if (shared > 48 * 1024 || K > E || K < 1) return (int)cudaErrorInvalidValue;
     k_select_fast<<<(unsigned)((rows + 3) / 4), 128, shared, ctx->st>>>(logits, rows, E, K, bias,
                                                                         norm_topk, scaling, sel, w);
+    return (int)cudaGetLastError();
+}
+
+MUSE_K_API int muse_k_select_group_fast(const muse_k_ctx *ctx, const float *logits, long E, long K,
+                                        const float *bias, int norm_topk, float scaling,
+                                        int32_t *sel, float *w, int group_rows, int max_groups,
+                                        int32_t *perm, int32_t *groups, int32_t *n_groups)
+{
+    long rows = ctx->rows;
+    if (rows <= 0) return 0;
+    if (rows > 4 || rows * K > 128) {
+        muse_k_ctx pairs = *ctx;
+        pairs.rows = rows * K;
+        int err = muse_k_select_fast(ctx, logits, E, K, bias, norm_topk, scaling, sel, w);
+        return err ? err
+                   : muse_k_moe_group(&pairs, sel, E, group_rows, max_groups, perm, groups,
+                                      n_groups);
+    }
+    size_t shared = 2 * 128 * sizeof(int32_t) + (size_t)4 * E * (sizeof(float) + 1);
+    if (shared > 48 * 1024 || K > E || K < 1 || group_rows < 1 || max_groups < 1)
+        return (int)cudaErrorInvalidValue;
+    k_select_group_fast<<<1, 128, shared, ctx->st>>>(logits, rows, E, K, bias, norm_topk, scaling,
+                                                     sel, w, group_rows, max_groups, perm,
+                                                     (int4 *)groups, n_groups);
     return (int)cudaGetLastError();
 }
 

@@ -19,6 +19,12 @@ MUSE_K_API int muse_k_select_fast(const muse_k_ctx *ctx, const float *logits, lo
  * One block: the order is a function of sel alone. ctx: st, rows */
 MUSE_K_API int muse_k_moe_group(const muse_k_ctx *ctx, const int32_t *sel, long E, int group_rows,
                                 int max_groups, int32_t *perm, int32_t *groups, int32_t *n_groups);
+/* muse_k_select_fast, then muse_k_moe_group of its R * K pairs (ctx rows R): one launch for up
+ * to 4 rows and 128 pairs, the two launches past that; the same results either way. */
+MUSE_K_API int muse_k_select_group_fast(const muse_k_ctx *ctx, const float *logits, long E, long K,
+                                        const float *bias, int norm_topk, float scaling,
+                                        int32_t *sel, float *w, int group_rows, int max_groups,
+                                        int32_t *perm, int32_t *groups, int32_t *n_groups);
 /* The most groups P pairs of top-k over E experts make at group_rows rows a group. */
 MUSE_K_API int muse_k_moe_max_groups(long P, long E, int group_rows);
 #endif

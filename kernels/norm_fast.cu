@@ -6,12 +6,103 @@
 #include "fast_rows.cuh"
 #include "norm_fast.cuh"
 
-/* v * the weight of mode (the exact kernel's fp32 steps), fp16-rounded when round16 */
+/* v * the weight wj of mode (the exact kernel's fp32 steps), fp16-rounded when round16 */
+__device__ __forceinline__ float k_nf_weigh_v(float v, float wj, int mode, int round16)
+{
+    if (mode == MUSE_K_NORM_PLUS1) v = __fmul_rn(v, __fadd_rn(1.0f, wj));
+    if (mode == MUSE_K_NORM_PLAIN) v = __fmul_rn(v, wj);
+    return round16 ? muse_round_f16(v) : v;
+}
+
 __device__ __forceinline__ float k_nf_weigh(float v, const float *w, long j, int mode, int round16)
 {
-    if (mode == MUSE_K_NORM_PLUS1) v = __fmul_rn(v, __fadd_rn(1.0f, w[j]));
-    if (mode == MUSE_K_NORM_PLAIN) v = __fmul_rn(v, w[j]);
-    return round16 ? muse_round_f16(v) : v;
+    return k_nf_weigh_v(v, mode == MUSE_K_NORM_NONE ? 0.0f : w[j], mode, round16);
+}
+
+/* Rows of up to 2 float4 a thread (k_fr_threads: widths to 8192) in registers: every load of
+ * the row issued at once, then each element's arithmetic and each thread's sum in the order of
+ * the loops below, so the bits are theirs. NF_V float4 v = t + T i, then the tail element. */
+#define NF_V 2
+typedef struct {
+    float4 v[NF_V];
+    float tail;
+} k_nf_regs;
+
+__device__ __forceinline__ bool k_nf_fits(long n)
+{
+    return n / 4 <= NF_V * (long)blockDim.x;
+}
+
+/* p's share of the thread (p NULL: zeros) */
+__device__ __forceinline__ k_nf_regs k_nf_load(const float *p, long n, bool vec)
+{
+    k_nf_regs r;
+    long nv = n / 4, j = 4 * nv + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < NF_V; i++) {
+        long v = threadIdx.x + (long)i * blockDim.x;
+        r.v[i] = p && v < nv ? k_fr_load4(p, v, vec) : make_float4(0, 0, 0, 0);
+    }
+    r.tail = p && j < n ? p[j] : 0.0f;
+    return r;
+}
+
+__device__ __forceinline__ double k_nf_sum_sq(const k_nf_regs &x, long n)
+{
+    double acc = 0;
+    long nv = n / 4, j = 4 * nv + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < NF_V; i++)
+        if (threadIdx.x + (long)i * blockDim.x < nv) acc += k_fr_sq4(x.v[i]);
+    if (j < n) acc += (double)x.tail * (double)x.tail;
+    return acc;
+}
+
+/* k_nf_out from registers: o = weighed (x * s) */
+__device__ __forceinline__ void k_nf_out_regs(const k_nf_regs &x, const k_nf_regs &w, long n,
+                                              double s, int mode, int round16, float *o, bool vec)
+{
+    long nv = n / 4, j = 4 * nv + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < NF_V; i++) {
+        long v = threadIdx.x + (long)i * blockDim.x;
+        if (v >= nv) continue;
+        float4 a = x.v[i], b = w.v[i];
+        a.x = k_nf_weigh_v((float)((double)a.x * s), b.x, mode, round16);
+        a.y = k_nf_weigh_v((float)((double)a.y * s), b.y, mode, round16);
+        a.z = k_nf_weigh_v((float)((double)a.z * s), b.z, mode, round16);
+        a.w = k_nf_weigh_v((float)((double)a.w * s), b.w, mode, round16);
+        k_fr_store4(o, v, a, vec);
+    }
+    if (j < n) o[j] = k_nf_weigh_v((float)((double)x.tail * s), w.tail, mode, round16);
+}
+
+/* k_nf_add from registers: h += (1 + w) * (y * s), h kept; returns the new h's sum share */
+__device__ __forceinline__ double k_nf_add_regs(k_nf_regs &h, const k_nf_regs &y,
+                                                const k_nf_regs &w, long n, double s, float *ho,
+                                                bool vec)
+{
+    double acc = 0;
+    long nv = n / 4, j = 4 * nv + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < NF_V; i++) {
+        long v = threadIdx.x + (long)i * blockDim.x;
+        if (v >= nv) continue;
+        float4 a = y.v[i], b = h.v[i], c = w.v[i];
+        b.x = __fadd_rn(b.x, __fmul_rn((float)((double)a.x * s), __fadd_rn(1.0f, c.x)));
+        b.y = __fadd_rn(b.y, __fmul_rn((float)((double)a.y * s), __fadd_rn(1.0f, c.y)));
+        b.z = __fadd_rn(b.z, __fmul_rn((float)((double)a.z * s), __fadd_rn(1.0f, c.z)));
+        b.w = __fadd_rn(b.w, __fmul_rn((float)((double)a.w * s), __fadd_rn(1.0f, c.w)));
+        k_fr_store4(ho, v, b, vec);
+        h.v[i] = b;
+        acc += k_fr_sq4(b);
+    }
+    if (j < n) {
+        h.tail = __fadd_rn(h.tail, __fmul_rn((float)((double)y.tail * s), __fadd_rn(1.0f, w.tail)));
+        ho[j] = h.tail;
+        acc += (double)h.tail * (double)h.tail;
+    }
+    return acc;
 }
 
 /* out row = weighed (x * s): the thread's float4s, then its tail element. */
@@ -65,6 +156,14 @@ __global__ void k_norm_fast(const float *x, long width, const float *w, long w_s
     const float *xr = x + r * width;
     float *o = out + r * width;
     bool vec = width % 4 == 0 && k_fr_aligned(x) && k_fr_aligned(out);
+    if (k_nf_fits(width)) {
+        bool wvec = width % 4 == 0 && (!w || k_fr_aligned(w));
+        k_nf_regs xv = k_nf_load(xr, width, vec);
+        k_nf_regs wv = k_nf_load(mode == MUSE_K_NORM_NONE ? NULL : w, width, wvec);
+        double s = k_fr_scale(k_fr_block_sum(k_nf_sum_sq(xv, width)), width, eps);
+        k_nf_out_regs(xv, wv, width, s, mode, round16, o, vec);
+        return;
+    }
     double s = k_fr_scale(k_fr_block_sum(k_fr_sum_sq(xr, width, vec)), width, eps);
     k_nf_out(xr, width, s, w, mode, round16, o, vec);
 }
@@ -77,6 +176,19 @@ __global__ void k_add_norm_fast(float *h, const float *y, long width, const floa
     const float *yr = y + r * width;
     float *hr = h + r * width;
     bool vec = width % 4 == 0 && k_fr_aligned(h) && k_fr_aligned(y) && (!out || k_fr_aligned(out));
+    if (k_nf_fits(width)) { /* y, h and both weights loaded at once */
+        bool wvec = width % 4 == 0 && k_fr_aligned(w);
+        bool nvec = width % 4 == 0 && (!next_w || k_fr_aligned(next_w));
+        k_nf_regs yv = k_nf_load(yr, width, vec), hv = k_nf_load(hr, width, vec);
+        k_nf_regs wv = k_nf_load(w, width, wvec);
+        k_nf_regs nw = k_nf_load(out && next_mode != MUSE_K_NORM_NONE ? next_w : NULL, width, nvec);
+        double s = k_fr_scale(k_fr_block_sum(k_nf_sum_sq(yv, width)), width, eps);
+        double acc = k_nf_add_regs(hv, yv, wv, width, s, hr, vec);
+        if (!out) return;
+        double s2 = k_fr_scale(k_fr_block_sum(acc), width, next_eps);
+        k_nf_out_regs(hv, nw, width, s2, next_mode, 1, out + r * width, vec);
+        return;
+    }
     double s = k_fr_scale(k_fr_block_sum(k_fr_sum_sq(yr, width, vec)), width, eps);
     double acc = k_nf_add(hr, yr, width, s, w, vec);
     if (!out) return;

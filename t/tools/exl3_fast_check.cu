@@ -12,7 +12,9 @@ extern "C" {
 #include "pack/exl3.h"
 }
 #include "kernels/linear.cuh"
+#include "kernels/moe.cuh"
 #include "kernels/linear_fast.cuh"
+#include "kernels/linear_fast.h"
 #include "kernels/moe_fast.cuh"
 #include "kernels/swiglu.cuh"
 
@@ -391,7 +393,9 @@ static void plan_free(moe_plan *p)
     for (int32_t *q : {p->sel, p->src, p->plan}) CK(cudaFree(q));
 }
 
-/* z [P, H] of every pair: plan, gate/up + swiglu into act [P, I], down into z */
+/* z [P, H] of every pair: plan, gate/up + swiglu into act [P, I], down into z; the experts
+ * split as the engine splits them for 8 experts a token (2 MUSE_FAST_SPLIT_TARGET / 8) */
+static const int GROUP_TARGET = 2 * MUSE_FAST_SPLIT_TARGET / 8;
 static void run_grouped(const experts *x, const moe_plan *pl, const float *b, long R, long K,
                         float *act, float *z)
 {
@@ -405,14 +409,21 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
     size_t need = std::max(muse_k_linear_fast_workspace(shapes, 2, P),
                            muse_k_linear_fast_workspace(shapes + 2, 1, P));
     void *wsp = grow(&d_ws, &ws_cap, need);
-    muse_k_fast_groups g = {
-        {x->table, x->table + E}, pl->sel, pl->src, perm, groups, n_groups, pl->mg, pl->gr};
+    muse_k_fast_groups g = {{x->table, x->table + E},
+                            pl->sel,
+                            pl->src,
+                            perm,
+                            groups,
+                            n_groups,
+                            pl->mg,
+                            pl->gr,
+                            GROUP_TARGET};
     float *y[2] = {act, NULL};
     long ys[2] = {(long)I, (long)I};
     CK(muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, H, 1, y, ys, MUSE_K_EPI_SWIGLU, wsp,
                                   need));
-    muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL,  perm, groups,
-                             n_groups,           pl->mg,  pl->gr};
+    muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL,   perm,        groups,
+                             n_groups,           pl->mg,  pl->gr, GROUP_TARGET};
     float *yd[1] = {z};
     long yds[1] = {(long)H};
     CK(muse_k_linear_fast_grouped(&pc, shapes + 2, 1, &gd, act, I, 0, yd, yds, MUSE_K_EPI_NONE, wsp,
@@ -437,8 +448,9 @@ static std::vector<int32_t> rand_sel(long R, long K, long E)
     return sel;
 }
 
-/* every pair of the grouped call equal bit for bit to its row through its expert alone (the
- * plain fast product, gate/up + swiglu then down), at 1 row, a few, and past 16 rows */
+/* every pair of the grouped call equal bit for bit to its row through its expert alone (a
+ * grouped call of that one pair: gate/up + swiglu then down), at 1 row, a few, and past 16
+ * rows; within tolerance of the exact path */
 static void check_grouped(int cb, int bits)
 {
     char what[200];
@@ -461,12 +473,13 @@ static void check_grouped(int cb, int bits)
         float *a1 = dalloc(I), *z1 = dalloc(H), *g1 = dalloc(I), *u1 = dalloc(I), *s1 = dalloc(I);
         for (long p = 0; p < P; p++) {
             long e = sel[p];
-            weight *gu[2] = {&x.w[e], &x.w[E + e]}, *dn = &x.w[2 * E + e];
-            float *outs[2] = {a1, NULL};
-            long ys2[2] = {(long)I, (long)I}, ysd = H;
+            weight *dn = &x.w[2 * E + e];
+            std::vector<int32_t> one_sel = {(int32_t)e};
+            moe_plan one_pl;
+            plan_make(&one_pl, one_sel, 1, 1, E);
             poison(z1, H);
-            run_fast(gu, 2, b + (p / K) * H, 1, 1, outs, ys2, MUSE_K_EPI_SWIGLU);
-            run_fast(&dn, 1, a1, 1, 0, &z1, &ysd, MUSE_K_EPI_NONE);
+            run_grouped(&x, &one_pl, b + (p / K) * H, 1, 1, a1, z1);
+            plan_free(&one_pl);
             std::vector<float> one = dl(z1, H);
             diff += memcmp(one.data(), got.data() + p * H, H * 4) != 0;
             pairs++;
@@ -489,6 +502,93 @@ static void check_grouped(int cb, int bits)
              cb_name[cb], bits, pairs - diff, pairs, worst);
     verdict(diff == 0 && worst <= 2e-3, what);
     experts_free(&x);
+}
+
+/* The fast selection (a warp a row: places by counting, or the sequential picks where a row
+ * has a NaN key) against the exact kernel's sel and w, and the selection with the grouping in
+ * one launch against both separate launches, bit for bit: E 96 and 12 (groups of 2 rows),
+ * top 8, logits of few distinct values (many ties), with and without a selection bias; row 2
+ * partly NaN (fast and fused alike; the exact kernel's own order among NaNs is not the fast
+ * one's). */
+static void check_select(void)
+{
+    const long K = 8;
+    long diff = 0, checked = 0;
+    for (long E : {96L, 12L}) /* 12: experts repeat across rows, groups of 2 rows split */
+        for (long R : {1L, 3L, 4L, 5L, 9L})
+            for (int with_bias : {0, 1}) {
+                std::vector<float> lg(R * E), bias(E);
+                for (auto &v : lg) v = (float)(rng64() % 7) * 0.5f - 1.5f;
+                for (auto &v : bias) v = (float)(rng64() % 3) * 0.25f;
+                if (R >= 3)
+                    for (long x = 0; x < E; x += 5) lg[2 * E + x] = NAN;
+                float *d_lg = (float *)upload(lg.data(), lg.size() * 4);
+                float *d_bias = with_bias ? (float *)upload(bias.data(), E * 4) : NULL;
+                long P = R * K;
+                int gr = E == 12 ? 2 : 16, mg = muse_k_moe_max_groups(P, E, gr);
+                int32_t *sel[3], *plan[2];
+                float *w[3];
+                for (int i = 0; i < 3; i++) {
+                    CK(cudaMalloc(&sel[i], P * 4));
+                    CK(cudaMalloc(&w[i], P * 4));
+                    CK(cudaMemset(sel[i], 0xFF, P * 4));
+                    CK(cudaMemset(w[i], 0xFF, P * 4));
+                }
+                size_t plan_ints = (size_t)mg * 4 + P + 1;
+                for (int i = 0; i < 2; i++) {
+                    CK(cudaMalloc(&plan[i], plan_ints * 4));
+                    CK(cudaMemset(plan[i], 0xFF, plan_ints * 4));
+                }
+                muse_k_ctx kc = {0}, pc = {0};
+                kc.rows = R;
+                pc.rows = P;
+                CK(muse_k_select(&kc, d_lg, E, K, d_bias, 1, 2.5f, sel[0], w[0]));
+                CK(muse_k_select_fast(&kc, d_lg, E, K, d_bias, 1, 2.5f, sel[1], w[1]));
+                CK(muse_k_moe_group(&pc, sel[1], E, gr, mg, plan[0] + (size_t)mg * 4, plan[0],
+                                    plan[0] + (size_t)mg * 4 + P));
+                CK(muse_k_select_group_fast(&kc, d_lg, E, K, d_bias, 1, 2.5f, sel[2], w[2], gr, mg,
+                                            plan[1] + (size_t)mg * 4, plan[1],
+                                            plan[1] + (size_t)mg * 4 + P));
+                std::vector<int32_t> s0(P), s1(P), g0(plan_ints), g1(plan_ints);
+                std::vector<float> w0(P), w1(P);
+                CK(cudaMemcpy(s0.data(), sel[0], P * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(w0.data(), w[0], P * 4, cudaMemcpyDeviceToHost));
+                for (int i = 1; i < 3; i++) {
+                    CK(cudaMemcpy(s1.data(), sel[i], P * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(w1.data(), w[i], P * 4, cudaMemcpyDeviceToHost));
+                    if (i ==
+                        1) { /* the exact kernel's picks among NaN keys are its own: row 2 out */
+                        for (long q = 0; q < P; q++)
+                            diff += q / K != 2 && (s0[q] != s1[q] || memcmp(&w0[q], &w1[q], 4));
+                        s0 = s1; /* the fused launch: equal to the fast one on every row */
+                        w0 = w1;
+                    } else {
+                        diff += memcmp(s0.data(), s1.data(), P * 4) != 0;
+                        diff += memcmp(w0.data(), w1.data(), P * 4) != 0;
+                    }
+                    checked += 2;
+                }
+                CK(cudaMemcpy(g0.data(), plan[0], plan_ints * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(g1.data(), plan[1], plan_ints * 4, cudaMemcpyDeviceToHost));
+                int32_t ng = g0[(size_t)mg * 4 + P];
+                diff += ng != g1[(size_t)mg * 4 + P] || ng < 1 ||
+                        memcmp(g0.data(), g1.data(), (size_t)ng * 16) != 0 ||
+                        memcmp(g0.data() + (size_t)mg * 4, g1.data() + (size_t)mg * 4, P * 4) != 0;
+                checked++;
+                for (int i = 0; i < 3; i++) {
+                    CK(cudaFree(sel[i]));
+                    CK(cudaFree(w[i]));
+                }
+                for (int i = 0; i < 2; i++) CK(cudaFree(plan[i]));
+                CK(cudaFree(d_lg));
+                if (d_bias) CK(cudaFree(d_bias));
+            }
+    char what[200];
+    snprintf(what, sizeof what,
+             "select: fast and fused with the groups equal to the exact kernel's sel and w, the "
+             "groups to the separate launch's (%ld of %ld differ)",
+             diff, checked);
+    verdict(diff == 0, what);
 }
 
 /* ---- timing ---- */
@@ -686,6 +786,7 @@ int main(int argc, char **argv)
         check_grouped(cb, 2);
     }
     check_grouped(1, 3);
+    check_select();
     if (!quick) {
         for (int bits : {2, 3, 4, 6}) check_one(6144, 4096, bits, 2, 0, 0);
         time_all();

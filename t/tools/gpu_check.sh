@@ -15,13 +15,15 @@
 # Not in the default list: synth (--synthetic-weights filled on the GPU: synth-check's every
 # byte against the host fill, logits against the CPU's, the whole one-GPU shape's start timed);
 # run it as GPU_CHECK_STEPS="setup synth". Nor servedemo and servewhole (issue 21: the demo
-# pack and the whole one-GPU shape served through nginx, t/tools/serve_measure.sh).
+# pack and the whole one-GPU shape served through nginx, t/tools/serve_measure.sh), nor
+# wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
 STEPS=${GPU_CHECK_STEPS:-setup fastcheck ops logits compare fastcompare shapebench sanitize splits stages ranks medium serve fault bench}
 DEADLINE=${GPU_CHECK_DEADLINE:-560} # seconds: every step ends before it
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out" || exit 2 # a call's OUT=$OUT/a: nothing comes back from a folder never made
 logs=$(mktemp -d)
 sum="$out/summary.txt"
 : >"$sum"
@@ -350,6 +352,19 @@ if want whole; then
     if command -v gnuplot >/dev/null && ((${#plots[@]})); then
         step whole-plots 30 t/tools/plots.sh "${plots[@]}" --out "$out"
     fi
+fi
+
+# the whole shape's decode under the engine's tuning switches (variants of one binary, e.g.
+# MUSE_CUDA_SIDE=0, MUSE_FAST_FUSE=0, MUSE_FAST_PDL=1; "-": the defaults), at 1 and 4 streams
+if want wholevar; then
+    cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
+        --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4}" --tokens 16 --prompt 64)
+    for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
+        [ "$v" = - ] && v=MUSE_NONE=0
+        IFS=, read -ra vv <<<"$v"
+        step "whole-decode-$v" 90 env "${vv[@]}" build/muse-bench decode --backend "$B" "${cut[@]}" \
+            --json "$logs/whole-decode-$v.json"
+    done
 fi
 
 rm -rf "$packs"

@@ -115,6 +115,10 @@ static int allocate_rank(cuda_backend *c, int r)
     if (be->kernels == MUSE_KERNELS_FAST &&
         (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
         rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
+    /* one rank: the shared experts run beside the routed ones (cuda_moe), in their own space */
+    if (be->kernels == MUSE_KERNELS_FAST && c->n_ranks == 1 &&
+        (rk->ws_side_bytes = cuda_fast_side_workspace(c, rk, (long)R)))
+        rk->ws_side = dalloc(c, rk->ws_side_bytes, &mem->workspace);
     size_t plan = be->kernels == MUSE_KERNELS_FAST ? cuda_fast_plan_ints(c, (long)R) : 0;
     if (plan) rk->moe_plan = dalloc(c, plan * sizeof(int32_t), &mem->workspace);
     if (be->kernels == MUSE_KERNELS_FAST &&
@@ -346,7 +350,10 @@ static int start_rank(cuda_backend *c, int r, muse_err *e)
     if (c->failed || CHECK(c, cudaStreamCreateWithFlags(&rk->st, cudaStreamNonBlocking)) ||
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_ready, cudaEventDisableTiming)) ||
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_done, cudaEventDisableTiming)) ||
-        CHECK(c, cudaEventCreateWithFlags(&rk->ev_join, cudaEventDisableTiming)))
+        CHECK(c, cudaEventCreateWithFlags(&rk->ev_join, cudaEventDisableTiming)) ||
+        CHECK(c, cudaStreamCreateWithFlags(&rk->side, cudaStreamNonBlocking)) ||
+        CHECK(c, cudaEventCreateWithFlags(&rk->ev_fork, cudaEventDisableTiming)) ||
+        CHECK(c, cudaEventCreateWithFlags(&rk->ev_side, cudaEventDisableTiming)))
         return -1;
     if (rk->owner == r) {
         int up = alone(c, r) ? upload_shard(c, r, e) : upload_weights(c, r);
@@ -402,6 +409,8 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
     c->graphs = !(graphs && !strcmp(graphs, "0")) && !c->multi_dev;
     const char *replay = getenv("MUSE_CUDA_REPLAY"); /* 0: every round captured anew */
     c->replay = !(replay && !strcmp(replay, "0"));
+    const char *side = getenv("MUSE_CUDA_SIDE"); /* 0: the shared experts after the routed */
+    c->side_on = !(side && !strcmp(side, "0"));
     const char *prof = getenv("MUSE_CUDA_PROFILE");
     c->prof = prof && !strcmp(prof, "1");
     if (c->prof) c->graphs = 0; /* each op synchronized on its own */
@@ -448,7 +457,7 @@ static void free_rank(cuda_backend *c, int r)
                    rk->d_want,      rk->d_tables,   rk->d_drawn,
                    rk->d_positions, rk->d_draw_pos, rk->d_sampling,
                    rk->snapshots,   rk->moe_plan,   rk->ws_attn,
-                   rk->d_masks};
+                   rk->d_masks,     rk->ws_side};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < c->n_acts; i++) cudaFree(c->acts[i][r]);
     if (rk->k_cache)
@@ -468,6 +477,9 @@ static void free_rank(cuda_backend *c, int r)
     if (rk->ev_ready) cudaEventDestroy(rk->ev_ready);
     if (rk->ev_done) cudaEventDestroy(rk->ev_done);
     if (rk->ev_join) cudaEventDestroy(rk->ev_join);
+    if (rk->ev_fork) cudaEventDestroy(rk->ev_fork);
+    if (rk->ev_side) cudaEventDestroy(rk->ev_side);
+    if (rk->side) cudaStreamDestroy(rk->side);
     if (rk->st) cudaStreamDestroy(rk->st);
     free(rk->k_cache);
     free(rk->v_cache);

@@ -312,18 +312,28 @@ static void run_mlp(cuda_backend *c, cuda_rank *rk, const muse_k_lin *descs[3],
                            rk->ws_t));
 }
 
-/* The shared experts of rows rows on rank rk into out: the fast gate/up + swiglu and down
- * where the fast path takes them, else run_mlp's exact launches. */
-static void run_shared(cuda_backend *c, cuda_rank *rk, const muse_mlp *s, const float *b, long H,
-                       long rows, float *out)
+/* Whether the shared experts of s take the fast path. */
+static int shared_fast(cuda_backend *c, const muse_mlp *s)
 {
     const muse_linear *gu[2] = {&s->gate, &s->up}, *dn = &s->down;
-    if (cuda_fast_fits(c, gu, 2, MUSE_K_EPI_SWIGLU) && cuda_fast_fits(c, &dn, 1, MUSE_K_EPI_NONE)) {
+    return cuda_fast_fits(c, gu, 2, MUSE_K_EPI_SWIGLU) &&
+           cuda_fast_fits(c, &dn, 1, MUSE_K_EPI_NONE);
+}
+
+/* The shared experts of rows rows on rank rk into out: the fast gate/up + swiglu and down
+ * where the fast path takes them (side: on the side stream), else run_mlp's exact launches. */
+static void run_shared(cuda_backend *c, cuda_rank *rk, const muse_mlp *s, const float *b, long H,
+                       long rows, float *out, int side)
+{
+    const muse_linear *gu[2] = {&s->gate, &s->up}, *dn = &s->down;
+    if (shared_fast(c, s)) {
         long I = (long)rk->lin[s->gate.id].n, n = (long)rk->lin[s->down.id].n;
         float *y[2] = {rk->eg, NULL}, *yd = out;
         long ys[2] = {I, I};
-        cuda_fast_run(c, rk, gu, 2, b, H, rows, 1, y, ys, MUSE_K_EPI_SWIGLU);
-        cuda_fast_run(c, rk, &dn, 1, rk->eg, I, rows, 0, &yd, &n, MUSE_K_EPI_NONE);
+        (side ? cuda_fast_run_side : cuda_fast_run)(c, rk, gu, 2, b, H, rows, 1, y, ys,
+                                                    MUSE_K_EPI_SWIGLU);
+        (side ? cuda_fast_run_side : cuda_fast_run)(c, rk, &dn, 1, rk->eg, I, rows, 0, &yd, &n,
+                                                    MUSE_K_EPI_NONE);
         return;
     }
     const muse_k_lin *sd[3] = {rk->lin_dev + s->gate.id, rk->lin_dev + s->up.id,
@@ -347,20 +357,32 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     long H = (long)cfg->hidden_size, E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
     long i = (long)(ly - m->layers), R = c->rows;
     int shared = cfg->num_shared_experts > 0, fast = cuda_fast_moe_fits(c, ly);
+    /* one rank, fast path, not timing stages: the shared experts on the side stream, beside
+     * the router, the selection and the routed experts (joined before the combine) */
+    int side = shared && fast && c->n_ranks == 1 && !c->prof && c->rank[0].ws_side && c->side_on &&
+               shared_fast(c, &ly->shared);
     float *zg[MUSE_MAX_RANKS], *zs[MUSE_MAX_RANKS];
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         const float *b = act_r(c, b_a, r);
         muse_k_ctx kc = kctx(rk, R);
+        if (side && !CHECK(c, cudaEventRecord(rk->ev_fork, rk->st)) &&
+            !CHECK(c, cudaStreamWaitEvent(rk->side, rk->ev_fork, 0))) {
+            run_shared(c, rk, &ly->shared, b, H, R, rk->zs, 1);
+            CHECK(c, cudaEventRecord(rk->ev_side, rk->side));
+        }
         const void *router = dev_ptr(c, rk, ly->router->data);
         int rdt = kdtype(ly->router->dtype);
         if (be->kernels == MUSE_KERNELS_FAST)
             CHECK(c, muse_k_router_fast(&kc, b, H, router, rdt, E, rk->router_logits));
         else
             CHECK(c, muse_k_router(&kc, b, H, router, rdt, E, rk->router_logits));
-        CHECK(c, (be->kernels == MUSE_KERNELS_FAST ? muse_k_select_fast : muse_k_select)(
-                     &kc, rk->router_logits, E, K, rk->router_bias[i], cfg->norm_topk_prob,
-                     (float)cfg->routed_scaling_factor, rk->sel, rk->sel_w));
+        if (be->kernels == MUSE_KERNELS_FAST) /* with the experts' groups where they fit */
+            cuda_fast_select(c, rk, ly, R);
+        else
+            CHECK(c, muse_k_select(&kc, rk->router_logits, E, K, rk->router_bias[i],
+                                   cfg->norm_topk_prob, (float)cfg->routed_scaling_factor, rk->sel,
+                                   rk->sel_w));
         prof_split(c, PROF_MOE_ROUTER);
         if (fast) {
             cuda_fast_experts(c, rk, ly, b, H, R, rk->zg);
@@ -373,7 +395,10 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
             run_mlp(c, rk, descs, shape, rk->sel, rk->pair_src, b, H, R * K, rk->zg);
         }
         prof_split(c, PROF_MOE_ROUTED);
-        if (shared) run_shared(c, rk, &ly->shared, b, H, R, rk->zs);
+        if (side)
+            CHECK(c, cudaStreamWaitEvent(rk->st, rk->ev_side, 0));
+        else if (shared)
+            run_shared(c, rk, &ly->shared, b, H, R, rk->zs, 0);
         prof_split(c, PROF_MOE_SHARED);
         zg[r] = rk->zg;
         zs[r] = rk->zs;
