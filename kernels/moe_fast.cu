@@ -1,40 +1,33 @@
-/* moe_fast: the fast path's router (a block an expert and 8 rows, not a thread a logit) and
- * the plan that groups a MoE's (row, slot) pairs by expert for the grouped product. The
- * grouping is a counting sort done by one block in a fixed order: pair p's place depends on
- * sel alone, and its bits on its own row and expert alone (the product's chain), never on its
- * group. */
+/* moe_fast: the fast path's router (a block an expert and 8 rows, not a thread a logit), the
+ * selection (a warp a row) and the plan that groups a MoE's (row, slot) pairs by expert for
+ * the grouped product, one launch for both up to 4 rows. The grouping is a counting sort done
+ * by one block in a fixed order: pair p's place depends on sel alone, and its bits on its own
+ * row and expert alone (the product's chain), never on its group. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "common.cuh"
 #include "moe_fast.cuh"
 
 #define MG_THREADS 256
 
-/* grid (E, ceil(R / RT_ROWS)), RT_THREADS threads: block (x, y) is expert x for rows y RT_ROWS..
- * Thread t reads router elements t, t + RT_THREADS, ... once (the loop unrolled 4: several
- * loads in flight; 8 issued before their use measured slower) and adds each one's product with
- * every row of the block in double; the lanes' sums then add in a shuffle tree, the warps' in
- * warp order (a fixed tree for every R). */
 #define RT_THREADS 256
 #define RT_ROWS    8
-__global__ void __launch_bounds__(RT_THREADS)
-    k_router_fast(const float *b, long H, long R, const void *router, int dtype, long E,
-                  float *logits)
+
+/* The router kernels' block (x, y): expert x, rows y RT_ROWS .. + the count returned. */
+__device__ __forceinline__ int d_router_block(long R, long *x, long *r0)
+{
+    *x = blockIdx.x;
+    *r0 = (long)blockIdx.y * RT_ROWS;
+    return R - *r0 < RT_ROWS ? (int)(R - *r0) : RT_ROWS;
+}
+
+/* The block's sums of acc[r] (each thread's share of row r) into out[r * E], r < nr: the
+ * lanes' in a shuffle tree, the warps' in warp order (a fixed tree for every R). */
+__device__ __forceinline__ void d_router_sum(double acc[RT_ROWS], int nr, float *out, long E)
 {
     __shared__ double part[RT_THREADS / 32][RT_ROWS];
-    long x = blockIdx.x, r0 = (long)blockIdx.y * RT_ROWS;
     int t = threadIdx.x, lane = t % 32, warp = t / 32;
-    int nr = R - r0 < RT_ROWS ? (int)(R - r0) : RT_ROWS;
-    double acc[RT_ROWS];
-#pragma unroll
-    for (int r = 0; r < RT_ROWS; r++) acc[r] = 0;
-    int64_t base = (int64_t)x * H;
-    const float *br = b + r0 * H;
-#pragma unroll 4
-    for (long i = t; i < H; i += RT_THREADS) {
-        double w = (double)k_load(router, dtype, base + i);
-#pragma unroll
-        for (int r = 0; r < RT_ROWS; r++)
-            if (r < nr) acc[r] += (double)br[r * H + i] * w;
-    }
 #pragma unroll
     for (int r = 0; r < RT_ROWS; r++) {
 #pragma unroll
@@ -45,8 +38,87 @@ __global__ void __launch_bounds__(RT_THREADS)
     if (t < nr) {
         double sum = part[0][t];
         for (int w = 1; w < RT_THREADS / 32; w++) sum += part[w][t];
-        logits[(r0 + t) * E + x] = (float)sum;
+        out[t * E] = (float)sum;
     }
+}
+/* grid (E, ceil(R / RT_ROWS)), RT_THREADS threads: block (x, y) is expert x for rows y RT_ROWS..
+ * Thread t reads router elements t, t + RT_THREADS, ... once (the loop unrolled 4: several
+ * loads in flight; 8 issued before their use measured slower) and adds each one's product with
+ * every row of the block in double; then d_router_sum's tree. */
+__global__ void __launch_bounds__(RT_THREADS)
+    k_router_fast(const float *b, long H, long R, const void *router, int dtype, long E,
+                  float *logits)
+{
+    long x, r0;
+    int t = threadIdx.x, nr = d_router_block(R, &x, &r0);
+    double acc[RT_ROWS] = {0};
+    int64_t base = (int64_t)x * H;
+    const float *br = b + r0 * H;
+#pragma unroll 4
+    for (long i = t; i < H; i += RT_THREADS) {
+        double w = (double)k_load(router, dtype, base + i);
+#pragma unroll
+        for (int r = 0; r < RT_ROWS; r++)
+            if (r < nr) acc[r] += (double)br[r * H + i] * w;
+    }
+    d_router_sum(acc, nr, logits + r0 * E + x, E);
+}
+
+/* The router's 8-element chunks a thread holds at most (H <= 8 RT_THREADS RT_CHUNKS). */
+#define RT_CHUNKS 4
+
+/* Elements 8 c .. 8 c + 7 of a router row of dtype, as floats (c: a 16-byte aligned chunk). */
+__device__ __forceinline__ void d_router_chunk(const void *row, int dtype, long c, float v[8])
+{
+    if (dtype == MUSE_K_F32) {
+        float4 a = ((const float4 *)row)[2 * c], b = ((const float4 *)row)[2 * c + 1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+        return;
+    }
+    uint4 q = ((const uint4 *)row)[c];
+    uint32_t h[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint16_t e = (uint16_t)(h[i / 2] >> (16 * (i % 2)));
+        v[i] = dtype == MUSE_K_BF16 ? muse_bf16_to_f32(e) : muse_f16_to_f32(e);
+    }
+}
+
+/* k_router_fast by 16-byte chunks (H a multiple of 8, at most 8 RT_THREADS RT_CHUNKS, the
+ * rows 16-byte aligned): thread t's chunks t, t + RT_THREADS, .. of the router row all loaded
+ * before the first product, then each row's products in chunk order, element order; the same
+ * tree after. A row's bits are the same at any R (not k_router_fast's: its order differs). */
+__global__ void __launch_bounds__(RT_THREADS)
+    k_router_vec(const float *b, long H, long R, const void *router, int dtype, long E,
+                 float *logits)
+{
+    long x, r0;
+    int t = threadIdx.x, nr = d_router_block(R, &x, &r0);
+    long chunks = H / 8;
+    int es = dtype == MUSE_K_F32 ? 4 : 2;
+    const void *row = (const unsigned char *)router + (size_t)x * (size_t)H * (size_t)es;
+    float w[RT_CHUNKS][8];
+#pragma unroll
+    for (int j = 0; j < RT_CHUNKS; j++)
+        if (t + (long)j * RT_THREADS < chunks)
+            d_router_chunk(row, dtype, t + (long)j * RT_THREADS, w[j]);
+    double acc[RT_ROWS] = {0};
+#pragma unroll
+    for (int r = 0; r < RT_ROWS; r++) {
+        if (r >= nr) continue;
+        const float4 *br = (const float4 *)(b + (r0 + r) * H);
+#pragma unroll
+        for (int j = 0; j < RT_CHUNKS; j++) {
+            long c = t + (long)j * RT_THREADS;
+            if (c >= chunks) break;
+            float4 p = br[2 * c], q = br[2 * c + 1];
+            float bv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r] += (double)bv[e] * (double)w[j][e];
+        }
+    }
+    d_router_sum(acc, nr, logits + r0 * E + x, E);
 }
 
 /* Row r's selection by one warp, kernels/moe.cu k_select's result bit for bit (key, taken:
@@ -225,13 +297,28 @@ __global__ void __launch_bounds__(128)
                   sg_sh + 128);
 }
 
+/* MUSE_FAST_ROUTER=0 from the environment: the element-wise router everywhere (tuning only,
+ * read once a process: its bits differ from the chunked one's, so a process keeps one). */
+static int f_router_vec(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_FAST_ROUTER");
+        return !(v && !strcmp(v, "0"));
+    }();
+    return on;
+}
+
 MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H, const void *router,
                                   int dtype, long E, float *logits)
 {
     long rows = ctx->rows;
     if (rows <= 0) return 0;
-    k_router_fast<<<dim3((unsigned)E, (unsigned)((rows + RT_ROWS - 1) / RT_ROWS)), RT_THREADS, 0,
-                    ctx->st>>>(b, H, rows, router, dtype, E, logits);
+    dim3 grid((unsigned)E, (unsigned)((rows + RT_ROWS - 1) / RT_ROWS));
+    if (f_router_vec() && H % 8 == 0 && H <= 8L * RT_THREADS * RT_CHUNKS &&
+        (uintptr_t)b % 16 == 0 && (uintptr_t)router % 16 == 0)
+        k_router_vec<<<grid, RT_THREADS, 0, ctx->st>>>(b, H, rows, router, dtype, E, logits);
+    else
+        k_router_fast<<<grid, RT_THREADS, 0, ctx->st>>>(b, H, rows, router, dtype, E, logits);
     return (int)cudaGetLastError();
 }
 

@@ -6,7 +6,9 @@
 /* logits[R, E] = b[R, H] router^T as kernels/moe.cu's router, a block an expert and 8 rows: the
  * same double products summed in a fixed thread-then-tree order (a row's the same at any R), so
  * the float logits equal the exact path's unless a double sum falls within an ulp of a float
- * rounding boundary. ctx: st, rows */
+ * rounding boundary. The router row by 16-byte chunks, all of a thread's loaded before its
+ * first product, where H is a multiple of 8 up to 8192 (MUSE_FAST_ROUTER=0 from the
+ * environment: element by element, as before; another sum order). ctx: st, rows */
 MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H, const void *router,
                                   int dtype, long E, float *logits);
 /* kernels/moe.cu muse_k_select's sel and w bit for bit, a warp a row. ctx: st, rows */
