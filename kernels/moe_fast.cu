@@ -41,6 +41,7 @@ __device__ __forceinline__ void d_router_sum(double acc[RT_ROWS], int nr, float 
         out[t * E] = (float)sum;
     }
 }
+
 /* grid (E, ceil(R / RT_ROWS)), RT_THREADS threads: block (x, y) is expert x for rows y RT_ROWS..
  * Thread t reads router elements t, t + RT_THREADS, ... once (the loop unrolled 4: several
  * loads in flight; 8 issued before their use measured slower) and adds each one's product with

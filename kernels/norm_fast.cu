@@ -1,7 +1,8 @@
 /* norm, add_norm, add_norm_norm (fast path): one block a row of k_fr_threads(width) threads,
  * float4 loads; the sum of squares in double in fast_rows.cuh's fixed tree (so it differs from
  * the exact kernel's CPU order only in the last bits of a double), then each element exactly
- * as kernels/norm.cu does it. A thread reads back only what it wrote itself. */
+ * as kernels/norm.cu does it. A thread reads back only what it wrote itself. Rows up to 8192
+ * wide are held in registers, every load of the row issued at once (k_nf_regs). */
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "norm_fast.cuh"
