@@ -360,8 +360,8 @@ if want wholevar; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
         --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4}" --tokens 16 --prompt 64)
     for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
-        [ "$v" = - ] && v=MUSE_NONE=0
-        IFS=, read -ra vv <<<"$v"
+        vv=()
+        [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
         step "whole-decode-$v" 90 env "${vv[@]}" build/muse-bench decode --backend "$B" "${cut[@]}" \
             --json "$logs/whole-decode-$v.json"
     done

@@ -115,8 +115,9 @@ static int allocate_rank(cuda_backend *c, int r)
     if (be->kernels == MUSE_KERNELS_FAST &&
         (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
         rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
-    /* one rank: the shared experts run beside the routed ones (cuda_moe), in their own space */
-    if (be->kernels == MUSE_KERNELS_FAST && c->n_ranks == 1 &&
+    /* one rank, unless timing op by op: the shared experts run beside the routed ones
+     * (cuda_moe), in their own space */
+    if (be->kernels == MUSE_KERNELS_FAST && c->n_ranks == 1 && c->side_on && !c->prof &&
         (rk->ws_side_bytes = cuda_fast_side_workspace(c, rk, (long)R)))
         rk->ws_side = dalloc(c, rk->ws_side_bytes, &mem->workspace);
     size_t plan = be->kernels == MUSE_KERNELS_FAST ? cuda_fast_plan_ints(c, (long)R) : 0;

@@ -141,7 +141,7 @@ int cuda_fast_fits(const cuda_backend *c, const muse_linear *const *ls, int n, i
     return 1;
 }
 
-static void run_on(cuda_backend *c, cuda_rank *rk, int side, const muse_linear *const *ls, int n,
+void cuda_fast_run(cuda_backend *c, cuda_rank *rk, int side, const muse_linear *const *ls, int n,
                    const float *x, long x_stride, long rows, int round16, float *const ys[],
                    const long strides[], int epilogue)
 {
@@ -153,20 +153,6 @@ static void run_on(cuda_backend *c, cuda_rank *rk, int side, const muse_linear *
     CHECK(c, muse_k_linear_fast(&kc, shapes, n, x, x_stride, round16, ys, strides, epilogue,
                                 side ? rk->ws_side : rk->ws_fast,
                                 side ? rk->ws_side_bytes : rk->ws_fast_bytes));
-}
-
-void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls, int n,
-                   const float *x, long x_stride, long rows, int round16, float *const ys[],
-                   const long strides[], int epilogue)
-{
-    run_on(c, rk, 0, ls, n, x, x_stride, rows, round16, ys, strides, epilogue);
-}
-
-void cuda_fast_run_side(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls, int n,
-                        const float *x, long x_stride, long rows, int round16, float *const ys[],
-                        const long strides[], int epilogue)
-{
-    run_on(c, rk, 1, ls, n, x, x_stride, rows, round16, ys, strides, epilogue);
 }
 
 /* moe_fits walks 3 x E descriptors: once a layer at start (before the workspace's size),
@@ -211,14 +197,14 @@ static moe_plan plan_of(const muse_config *cfg, const cuda_rank *rk, long rows)
     return pl;
 }
 
-void cuda_fast_select(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, long rows)
+void cuda_fast_select(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, long rows, int grouped)
 {
     const muse_config *cfg = &c->base.model->cfg;
     int64_t i = ly - c->base.model->layers;
     long E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
     muse_k_ctx kc = kctx(rk, rows);
     float scaling = (float)cfg->routed_scaling_factor;
-    if (!cuda_fast_moe_fits(c, ly)) {
+    if (!grouped) {
         CHECK(c, muse_k_select_fast(&kc, rk->router_logits, E, K, rk->router_bias[i],
                                     cfg->norm_topk_prob, scaling, rk->sel, rk->sel_w));
         return;

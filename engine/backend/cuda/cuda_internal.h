@@ -102,8 +102,8 @@ typedef struct {
     double *ws_t;
     void *ws_fast; /* the fast path's workspace (cuda_fast.c), NULL on the exact path */
     size_t ws_fast_bytes;
-    /* the shared experts beside the routed ones (one rank, fast path): their stream, its fork
-     * and join events and their own fast workspace (NULL where they do not run beside) */
+    /* the shared experts beside the routed ones: their stream, its fork and join events and
+     * their own fast workspace (NULL where they do not run beside: cuda_moe reads it so) */
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_side;
     void *ws_side;
@@ -173,7 +173,7 @@ typedef struct {
      * parameter is a function of the key (rows, wanted rows, sampling flags; the batch itself is
      * read from the staged buffers), so the capture would be the same graph */
     int replay, keyed; /* keyed: this round's capture may be replayed (a forward's round) */
-    int side_on; /* the shared experts beside the routed ones (cuda_moe; MUSE_CUDA_SIDE=0: off) */
+    int side_on; /* rank 0 gets a side workspace for the shared experts (MUSE_CUDA_SIDE=0: not) */
     cuda_exec_key exec_key[CUDA_GRAPH_SLOTS];
     /* MUSE_CUDA_PROFILE=1: each op timed with events on rank 0's stream (eager, synchronized),
      * printed at exit */
@@ -253,28 +253,26 @@ void cuda_all_reduce(muse_backend *be, muse_act x, long width);
 
 /* cuda_fast.c: the fast kernel path. The workspace rank rk's fast calls need at rows rows;
  * whether the fast kernel takes rank views of ls on every rank (fast path, shapes: else the
- * exact path runs); one call on rank rk (ys[i] rows at strides[i]). */
+ * exact path runs); one call on rank rk (ys[i] rows at strides[i]; side: on its side stream
+ * in its side workspace, else on its stream). */
 size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows);
 int cuda_fast_fits(const cuda_backend *c, const muse_linear *const *ls, int n, int epilogue);
 /* The fast MoE: the plan's ints at rows rows (0: no MoE), whether layer ly's experts take the
  * grouped product on every rank, rank rk's selection of the round's rows from its router
- * logits (with the plan of their pairs where the experts take the grouped product), and its
- * experts of the round's pairs into z. */
+ * logits (grouped: with the plan of their pairs for the grouped product), and its experts of
+ * the round's pairs into z. */
 size_t cuda_fast_plan_ints(const cuda_backend *c, long rows);
 void cuda_fast_moe_prepare(const cuda_backend *c, cuda_rank *rk);
 int cuda_fast_moe_fits(const cuda_backend *c, const muse_layer *ly);
-void cuda_fast_select(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, long rows);
+void cuda_fast_select(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, long rows, int grouped);
 void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, const float *b,
                        long x_stride, long rows, float *z);
-void cuda_fast_run(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls, int n,
+void cuda_fast_run(cuda_backend *c, cuda_rank *rk, int side, const muse_linear *const *ls, int n,
                    const float *x, long x_stride, long rows, int round16, float *const ys[],
                    const long strides[], int epilogue);
-/* The shared experts beside the routed ones: the side workspace rank rk needs at rows rows (0:
- * the model has none that the fast path takes), and cuda_fast_run on the side stream. */
+/* The side workspace rank rk needs at rows rows for the shared experts beside the routed ones
+ * (0: the model has none that the fast path takes); cuda_fast_run's side 1 runs there. */
 size_t cuda_fast_side_workspace(const cuda_backend *c, const cuda_rank *rk, long rows);
-void cuda_fast_run_side(cuda_backend *c, cuda_rank *rk, const muse_linear *const *ls, int n,
-                        const float *x, long x_stride, long rows, int round16, float *const ys[],
-                        const long strides[], int epilogue);
 
 /* cuda_attn.c: the fast attention's workspace on rank rk at rows rows (0: the exact kernel
  * runs, by shape), and the longest key range a row of layer reads */

@@ -140,7 +140,8 @@ static void run_linear(cuda_backend *c, cuda_rank *rk, const muse_linear *l, con
 {
     const muse_k_lin *d = &rk->lin[l->id];
     if (cuda_fast_fits(c, &l, 1, MUSE_K_EPI_NONE)) {
-        cuda_fast_run(c, rk, &l, 1, x, (long)d->k, rows, round16, &y, &y_stride, MUSE_K_EPI_NONE);
+        cuda_fast_run(c, rk, 0, &l, 1, x, (long)d->k, rows, round16, &y, &y_stride,
+                      MUSE_K_EPI_NONE);
         return;
     }
     muse_k_ctx kc = kctx(rk, rows);
@@ -183,8 +184,8 @@ static void cuda_linears(muse_backend *be, int n, const muse_linear *const *ls, 
             stride[i] = (long)rk->lin[ls[i]->id].n;
             c->act_cols[ys[i]][r] = stride[i];
         }
-        cuda_fast_run(c, rk, ls, n, act_r(c, x, r), (long)rk->lin[ls[0]->id].k, c->rows, round16, y,
-                      stride, MUSE_K_EPI_NONE);
+        cuda_fast_run(c, rk, 0, ls, n, act_r(c, x, r), (long)rk->lin[ls[0]->id].k, c->rows, round16,
+                      y, stride, MUSE_K_EPI_NONE);
     }
     prof_end(c, PROF_LINEARS);
 }
@@ -206,7 +207,7 @@ static void cuda_swiglu_linear(muse_backend *be, const muse_linear *gate, const 
         long n = (long)rk->lin[gate->id].n;
         float *y[2] = {act_r(c, out, r), NULL};
         long stride[2] = {n, n};
-        cuda_fast_run(c, rk, gu, 2, act_r(c, x, r), (long)rk->lin[gate->id].k, c->rows, 1, y,
+        cuda_fast_run(c, rk, 0, gu, 2, act_r(c, x, r), (long)rk->lin[gate->id].k, c->rows, 1, y,
                       stride, MUSE_K_EPI_SWIGLU);
         c->act_cols[out][r] = n;
     }
@@ -330,10 +331,8 @@ static void run_shared(cuda_backend *c, cuda_rank *rk, const muse_mlp *s, const 
         long I = (long)rk->lin[s->gate.id].n, n = (long)rk->lin[s->down.id].n;
         float *y[2] = {rk->eg, NULL}, *yd = out;
         long ys[2] = {I, I};
-        (side ? cuda_fast_run_side : cuda_fast_run)(c, rk, gu, 2, b, H, rows, 1, y, ys,
-                                                    MUSE_K_EPI_SWIGLU);
-        (side ? cuda_fast_run_side : cuda_fast_run)(c, rk, &dn, 1, rk->eg, I, rows, 0, &yd, &n,
-                                                    MUSE_K_EPI_NONE);
+        cuda_fast_run(c, rk, side, gu, 2, b, H, rows, 1, y, ys, MUSE_K_EPI_SWIGLU);
+        cuda_fast_run(c, rk, side, &dn, 1, rk->eg, I, rows, 0, &yd, &n, MUSE_K_EPI_NONE);
         return;
     }
     const muse_k_lin *sd[3] = {rk->lin_dev + s->gate.id, rk->lin_dev + s->up.id,
@@ -357,10 +356,9 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     long H = (long)cfg->hidden_size, E = (long)cfg->num_experts, K = (long)cfg->num_experts_per_tok;
     long i = (long)(ly - m->layers), R = c->rows;
     int shared = cfg->num_shared_experts > 0, fast = cuda_fast_moe_fits(c, ly);
-    /* one rank, fast path, not timing stages: the shared experts on the side stream, beside
-     * the router, the selection and the routed experts (joined before the combine) */
-    int side = shared && fast && c->n_ranks == 1 && !c->prof && c->rank[0].ws_side && c->side_on &&
-               shared_fast(c, &ly->shared);
+    /* the shared experts on the side stream, beside the router, the selection and the routed
+     * experts (joined before the combine), where the rank has a side workspace (cuda_device.c) */
+    int side = shared && fast && c->rank[0].ws_side && shared_fast(c, &ly->shared);
     float *zg[MUSE_MAX_RANKS], *zs[MUSE_MAX_RANKS];
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
@@ -378,7 +376,7 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
         else
             CHECK(c, muse_k_router(&kc, b, H, router, rdt, E, rk->router_logits));
         if (be->kernels == MUSE_KERNELS_FAST) /* with the experts' groups where they fit */
-            cuda_fast_select(c, rk, ly, R);
+            cuda_fast_select(c, rk, ly, R, fast);
         else
             CHECK(c, muse_k_select(&kc, rk->router_logits, E, K, rk->router_bias[i],
                                    cfg->norm_topk_prob, (float)cfg->routed_scaling_factor, rk->sel,
