@@ -1,8 +1,9 @@
 /* moe_fast: the fast path's router (a block an expert and 8 rows, not a thread a logit), the
- * selection (a warp a row) and the plan that groups a MoE's (row, slot) pairs by expert for
- * the grouped product, one launch for both up to 4 rows. The grouping is a counting sort done
- * by one block in a fixed order: pair p's place depends on sel alone, and its bits on its own
- * row and expert alone (the product's chain), never on its group. */
+ * selection (a warp a row; up to 4 rows, a thread a (row, expert)) and the plan that groups a
+ * MoE's (row, slot) pairs by expert for the grouped product, one launch for both up to 4
+ * rows. The grouping is a counting sort done by one block in a fixed order: pair p's place
+ * depends on sel alone, and its bits on its own row and expert alone (the product's chain),
+ * never on its group. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,7 +251,7 @@ __device__ void d_group_small(const int32_t *sel, int P, long E, int group_rows,
                               int32_t *s_start)
 {
     int t = threadIdx.x;
-    if (t < P) s_sel[t] = sel[t];
+    if (sel && t < P) s_sel[t] = sel[t]; /* sel NULL: s_sel holds them already */
     __syncthreads();
     int32_t e = t < P ? s_sel[t] : -1, place = 0, within = 0, count = 0;
     bool valid = e >= 0 && e < E; /* d_group skips the others */
@@ -279,22 +280,64 @@ __device__ void d_group_small(const int32_t *sel, int P, long E, int group_rows,
     }
 }
 
-/* Up to 4 rows and 128 pairs: one block of 128 threads, warp w selects row w, then the block
- * groups the rows' pairs: k_select_fast and k_moe_group in one launch. shared: s_sel [128],
- * s_start [128], then key [4][E], taken [4][E] */
+/* Up to 4 rows and 128 pairs: one block of 128 threads selects the rows, then groups their
+ * pairs: k_select_fast and k_moe_group in one launch, the same bits. Without a NaN key the
+ * block counts every (row, expert)'s place at once, a thread an expert (a row of 96 experts
+ * is 96 threads where d_select_row gives it one warp), and the picks stay in shared memory
+ * for the weights and the grouping; a row with a NaN key sends every row to d_select_row.
+ * shared: s_sel [128], s_start [128], s_w [128], then key [4][E], taken [4][E] */
 __global__ void __launch_bounds__(128)
     k_select_group_fast(const float *logits, long R, long E, long K, const float *bias,
                         int norm_topk, float scaling, int32_t *sel, float *w, int group_rows,
                         int max_groups, int32_t *perm, int4 *groups, int32_t *n_groups)
 {
     extern __shared__ int32_t sg_sh[];
-    int wi = threadIdx.x / 32;
-    float *key = (float *)(sg_sh + 2 * 128);
-    if (wi < R)
-        d_select_row(logits, wi, E, K, bias, norm_topk, scaling, sel, w, key + (size_t)wi * E,
-                     (unsigned char *)(key + 4 * E) + (size_t)wi * E, threadIdx.x % 32);
-    __syncthreads(); /* every row's sel, written by its warp, seen by the block */
-    d_group_small(sel, (int)(R * K), E, group_rows, max_groups, perm, groups, n_groups, sg_sh,
+    int t = threadIdx.x, wi = t / 32;
+    float *s_w = (float *)(sg_sh + 2 * 128), *key = s_w + 128;
+    unsigned nan = 0; /* the rows with a NaN key among this thread's */
+    for (long i = t; i < R * E; i += 128) {
+        long r = i / E, x = i % E;
+        float sg = k_sigmoid(logits[i]);
+        float kx = bias ? __fadd_rn(sg, bias[x]) : sg;
+        key[r * E + x] = kx;
+        nan |= (unsigned)(kx != kx) << r;
+    }
+    if (__syncthreads_or((int)nan)) { /* rare: every row the warp's way, sel through memory */
+        if (wi < R)
+            d_select_row(logits, wi, E, K, bias, norm_topk, scaling, sel, w, key + (size_t)wi * E,
+                         (unsigned char *)(key + 4 * E) + (size_t)wi * E, t % 32);
+        __syncthreads(); /* every row's sel, written by its warp, seen by the block */
+        d_group_small(sel, (int)(R * K), E, group_rows, max_groups, perm, groups, n_groups,
+                      sg_sh, sg_sh + 128);
+        return;
+    }
+    for (long i = t; i < R * E; i += 128) { /* place: the keys before it, key desc, expert asc */
+        long r = i / E, x = i % E, place = 0;
+        const float *kr = key + r * E;
+        float kx = kr[x];
+#pragma unroll 8
+        for (long y = 0; y < E; y++) place += kr[y] > kx || (kr[y] == kx && y < x);
+        if (place < K) {
+            sg_sh[r * K + place] = (int32_t)x;
+            s_w[r * K + place] = k_sigmoid(logits[i]);
+        }
+    }
+    __syncthreads();
+    if (t < R) { /* the weights: d_select_row's fp32 steps in pick order */
+        float *wr = s_w + t * K, sum = 0;
+        for (long i = 0; i < K; i++) sum = __fadd_rn(sum, wr[i]);
+        for (long i = 0; i < K; i++) {
+            float v = wr[i];
+            if (norm_topk) v = __fdiv_rn(v, sum);
+            wr[i] = __fmul_rn(v, scaling);
+        }
+    }
+    __syncthreads();
+    if (t < R * K) {
+        sel[t] = sg_sh[t];
+        w[t] = s_w[t];
+    }
+    d_group_small(NULL, (int)(R * K), E, group_rows, max_groups, perm, groups, n_groups, sg_sh,
                   sg_sh + 128);
 }
 
@@ -351,7 +394,7 @@ MUSE_K_API int muse_k_select_group_fast(const muse_k_ctx *ctx, const float *logi
                    : muse_k_moe_group(&pairs, sel, E, group_rows, max_groups, perm, groups,
                                       n_groups);
     }
-    size_t shared = 2 * 128 * sizeof(int32_t) + (size_t)4 * E * (sizeof(float) + 1);
+    size_t shared = 3 * 128 * sizeof(int32_t) + (size_t)4 * E * (sizeof(float) + 1);
     if (shared > 48 * 1024 || K > E || K < 1 || group_rows < 1 || max_groups < 1)
         return (int)cudaErrorInvalidValue;
     k_select_group_fast<<<1, 128, shared, ctx->st>>>(logits, rows, E, K, bias, norm_topk, scaling,

@@ -788,7 +788,8 @@ static void time_moe(void)
 }
 
 /* --prof: a few products alone, for a profiler (ncu -k regex:k_fast_product): 6144x4096 and
- * 8192x28672 at 2 bits mcg, M = 1, three calls each, no checks */
+ * 8192x28672 at 2 bits mcg, M = 1, then the grouped experts at one row, three calls each, no
+ * checks */
 static void prof_only(void)
 {
     for (int64_t kn : {6144L * 4096L, 8192L * 28672L}) {
@@ -804,6 +805,17 @@ static void prof_only(void)
         CK(cudaFree(y));
         weight_free(&w);
     }
+    experts x; /* the MoE's routed experts at one row: top 8 of 32, gate/up then down */
+    experts_make(&x, 32, 6144, 3072, 2, 1);
+    std::vector<int32_t> sel = rand_sel(1, 8, 32);
+    moe_plan pl;
+    plan_make(&pl, sel, 1, 8, 32);
+    float *b = rand_x(1, 6144), *act = dalloc(8 * 3072), *z = dalloc(8 * 6144);
+    for (int i = 0; i < 3; i++) run_grouped(&x, &pl, b, 1, 8, act, z);
+    CK(cudaDeviceSynchronize());
+    for (float *q : {b, act, z}) CK(cudaFree(q));
+    plan_free(&pl);
+    experts_free(&x);
     printf("exl3-fast-check: --prof done\n");
 }
 

@@ -139,7 +139,7 @@ fi
 # 6144x4096 and 8192x28672 at M = 1, 2 bits mcg (exl3-fast-check --prof)
 if want ncuprod && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     step ncuprod 120 ncu --clock-control none --set full --import-source no -k regex:k_fast_product \
-        -c 6 -o "$logs/prod" build/t/exl3-fast-check --prof
+        -c 12 -o "$logs/prod" build/t/exl3-fast-check --prof
     ncu --import "$logs/prod.ncu-rep" >"$out/ncuprod.txt" 2>&1
     ncu --import "$logs/prod.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip >"$out/prod-sass.csv.gz"
     rm -f "$logs/prod.ncu-rep"

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """kprof.py: sums an ncu CSV of gpu__time_duration (gpu_check.sh step kprof) by kernel over
 the last forward round (a round begins at an embed kernel), then prints each kernel's launches,
-total us and share, largest first. Usage: kprof.py FILE.csv[.gz] [--round N] (N from the end)."""
+total us and share, largest first; --seq K: also the round's first K kernels in launch order
+(the embed and the first layers: which launch of a kernel is slow). Usage: kprof.py
+FILE.csv[.gz] [--round N] (N from the end) [--seq K]."""
 import csv
 import gzip
 import io
@@ -44,6 +46,9 @@ def main():
         tot[n] = tot.get(n, 0.0) + v
         cnt[n] = cnt.get(n, 0) + 1
         grid.setdefault(n, g)
+    if "--seq" in args:
+        for i, (n, v, g) in enumerate(ks[lo:min(hi, lo + int(args[args.index("--seq") + 1]))]):
+            print(f"{i:4d} {n[:60]:<60} {v:9.2f} us  grid {g}")
     s = sum(tot.values())
     print(f"round {back} from the end: {hi - lo} kernels, {s:.1f} us of kernel time")
     print(f"{'kernel':<44} {'launches':>8} {'total us':>10} {'mean us':>9} {'share':>6}  grid")
