@@ -136,7 +136,8 @@ if want kprof && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     done
 fi
 # the fast product under ncu's full set (occupancy, pipes, stalls, the hottest SASS lines):
-# 6144x4096 and 8192x28672 at M = 1, 2 bits mcg (exl3-fast-check --prof)
+# 6144x4096 and 8192x28672 at M = 1, 2 bits mcg, then the grouped experts at one row
+# (exl3-fast-check --prof)
 if want ncuprod && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     step ncuprod 120 ncu --clock-control none --set full --import-source no -k regex:k_fast_product \
         -c 12 -o "$logs/prod" build/t/exl3-fast-check --prof
