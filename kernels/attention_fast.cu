@@ -8,6 +8,7 @@
  * batch: prompt rows are rows of the same kernel, each its own causal range. Shapes: q, g, o
  * [R, hq * hd]; workspace [rows][hq][splits] (max, sum) then [rows][hq][splits][hd]. */
 #include <cuda_fp16.h>
+#include <stdlib.h>
 
 #include "attention_fast.cuh"
 #include "attention_fast.h"
@@ -21,7 +22,8 @@
 /* The partials of a launch: per (row, head, split) m and l, then the accumulators. */
 typedef struct {
     float *m, *l, *acc;
-    int splits; /* the grid's x: muse_attn_max_splits(max_len) */
+    int splits; /* the grid's x: muse_attn_max_splits(max_len, cap) */
+    int cap;    /* the process's split cap (muse_k_attention_fast_cap) */
 } af_ws;
 
 template <int HD> struct __align__(16) af_smem
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(AF_THREADS)
     int seq = seqs[r];
     if (seq < 0) return;
     int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t chunk = muse_attn_chunk(first, p);
+    int64_t chunk = muse_attn_chunk(first, p, ws.cap);
     if (split >= muse_attn_count(first, p, chunk)) return;
     int64_t lo, hi;
     muse_attn_split_range(first, p, chunk, split, &lo, &hi);
@@ -227,7 +229,7 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
         return;
     }
     int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p));
+    int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap));
     if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
     size_t at = ((size_t)r * hq + h) * ws.splits;
     float mx = -INFINITY;
@@ -247,11 +249,22 @@ MUSE_K_API int muse_k_attention_fast_fits(long hd, long group)
     return (hd == 64 || hd == 128) && group >= 1 && group <= AF_G;
 }
 
+MUSE_K_API int muse_k_attention_fast_cap(void)
+{
+    static const int cap = [] {
+        const char *v = getenv("MUSE_ATTN_SPLITS");
+        int n = v && *v ? atoi(v) : 0;
+        return n >= 1 && n <= MUSE_ATTN_MOST_SPLITS ? n : MUSE_ATTN_MAX_SPLITS;
+    }();
+    return cap;
+}
+
 MUSE_K_API size_t muse_k_attention_fast_workspace(long hq, long hd, int64_t max_len, long rows)
 {
     if (rows > MUSE_ATTN_WS_ROWS) rows = MUSE_ATTN_WS_ROWS;
     if (hq <= 0 || rows <= 0) return 0;
-    return (size_t)muse_attn_ws_row_bytes(hq, hd, max_len) * (size_t)rows;
+    return (size_t)muse_attn_ws_row_bytes(hq, hd, max_len, muse_k_attention_fast_cap()) *
+           (size_t)rows;
 }
 
 template <int HD>
@@ -274,12 +287,14 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
     if (!muse_k_attention_fast_fits(hd, group) || !ws || max_len <= 0) {
         return (int)cudaErrorInvalidValue;
     }
-    size_t per_row = (size_t)muse_attn_ws_row_bytes(hq, hd, max_len);
+    int cap = muse_k_attention_fast_cap();
+    size_t per_row = (size_t)muse_attn_ws_row_bytes(hq, hd, max_len, cap);
     long step = (long)(ws_bytes / per_row);
     if (step < 1) return (int)cudaErrorInvalidValue;
     if (step > MUSE_ATTN_WS_ROWS) step = MUSE_ATTN_WS_ROWS;
     af_ws w;
-    w.splits = (int)muse_attn_max_splits(max_len);
+    w.splits = (int)muse_attn_max_splits(max_len, cap);
+    w.cap = cap;
     size_t heads = (size_t)step * (size_t)hq * (size_t)w.splits;
     w.m = (float *)ws;
     w.l = w.m + heads;

@@ -11,6 +11,12 @@
 /* Whether the fast kernel takes the shape: head_dim 64 or 128, group 1..16. */
 MUSE_K_API int muse_k_attention_fast_fits(long hd, long group);
 
+/* The split cap of the process: a row's key range in at most this many chunks (more: more
+ * blocks over a long context). MUSE_ATTN_SPLITS=N from the environment (tuning only, 1 ..
+ * MUSE_ATTN_MOST_SPLITS, read once a process, so every row of the process splits alike), else
+ * MUSE_ATTN_MAX_SPLITS. The workspace below is sized with it. */
+MUSE_K_API int muse_k_attention_fast_cap(void);
+
 /* Bytes of workspace for hq query heads of hd at key ranges of at most max_len positions over
  * up to rows rows (a launch of more rows runs in row groups of what fits). */
 MUSE_K_API size_t muse_k_attention_fast_workspace(long hq, long hd, int64_t max_len, long rows);

@@ -11,7 +11,11 @@
 #include "base/host_device.h"
 
 #define MUSE_ATTN_TILE       64 /* positions a block stages at once; chunks are multiples */
-#define MUSE_ATTN_MAX_SPLITS 64 /* a row's key range is cut into at most this many chunks */
+/* The default cap: a row's key range in at most this many chunks. On the H200 one row's kv
+ * write + attention at context 131072 took 451 us at 64, 246 at 128, 270 at 256, 304 at 512
+ * (128: 1024 blocks of 8 KV heads, one wave; docs/benchmarks.md). */
+#define MUSE_ATTN_MAX_SPLITS  128
+#define MUSE_ATTN_MOST_SPLITS 1024 /* the largest cap a process may take (MUSE_ATTN_SPLITS) */
 #define MUSE_ATTN_MAX_GROUP  16 /* query heads a block holds (a GQA group) */
 #define MUSE_ATTN_WS_ROWS    64 /* rows one launch's workspace covers (more: in row groups) */
 
@@ -28,11 +32,12 @@ MUSE_HD int64_t muse_attn_count(int64_t first, int64_t p, int64_t chunk)
 }
 
 /* The chunk size of the row with key range [first, p]: the smallest MUSE_ATTN_TILE * 2^k whose
- * aligned chunks number at most MUSE_ATTN_MAX_SPLITS. A function of (first, p) alone. */
-MUSE_HD int64_t muse_attn_chunk(int64_t first, int64_t p)
+ * aligned chunks number at most cap (the process's, fixed while it runs). A function of
+ * (first, p) alone. */
+MUSE_HD int64_t muse_attn_chunk(int64_t first, int64_t p, int64_t cap)
 {
     int64_t c = MUSE_ATTN_TILE;
-    while (muse_attn_count(first, p, c) > MUSE_ATTN_MAX_SPLITS) c *= 2;
+    while (muse_attn_count(first, p, c) > cap) c *= 2;
     return c;
 }
 
@@ -45,18 +50,19 @@ MUSE_HD void muse_attn_split_range(int64_t first, int64_t p, int64_t chunk, int6
     *hi = c0 + chunk - 1 < p ? c0 + chunk - 1 : p;
 }
 
-/* The most splits any row of key range at most max_len positions has (the launch's grid). */
-MUSE_HD int64_t muse_attn_max_splits(int64_t max_len)
+/* The most splits any row of key range at most max_len positions has under cap (the launch's
+ * grid). */
+MUSE_HD int64_t muse_attn_max_splits(int64_t max_len, int64_t cap)
 {
     int64_t n = max_len > 0 ? (max_len - 1) / MUSE_ATTN_TILE + 2 : 1;
-    return n < MUSE_ATTN_MAX_SPLITS ? n : MUSE_ATTN_MAX_SPLITS;
+    return n < cap ? n : cap;
 }
 
 /* Bytes of workspace a row needs: per query head and split, the running max, sum and the
  * unnormalised hd-wide accumulator, fp32. */
-MUSE_HD int64_t muse_attn_ws_row_bytes(int64_t hq, int64_t hd, int64_t max_len)
+MUSE_HD int64_t muse_attn_ws_row_bytes(int64_t hq, int64_t hd, int64_t max_len, int64_t cap)
 {
-    return hq * muse_attn_max_splits(max_len) * (hd + 2) * (int64_t)sizeof(float);
+    return hq * muse_attn_max_splits(max_len, cap) * (hd + 2) * (int64_t)sizeof(float);
 }
 
 /* The weight of a partial with max m in a merge whose max is mx (log2 domain): 0 for an empty

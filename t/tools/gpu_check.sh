@@ -6,7 +6,8 @@
 # benchmark tables; the fast kernel path: exl3-fast-check (the tensor-core EXL3 product against
 # the exact one, batch invariance, timings), kernel-check --kernels fast (ops.t), compare with
 # --kernels-b fast and the kernels table of both paths on the one-GPU shape cut to 4 layers;
-# the step `whole` (asked for by name): decode, stages and prompt benchmarks of that shape.
+# the step `whole` (asked for by name): decode, stages and prompt benchmarks of that shape;
+# attnlong (by name): the fast attention at contexts 4096, 32768, 131072 under split caps.
 # Needs build/gpu from
 # `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
@@ -44,6 +45,7 @@ step() {
     case $name in # tables come back whole; other steps their verdict lines
     fastcheck | shape-* | whole-* | demo-decode-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
+    attn-*) grep -E "attention|copy bandwidth" "$logs/$name.txt" | head -8 | tee -a "$sum" ;;
     synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
     synth-*) grep -E "synth-check|FAIL|filled on the GPU|error" "$logs/$name.txt" | head -40 |
         tee -a "$sum" ;;
@@ -357,6 +359,20 @@ fi
 
 # the whole shape's decode under the engine's tuning switches (variants of one binary, e.g.
 # MUSE_CUDA_SIDE=0, MUSE_FAST_FUSE=0, MUSE_FAST_PDL=1; "-": the defaults), at 1 and 4 streams
+# the fast attention of one decode row at long contexts (the 4-layer cut's kernels table) under
+# each split cap of GPU_CHECK_ATTN_CAPS (MUSE_ATTN_SPLITS; "-": the process default)
+if want attnlong && [ "$B" = cuda ]; then
+    for v in ${GPU_CHECK_ATTN_CAPS:--}; do
+        e=()
+        [ "$v" = - ] && v=default || e=("MUSE_ATTN_SPLITS=$v")
+        for ctx in 4096 32768 131072; do
+            step "attn-$v-$ctx" 90 env "${e[@]}" build/muse-bench kernels --backend "$B" --synthetic-weights 1 \
+                --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --rows 1 \
+                --context $ctx --min-ms 20 --kernels fast --json "$logs/attn-$v-$ctx.json"
+        done
+    done
+fi
+
 if want wholevar; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
         --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4}" --tokens 16 --prompt 64)

@@ -1,7 +1,7 @@
 /* The fast attention's split logic (kernels/attention_fast.h) on the CPU: every row's chunks
- * cover its key range in order, aligned to absolute positions, at most MUSE_ATTN_MAX_SPLITS
- * and within the launch's grid; and a host emulation of the kernel's arithmetic (fp32 tiles of
- * online softmax in the log2 domain, chunks merged in ascending order) against a double
+ * cover its key range in order, aligned to absolute positions, at most the cap (the default
+ * and others) and within the launch's grid; and a host emulation of the kernel's arithmetic (fp32
+ * tiles of online softmax in the log2 domain, chunks merged in ascending order) against a double
  * reference with a relative bound, sliding windows and peaked scores included. */
 #include <math.h>
 #include <stdint.h>
@@ -21,9 +21,9 @@ static double urand(void) /* [-1, 1) */
     return (double)((z ^ (z >> 31)) >> 11) / 4503599627370496.0 - 1.0;
 }
 
-/* every (p, window): chunks a power-of-two multiple of the tile, aligned, contiguous, ascending,
- * non-empty, the fewest that fit MUSE_ATTN_MAX_SPLITS, within the grid of the longest range */
-static void test_splits(void)
+/* every (p, window) under cap: chunks a power-of-two multiple of the tile, aligned, contiguous,
+ * ascending, non-empty, the fewest that fit cap, within the grid of the longest range */
+static void test_splits(int64_t cap)
 {
     const int64_t windows[] = {0, 1, 5, 8, 64, 100, 1024, 4096};
     const int64_t max_ctx = 140000;
@@ -33,15 +33,14 @@ static void test_splits(void)
         int64_t max_len = win > 0 ? win : max_ctx;
         for (int64_t p = 0; p < max_ctx; p += p < 9000 ? 1 : 997) {
             int64_t first = muse_attn_first(p, win);
-            int64_t c = muse_attn_chunk(first, p), n = muse_attn_count(first, p, c);
+            int64_t c = muse_attn_chunk(first, p, cap), n = muse_attn_count(first, p, c);
             rows++;
             bad_cover += first < 0 || first > p || (win > 0 && p - first + 1 > win) ||
                          (win == 0 && first != 0) || (win > 0 && p >= win && p - first + 1 != win);
             bad_align += c < MUSE_ATTN_TILE || c % MUSE_ATTN_TILE || (c & (c - 1)) != 0;
-            bad_count += n < 1 || n > MUSE_ATTN_MAX_SPLITS;
-            bad_min +=
-                c > MUSE_ATTN_TILE && muse_attn_count(first, p, c / 2) <= MUSE_ATTN_MAX_SPLITS;
-            bad_grid += n > muse_attn_max_splits(max_len);
+            bad_count += n < 1 || n > cap;
+            bad_min += c > MUSE_ATTN_TILE && muse_attn_count(first, p, c / 2) <= cap;
+            bad_grid += n > muse_attn_max_splits(max_len, cap);
             int64_t next = first;
             for (int64_t s = 0; s < n; s++) {
                 int64_t lo, hi;
@@ -54,19 +53,36 @@ static void test_splits(void)
             bad_cover += next != p + 1;
         }
     }
-    ok(bad_cover == 0, "%ld rows: the splits cover [first, p] in order, none empty", rows);
-    ok(bad_align == 0, "chunks are 64 * 2^k, every boundary on an absolute multiple");
-    ok(bad_count == 0, "1 to %d splits a row", MUSE_ATTN_MAX_SPLITS);
-    ok(bad_min == 0, "the smallest chunk that fits: a row never splits coarser than it must");
-    ok(bad_grid == 0, "no row needs more splits than muse_attn_max_splits of its longest range");
-    is_int(muse_attn_chunk(0, 4095), 64, "context 4096: chunks of 64");
+    ok(bad_cover == 0, "cap %lld, %ld rows: the splits cover [first, p] in order, none empty",
+       (long long)cap, rows);
+    ok(bad_align == 0, "cap %lld: chunks are 64 * 2^k, every boundary on an absolute multiple",
+       (long long)cap);
+    ok(bad_count == 0, "cap %lld: 1 to %lld splits a row", (long long)cap, (long long)cap);
+    ok(bad_min == 0, "cap %lld: the smallest chunk that fits, never coarser than it must",
+       (long long)cap);
+    ok(bad_grid == 0, "cap %lld: no row needs more splits than max_splits of its longest range",
+       (long long)cap);
+}
+
+static void test_split_sizes(void)
+{
+    const int64_t cap = MUSE_ATTN_MAX_SPLITS;
+    is_int(muse_attn_chunk(0, 4095, cap), 64, "context 4096: chunks of 64");
     is_int(muse_attn_count(0, 4095, 64), 64, "context 4096: 64 splits");
-    is_int(muse_attn_chunk(0, 32767), 512, "context 32768: chunks of 512");
-    is_int(muse_attn_chunk(0, 131071), 2048, "context 131072: chunks of 2048");
-    is_int(muse_attn_max_splits(8), 2, "window 8: a range spans at most 2 chunks");
-    is_int(muse_attn_max_splits(1 << 20), MUSE_ATTN_MAX_SPLITS, "long contexts: the cap");
-    is_int(muse_attn_ws_row_bytes(64, 64, 4096), 64 * 64 * 66 * 4,
-           "workspace: a row's (max, sum, acc) per head and split");
+    is_int(muse_attn_chunk(0, 32767, cap), 256, "context 32768: chunks of 256");
+    is_int(muse_attn_chunk(0, 131071, cap), 1024, "context 131072: chunks of 1024");
+    is_int(muse_attn_count(0, 131071, 1024), 128, "context 131072: 128 splits");
+    is_int(muse_attn_chunk(0, 131071, 64), 2048, "cap 64, context 131072: chunks of 2048");
+    is_int(muse_attn_chunk(0, 131071, 256), 512, "cap 256, context 131072: chunks of 512");
+    is_int(muse_attn_chunk(0, 4095, 256), 64, "cap 256, context 4096: the tile still the least");
+    is_int(muse_attn_max_splits(8, cap), 2, "window 8: a range spans at most 2 chunks");
+    is_int(muse_attn_max_splits(1 << 20, cap), cap, "long contexts: the cap");
+    is_int(muse_attn_max_splits(1 << 20, 256), 256, "long contexts: a larger cap");
+    is_int(muse_attn_ws_row_bytes(64, 64, 4096, cap), 64 * 65 * 66 * 4,
+           "workspace: a row's (max, sum, acc) per head and split (4096 keys: up to 65 tiles)");
+    is_int(muse_attn_ws_row_bytes(64, 64, 4096, 64), 64 * 64 * 66 * 4, "cap 64: 64 splits");
+    is_int(muse_attn_ws_row_bytes(64, 64, 131072, 256), 64 * 256 * 66 * 4,
+           "workspace at cap 256: twice the splits of the default");
 }
 
 static void test_rescale(void)
@@ -121,11 +137,11 @@ static void emulate_split(const float *q, const uint16_t *k, const uint16_t *v, 
 
 /* rel L2 of the emulated output (splits merged in ascending order) against double softmax */
 static double emulate_row(const float *q, const uint16_t *k, const uint16_t *v, int64_t p,
-                          int64_t window, double scale, double *den_out)
+                          int64_t window, int64_t cap, double scale, double *den_out)
 {
     int64_t first = muse_attn_first(p, window);
-    int64_t c = muse_attn_chunk(first, p), n = muse_attn_count(first, p, c);
-    static partial pt[MUSE_ATTN_MAX_SPLITS];
+    int64_t c = muse_attn_chunk(first, p, cap), n = muse_attn_count(first, p, c);
+    static partial pt[MUSE_ATTN_MOST_SPLITS];
     float scale_l2 = (float)(scale * 1.4426950408889634);
     for (int64_t s = 0; s < n; s++) {
         int64_t lo, hi;
@@ -180,17 +196,24 @@ static void test_emulation(void)
                 {64, 0, 1},    {200, 0, 4},     {4095, 0, 1},     {4096, 0, 8},
                 {9999, 0, 2},  {19999, 0, 1},   {19999, 0, 16},   {10, 8, 1},
                 {700, 100, 4}, {5000, 4096, 1}, {19999, 4096, 8}, {129, 64, 16}};
+    const int64_t caps[] = {64, MUSE_ATTN_MAX_SPLITS, 256}; /* fewer and more than the default */
     double worst = 0, min_den = INFINITY;
-    for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
-        for (int g = 0; g < G; g++) {
-            float q[HD];
-            for (int d = 0; d < HD; d++) q[d] = muse_round_f16((float)(urand() * rows[r].q_scale));
-            double den, e = emulate_row(q, k, v, rows[r].p, rows[r].window, 1.0 / sqrt(HD), &den);
-            if (!(e <= worst)) worst = e;
-            if (den < min_den) min_den = den;
+    for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++)
+        for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
+            int64_t cap = caps[ci];
+            for (int g = 0; g < G; g++) {
+                float q[HD];
+                for (int d = 0; d < HD; d++)
+                    q[d] = muse_round_f16((float)(urand() * rows[r].q_scale));
+                double den,
+                    e = emulate_row(q, k, v, rows[r].p, rows[r].window, cap, 1.0 / sqrt(HD), &den);
+                if (!(e <= worst)) worst = e;
+                if (den < min_den) min_den = den;
+            }
         }
-    }
-    ok(worst <= 2e-5, "the chunked fp32 online softmax within rel L2 2e-5 of double (worst %.2e)",
+    ok(worst <= 2e-5,
+       "the chunked fp32 online softmax within rel L2 2e-5 of double at caps 64, 128 and 256 "
+       "(worst %.2e)",
        worst);
     ok(min_den > 1e-8, "the reference outputs are not zeros (smallest |o|^2 %.2e)", min_den);
     free(k);
@@ -199,7 +222,10 @@ static void test_emulation(void)
 
 int main(void)
 {
-    test_splits();
+    test_splits(64);
+    test_splits(MUSE_ATTN_MAX_SPLITS);
+    test_splits(256);
+    test_split_sizes();
     test_rescale();
     test_emulation();
     return done_testing();
