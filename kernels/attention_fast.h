@@ -13,7 +13,7 @@
 #define MUSE_ATTN_TILE       64 /* positions a block stages at once; chunks are multiples */
 /* The default cap: a row's key range in at most this many chunks. On the H200 one row's kv
  * write + attention at context 131072 took 451 us at 64, 246 at 128, 270 at 256, 304 at 512
- * (128: 1024 blocks of 8 KV heads, one wave; docs/benchmarks.md). */
+ * (docs/benchmarks.md). */
 #define MUSE_ATTN_MAX_SPLITS  128
 #define MUSE_ATTN_MOST_SPLITS 1024 /* the largest cap a process may take (MUSE_ATTN_SPLITS) */
 #define MUSE_ATTN_MAX_GROUP  16 /* query heads a block holds (a GQA group) */

@@ -7,7 +7,8 @@
 # the exact one, batch invariance, timings), kernel-check --kernels fast (ops.t), compare with
 # --kernels-b fast and the kernels table of both paths on the one-GPU shape cut to 4 layers;
 # the step `whole` (asked for by name): decode, stages and prompt benchmarks of that shape;
-# attnlong (by name): the fast attention at contexts 4096, 32768, 131072 under split caps.
+# attnlong (by name): the fast attention at contexts 4096, 32768, 131072 under its variants;
+# ncuattn (by name): its split kernel at 131072 under ncu.
 # Needs build/gpu from
 # `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
@@ -146,6 +147,19 @@ if want ncuprod && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     ncu --import "$logs/prod.ncu-rep" >"$out/ncuprod.txt" 2>&1
     ncu --import "$logs/prod.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip >"$out/prod-sass.csv.gz"
     rm -f "$logs/prod.ncu-rep"
+fi
+# the fast attention's split kernel under ncu (speed of light, warp states, memory, occupancy)
+# at one row and context 131072 on the 4-layer cut: every k_attn_split launch of the kernels
+# table's attention ops (the sliding layer's, then the full layer's, whose grid is (128, 8, 1))
+if want ncuattn && [ "$B" = cuda ] && command -v ncu >/dev/null; then
+    step ncuattn 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section ComputeWorkloadAnalysis -k regex:k_attn_split -c 40 -o "$logs/attn" \
+        build/muse-bench kernels --backend cuda --synthetic-weights 1 \
+        --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --rows 1 \
+        --context 131072 --min-ms 0.001 --kernels fast
+    ncu --import "$logs/attn.ncu-rep" >"$out/ncuattn.txt" 2>&1
+    rm -f "$logs/attn.ncu-rep"
 fi
 want ops && MUSE_OPS_BACKEND=$B step ops 150 prove -v t/ops/ops.t
 if want logits && [ "$B" = cuda ]; then
@@ -357,14 +371,13 @@ if want whole; then
     fi
 fi
 
-# the whole shape's decode under the engine's tuning switches (variants of one binary, e.g.
-# MUSE_CUDA_SIDE=0, MUSE_FAST_FUSE=0, MUSE_FAST_PDL=1; "-": the defaults), at 1 and 4 streams
 # the fast attention of one decode row at long contexts (the 4-layer cut's kernels table) under
-# each split cap of GPU_CHECK_ATTN_CAPS (MUSE_ATTN_SPLITS; "-": the process default)
+# each of GPU_CHECK_ATTN_VARIANTS: comma-separated VAR=VALUE of the engine's tuning switches
+# (MUSE_ATTN_SPLITS=N, the split cap), "-" the defaults
 if want attnlong && [ "$B" = cuda ]; then
-    for v in ${GPU_CHECK_ATTN_CAPS:--}; do
+    for v in ${GPU_CHECK_ATTN_VARIANTS:--}; do
         e=()
-        [ "$v" = - ] && v=default || e=("MUSE_ATTN_SPLITS=$v")
+        [ "$v" = - ] && v=default || IFS=, read -ra e <<<"$v"
         for ctx in 4096 32768 131072; do
             step "attn-$v-$ctx" 90 env "${e[@]}" build/muse-bench kernels --backend "$B" --synthetic-weights 1 \
                 --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --rows 1 \
@@ -373,6 +386,8 @@ if want attnlong && [ "$B" = cuda ]; then
     done
 fi
 
+# the whole shape's decode under the engine's tuning switches (variants of one binary, e.g.
+# MUSE_CUDA_SIDE=0, MUSE_FAST_FUSE=0, MUSE_FAST_PDL=1; "-": the defaults), at 1 and 4 streams
 if want wholevar; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
         --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4}" --tokens 16 --prompt 64)
