@@ -26,13 +26,14 @@ typedef struct {
     int cap;    /* the process's split cap (muse_k_attention_fast_cap) */
 } af_ws;
 
-template <int HD> struct __align__(16) af_smem
+/* GM: the most query heads of a group the instance holds (8 or AF_G) */
+template <int HD, int GM> struct __align__(16) af_smem
 {
     __half k[AF_T][HD + 8]; /* + 16 bytes a row: a warp's 16-byte reads hit distinct banks */
     __half v[AF_T][HD + 8];
-    float q[AF_G][HD];
-    float p[AF_G][AF_T]; /* scores, then their exp2 */
-    float m[AF_G], l[AF_G], alpha[AF_G];
+    float q[GM][HD];
+    float p[GM][AF_T]; /* scores, then their exp2 */
+    float m[GM], l[GM], alpha[GM];
 };
 
 /* Thread t's share of a tile's K and V (16 bytes each), zeros outside [lo, hi] or where the
@@ -59,8 +60,8 @@ __device__ __forceinline__ void af_load(const muse_k_kv *kv, int seq, long kh, i
     }
 }
 
-template <int HD>
-__device__ __forceinline__ void af_store(af_smem<HD> *sm, const uint4 *rk, const uint4 *rv)
+template <int HD, int GM>
+__device__ __forceinline__ void af_store(af_smem<HD, GM> *sm, const uint4 *rk, const uint4 *rv)
 {
     constexpr int PIECES = HD / 8, N = AF_T * PIECES / AF_THREADS;
 #pragma unroll
@@ -72,13 +73,15 @@ __device__ __forceinline__ void af_store(af_smem<HD> *sm, const uint4 *rk, const
 }
 
 /* grid (splits, KV heads of the rank, rows); 128 threads. Block (s, b, r): query heads
- * [b * group, b * group + group) of row r over split s of its key range. */
-template <int HD>
+ * [b * group, b * group + group) of row r over split s of its key range. GM: group <= GM (8:
+ * about half the registers and 4 KB less shared memory than 16 for the heads' arrays; a head's
+ * arithmetic is the same at either). */
+template <int HD, int GM>
 __global__ void __launch_bounds__(AF_THREADS)
     k_attn_split(muse_k_kv kv, const float *qa, long hq, int group, long window, float scale_l2,
                  const int32_t *seqs, const int64_t *positions, af_ws ws)
 {
-    __shared__ af_smem<HD> sm;
+    __shared__ af_smem<HD, GM> sm;
     int split = blockIdx.x, b = blockIdx.y, t = threadIdx.x;
     long r = blockIdx.z;
     int seq = seqs[r];
@@ -90,11 +93,11 @@ __global__ void __launch_bounds__(AF_THREADS)
     muse_attn_split_range(first, p, chunk, split, &lo, &hi);
     int G = group;
     long h0 = (long)b * G;
-    for (int i = t; i < AF_G * HD; i += AF_THREADS) {
+    for (int i = t; i < GM * HD; i += AF_THREADS) {
         int g = i / HD, d = i % HD;
         sm.q[g][d] = g < G && h0 + g < hq ? qa[(r * hq + h0 + g) * HD + d] : 0.0f;
     }
-    if (t < AF_G) {
+    if (t < GM) {
         sm.m[t] = -INFINITY;
         sm.l[t] = 0.0f;
     }
@@ -104,19 +107,19 @@ __global__ void __launch_bounds__(AF_THREADS)
     af_load<HD>(&kv, seq, b, base, lo, hi, rk, rv);
     /* scores: thread t a position, heads t / 64 + 2j; PV: dims (2 d2, 2 d2 + 1), heads gb + NG j */
     int pos = t % AF_T, gs = t / AF_T;
-    constexpr int NG = AF_THREADS / (HD / 2), PVJ = AF_G / NG;
+    constexpr int NG = AF_THREADS / (HD / 2), PVJ = GM / NG;
     int d2 = t % (HD / 2), gb = t / (HD / 2);
     float2 acc[PVJ];
 #pragma unroll
     for (int j = 0; j < PVJ; j++) acc[j] = make_float2(0.0f, 0.0f);
     for (; base <= hi; base += AF_T) {
         __syncthreads(); /* the previous tile's readers are done */
-        af_store<HD>(&sm, rk, rv);
+        af_store<HD, GM>(&sm, rk, rv);
         __syncthreads();
         if (base + AF_T <= hi) af_load<HD>(&kv, seq, b, base + AF_T, lo, hi, rk, rv);
-        float sc[AF_G / 2];
+        float sc[GM / 2];
 #pragma unroll
-        for (int j = 0; j < AF_G / 2; j++) sc[j] = 0.0f;
+        for (int j = 0; j < GM / 2; j++) sc[j] = 0.0f;
 #pragma unroll
         for (int d = 0; d < HD; d += 8) {
             uint4 raw = *(const uint4 *)&sm.k[pos][d];
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(AF_THREADS)
                 kf[2 * e + 1] = f.y;
             }
 #pragma unroll
-            for (int j = 0; j < AF_G / 2; j++) {
+            for (int j = 0; j < GM / 2; j++) {
                 int g = gs + 2 * j;
                 if (g < G) {
                     float4 qa0 = *(const float4 *)&sm.q[g][d],
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(AF_THREADS)
         int64_t s = base + pos;
         int valid = s >= lo && s <= hi;
 #pragma unroll
-        for (int j = 0; j < AF_G / 2; j++) {
+        for (int j = 0; j < GM / 2; j++) {
             int g = gs + 2 * j;
             if (g < G) sm.p[g][pos] = valid ? sc[j] * scale_l2 : -INFINITY;
         }
@@ -267,14 +270,22 @@ MUSE_K_API size_t muse_k_attention_fast_workspace(long hq, long hd, int64_t max_
            (size_t)rows;
 }
 
+/* 8-head arrays for groups of up to 8 (on the H200 at 131072 keys, 235 us a full layer
+ * against 248 with 16-head arrays: 90 registers, 22.6 KB; capped at 80 registers for 6 blocks
+ * an SM it took 278), else 16 */
 template <int HD>
 static void af_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long hq, int group,
                       long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
                       long rows, af_ws ws)
 {
     unsigned kvb = (unsigned)((hq + group - 1) / group);
-    k_attn_split<HD><<<dim3((unsigned)ws.splits, kvb, (unsigned)rows), AF_THREADS, 0, st>>>(
-        kv, q, hq, group, window, scale_l2, seqs, positions, ws);
+    dim3 grid((unsigned)ws.splits, kvb, (unsigned)rows);
+    if (group <= 8)
+        k_attn_split<HD, 8><<<grid, AF_THREADS, 0, st>>>(kv, q, hq, group, window, scale_l2, seqs,
+                                                          positions, ws);
+    else
+        k_attn_split<HD, AF_G><<<grid, AF_THREADS, 0, st>>>(kv, q, hq, group, window, scale_l2,
+                                                             seqs, positions, ws);
 }
 
 MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const float *q,

@@ -21,9 +21,9 @@
 /* n-tiles a warp, NTW: 2 (a block of 128 columns), or 1 (64 columns: twice the blocks where a
  * launch would leave SMs idle; a column's chain is the same either way) */
 #define FB_STAGES 3
-/* k-tiles a pipeline stage, KC: 8 at one m-tile (half the stage's loads, barrier and waits a
- * k-tile), 4 at FB_MT_MANY (three stages of 128 rows stay in shared memory 3 blocks an SM) */
-#define FB_MT_MANY 8 /* m-tiles a block from 17 rows on */
+/* m-tiles a block MT: 1 up to 16 rows, else 2, 4 or 8 (muse_fast_block_mt). k-tiles a
+ * pipeline stage, KC: 8 at 1 and 2 m-tiles (half the stage's loads, barrier and waits a
+ * k-tile), 4 at 4 and 8 (three stages of 128 rows stay in shared memory 3 blocks an SM) */
 
 typedef struct {
     const uint16_t *trellis;
@@ -125,9 +125,10 @@ __device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int 
     for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
 }
 
-/* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads */
-template <int CB, int BITS, int MT, int NTW, int KC>
-__global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
+/* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads; MB:
+ * the blocks an SM its registers are capped for (0: none, the PTX of __launch_bounds__(128)) */
+template <int CB, int BITS, int MT, int NTW, int KC, int MB>
+__global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 {
     constexpr int FB_NT = FB_WARPS * NTW; /* n-tiles a block */
     constexpr int FB_KC = KC;
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(128) k_fast_product(fast_prod p)
 #pragma unroll
     for (int i = 0; i < A_PASSES; i++) a_rows_ok |= (unsigned)(m0 + a_row + A_RP * i < rend) << i;
     /* one m-tile (a decode step: 16 rows staged, one of them real): the rows past rend zeroed
-     * in every stage buffer once and never loaded (at FB_MT_MANY they stay loads that zero-fill:
+     * in every stage buffer once and never loaded (at 8 m-tiles they stay loads that zero-fill:
      * with this branch there too, 6144x4096 at 256 rows ran 5% slower on the H200) */
     if (MT == 1)
 #pragma unroll
@@ -332,29 +333,35 @@ __global__ void k_fast_decode(const uint16_t *trellis, int64_t tiles_ld, int64_t
 typedef void (*prod_fn)(fast_prod);
 typedef void (*dec_fn)(const uint16_t *, int64_t, int64_t, uint16_t *);
 
-template <int CB, int BITS, int MT, int NTW, int KC> static int f_stage_bytes(void)
+template <int CB, int BITS, int MT, int NTW, int KC, int MB> static int f_stage_bytes(void)
 {
     return FB_STAGES * (MT * 16 * (KC * 16 + 8) * 2 + KC * FB_WARPS * NTW * 8 * BITS * 4);
 }
 
-#define F_BITS(F, CB, MT, NTW, KC)                                                                 \
+#define F_BITS(F, CB, ...)                                                                         \
     {                                                                                              \
-        F<CB, 1, MT, NTW, KC>, F<CB, 2, MT, NTW, KC>, F<CB, 3, MT, NTW, KC>,                       \
-            F<CB, 4, MT, NTW, KC>, F<CB, 5, MT, NTW, KC>, F<CB, 6, MT, NTW, KC>,                   \
-            F<CB, 7, MT, NTW, KC>, F<CB, 8, MT, NTW, KC>                                           \
+        F<CB, 1, __VA_ARGS__>, F<CB, 2, __VA_ARGS__>, F<CB, 3, __VA_ARGS__>,                       \
+            F<CB, 4, __VA_ARGS__>, F<CB, 5, __VA_ARGS__>, F<CB, 6, __VA_ARGS__>,                   \
+            F<CB, 7, __VA_ARGS__>, F<CB, 8, __VA_ARGS__>                                           \
     }
-#define F_SHAPE(F, MT, NTW, KC)                                                                    \
+#define F_SHAPE(F, ...)                                                                            \
     {                                                                                              \
-        F_BITS(F, 0, MT, NTW, KC), F_BITS(F, 1, MT, NTW, KC), F_BITS(F, 2, MT, NTW, KC)            \
+        F_BITS(F, 0, __VA_ARGS__), F_BITS(F, 1, __VA_ARGS__), F_BITS(F, 2, __VA_ARGS__)            \
     }
-/* the block shapes: [0] one m-tile, 128 columns; [1] FB_MT_MANY m-tiles, 128 columns; [2] one
- * m-tile, 64 columns (stages of 8 k-tiles at one m-tile: 9% faster than 4 on the H200) */
+/* the block shapes (m-tiles, n-tiles a warp, k-tiles a stage, blocks an SM the registers are
+ * capped for; 0 uncapped): [0] one m-tile, 128 columns; [1] 8 m-tiles, 128 columns; [2] one
+ * m-tile, 64 columns (stages of 8 k-tiles at one m-tile: 9% faster than 4 on the H200); [3] 4
+ * m-tiles, [4] 2 m-tiles, 128 columns, capped (H200: 4 m-tiles 128 registers against 149
+ * uncapped, 6144x4096 at 1024 rows 319 us against 337; 2 m-tiles 80 against 128, the MoE's
+ * experts at 256 rows 2506 us against 2520, 6144x3072 at 256 rows 74 us against 83) */
 #define F_SHAPES(F)                                                                                \
     {                                                                                              \
-        F_SHAPE(F, 1, 2, 8), F_SHAPE(F, FB_MT_MANY, 2, 4), F_SHAPE(F, 1, 1, 8)                     \
+        F_SHAPE(F, 1, 2, 8, 0), F_SHAPE(F, 8, 2, 4, 0), F_SHAPE(F, 1, 1, 8, 0),                    \
+            F_SHAPE(F, 4, 2, 4, 4), F_SHAPE(F, 2, 2, 8, 6)                                         \
     }
-static const prod_fn f_prod[3][3][8] = F_SHAPES(k_fast_product);
-static int (*const f_smem_bytes[3][3][8])(void) = F_SHAPES(f_stage_bytes);
+#define F_NSHAPES 5
+static const prod_fn f_prod[F_NSHAPES][3][8] = F_SHAPES(k_fast_product);
+static int (*const f_smem_bytes[F_NSHAPES][3][8])(void) = F_SHAPES(f_stage_bytes);
 #define F_DEC(CB)                                                                                  \
     {                                                                                              \
         k_fast_decode<CB, 1>, k_fast_decode<CB, 2>, k_fast_decode<CB, 3>, k_fast_decode<CB, 4>,    \
@@ -455,9 +462,20 @@ MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int 
     return 1;
 }
 
-MUSE_K_API int muse_k_linear_fast_group_rows(long rows)
+/* MUSE_FAST_MANY_MT=N from the environment (tuning only, read once a process): a block's
+ * m-tiles from 17 rows on (1, 2, 4 or 8; else the fewest that hold the rows) */
+static int f_many_forced(void)
 {
-    return rows > 16 ? 16 * FB_MT_MANY : 16;
+    static const int forced = [] {
+        const char *v = getenv("MUSE_FAST_MANY_MT");
+        return v && *v ? atoi(v) : 0;
+    }();
+    return forced;
+}
+
+MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts)
+{
+    return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
 }
 
 /* The three steps of one call; g NULL: plain rows, else the grouped pairs (linear_fast.cuh). */
@@ -470,8 +488,9 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     if (rows <= 0) return 0;
     if (!muse_k_linear_fast_fits(shapes, n_lin, epilogue) || rows > 65535)
         return (int)cudaErrorInvalidValue;
-    if (g && (g->max_groups < 1 || (g->group_rows != 16 && g->group_rows != 16 * FB_MT_MANY)))
-        return (int)cudaErrorInvalidValue;
+    if (g && (g->max_groups < 1 || g->group_rows < 16 || g->group_rows > 16 * MUSE_FAST_MT_MAX ||
+              g->group_rows & (g->group_rows - 1)))
+        return (int)cudaErrorInvalidValue; /* 16, 32, 64 or 128 rows */
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     float *part[MUSE_K_FAST_MAX_LIN];
     int target = g ? f_group_target(g) : muse_k_linear_fast_split_target();
@@ -489,7 +508,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     if (err) return err;
 
     /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
-    int many = g ? g->group_rows > 16 : rows > 16, mt = many ? FB_MT_MANY : 1;
+    int mt = g ? g->group_rows / 16 : muse_fast_block_mt(rows, f_many_forced());
     int cb = shapes[0].codebook;
     int mgroups = g ? g->max_groups : (int)((rows + 16 * mt - 1) / (16 * mt));
     int done[MUSE_K_FAST_MAX_LIN] = {0};
@@ -508,7 +527,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             if (!done[j] && shapes[j].bits == shapes[i].bits)
                 wide += (long)(shapes[j].n / MUSE_FAST_BLOCK_COLS) *
                         muse_fast_splits(shapes[j].k, shapes[j].n, target) * mgroups;
-        int shape = many ? 1 : wide < f_narrow_below() ? 2 : 0;
+        int shape = mt == 8 ? 1 : mt == 4 ? 3 : mt == 2 ? 4 : wide < f_narrow_below() ? 2 : 0;
         int64_t cols = shape == 2 ? MUSE_FAST_BLOCK_COLS / 2 : MUSE_FAST_BLOCK_COLS;
         long blocks = 0;
         for (int j = i; j < n_lin; j++) {

@@ -38,8 +38,9 @@ typedef struct {
     int max_groups, group_rows;
     int split_target;
 } muse_k_fast_groups;
-/* The rows a group holds at most for a round of rows rows (the product's m-tiles a block). */
-MUSE_K_API int muse_k_linear_fast_group_rows(long rows);
+/* The rows a group holds at most for a round of rows rows, k_per_row of experts a row (the
+ * product's m-tiles a block: linear_fast.h's muse_fast_group_rows, MUSE_FAST_MANY_MT read). */
+MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts);
 /* shapes: host copies of expert 0's descriptors (every expert's k, n, bits and codebook are
  * the same; the caller checks). Workspace: muse_k_linear_fast_workspace at P rows. */
 MUSE_K_API int muse_k_linear_fast_grouped(const muse_k_ctx *ctx, const muse_k_lin *shapes,

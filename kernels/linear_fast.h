@@ -17,6 +17,10 @@
 #define MUSE_FAST_BLOCK_COLS   128 /* columns a product block covers: 4 warps x 2 n-tiles */
 #define MUSE_FAST_MIN_SPLIT_KT 8   /* k-tiles a split covers at least (two pipeline stages) */
 #define MUSE_FAST_MAX_SPLITS   32
+#define MUSE_FAST_MT_MAX       8 /* m-tiles a block holds at most (128 rows) */
+/* ... a plain product's block: 4 took 3-22% less time than 8 at 64 to 1024 rows of 6144x4096
+ * (H200, 2026-12-02, exl3-fast-check --many), the 234 registers of 8 leaving 2 blocks an SM */
+#define MUSE_FAST_MT_PLAIN     4
 
 enum { MUSE_FAST_CB_3INST = 0, MUSE_FAST_CB_MCG = 1, MUSE_FAST_CB_MUL1 = 2 };
 
@@ -30,6 +34,36 @@ MUSE_HD int muse_fast_splits(int64_t k, int64_t n, int target)
     if (smax > MUSE_FAST_MAX_SPLITS) smax = MUSE_FAST_MAX_SPLITS;
     if (s > smax) s = smax;
     return s < 1 ? 1 : (int)s;
+}
+
+/* The fewest m-tiles (1, 2, 4, 8) that hold rows rows, at most `most`. */
+MUSE_HD int muse_fast_fit_mt(int64_t rows, int most)
+{
+    int mt = 1;
+    while (mt < most && 16 * mt < rows) mt *= 2;
+    return mt;
+}
+
+/* The m-tiles of a plain product's block at rows rows: 1 up to 16 rows, else the fewest that
+ * hold them up to MUSE_FAST_MT_PLAIN. forced (MUSE_FAST_MANY_MT: 1, 2, 4 or 8; 0 none)
+ * replaces that from 17 rows on. Fewer m-tiles a block: fewer accumulator registers and more
+ * blocks an SM, each weight decoded once for every block's rows; the bits are the same. */
+MUSE_HD int muse_fast_block_mt(int64_t rows, int forced)
+{
+    if (rows <= 16) return 1;
+    if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return forced;
+    return muse_fast_fit_mt(rows, MUSE_FAST_MT_PLAIN);
+}
+
+/* The rows of a group of the MoE's grouped product at a round of rows rows, k_per_row experts a
+ * row among experts: blocks sized for the rows an expert gets on average (ceil(rows * k / E)),
+ * up to MUSE_FAST_MT_MAX m-tiles; 16 up to 16 rows a round; forced as muse_fast_block_mt. */
+MUSE_HD int muse_fast_group_rows(int64_t rows, int64_t k_per_row, int64_t experts, int forced)
+{
+    if (rows <= 16) return 16;
+    if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return 16 * forced;
+    int64_t e = experts > 0 ? (rows * k_per_row + experts - 1) / experts : rows;
+    return 16 * muse_fast_fit_mt(e, MUSE_FAST_MT_MAX);
 }
 
 /* First k-tile of split s of kt k-tiles (split s covers [begin(s), begin(s + 1))). */

@@ -201,15 +201,39 @@ __global__ void __launch_bounds__(128)
                  (unsigned char *)(sf_sh + 4 * E) + (size_t)wi * E, threadIdx.x % 32);
 }
 
-/* The groups of P pairs by the block's threads (cnt, first: E ints of shared memory each). */
+/* The groups of P pairs by the block's warps (shared: cnt [E], first [E], then base [W][E] for
+ * the W warps). Warp w takes the pairs [w P / W, (w + 1) P / W) 32 at a time: a pass counts
+ * each expert's pairs in its range (__match_any_sync: the lowest lane of each expert adds),
+ * thread 0 lays out the experts' places and groups in expert order, each warp's places for an
+ * expert start after the earlier warps', and a second pass writes perm: pair p's place is its
+ * expert's first + the pairs of that expert before p (the earlier warps', the earlier chunks',
+ * the lower lanes'). The same perm, groups and count as one thread walking the pairs. */
 __device__ void d_group(const int32_t *sel, long P, long E, int group_rows, int max_groups,
                         int32_t *perm, int4 *groups, int32_t *n_groups, int32_t *cnt,
                         int32_t *first)
 {
-    int t = threadIdx.x;
-    for (long e = t; e < E; e += blockDim.x) {
+    int t = threadIdx.x, lane = t % 32, wi = t / 32, W = blockDim.x / 32;
+    int32_t *base = first + E; /* [W][E] */
+    long p0 = P * wi / W, p1 = P * (wi + 1) / W;
+    for (long i = t; i < (long)W * E; i += blockDim.x) base[i] = 0;
+    __syncthreads();
+    unsigned below = (1u << lane) - 1u;
+    for (long c = p0; c < p1; c += 32) {
+        long p = c + lane;
+        int32_t e = p < p1 ? sel[p] : -1;
+        bool valid = e >= 0 && e < E; /* the others belong to no group */
+        unsigned same = __match_any_sync(0xFFFFFFFFu, valid ? e : -1);
+        if (valid && (same & below) == 0) base[(long)wi * E + e] += __popc(same);
+        __syncwarp(); /* the next chunk's leader of e reads this one's count */
+    }
+    __syncthreads();
+    for (long e = t; e < E; e += blockDim.x) { /* counts, then each warp's start within e */
         int32_t c = 0;
-        for (long p = 0; p < P; p++) c += sel[p] == e;
+        for (int w = 0; w < W; w++) {
+            int32_t n = base[(long)w * E + e];
+            base[(long)w * E + e] = c;
+            c += n;
+        }
         cnt[e] = c;
     }
     __syncthreads();
@@ -226,14 +250,23 @@ __device__ void d_group(const int32_t *sel, long P, long E, int group_rows, int 
         *n_groups = g;
     }
     __syncthreads();
-    for (long e = t; e < E; e += blockDim.x) {
-        int32_t at = first[e];
-        for (long p = 0; p < P; p++)
-            if (sel[p] == e) perm[at++] = (int32_t)p;
+    for (long c = p0; c < p1; c += 32) {
+        long p = c + lane;
+        int32_t e = p < p1 ? sel[p] : -1;
+        bool valid = e >= 0 && e < E;
+        unsigned same = __match_any_sync(0xFFFFFFFFu, valid ? e : -1);
+        int32_t *b = valid ? base + (long)wi * E + e : NULL;
+        int32_t at = valid ? first[e] + *b + __popc(same & below) : 0;
+        __syncwarp();
+        if (valid) {
+            perm[at] = (int32_t)p;
+            if ((same & below) == 0) *b += __popc(same);
+        }
+        __syncwarp();
     }
 }
 
-/* one block of MG_THREADS; shared: cnt[E], first[E] */
+/* one block of MG_THREADS; shared: cnt[E], first[E], base [MG_THREADS / 32][E] */
 __global__ void __launch_bounds__(MG_THREADS)
     k_moe_group(const int32_t *sel, long P, long E, int group_rows, int max_groups, int32_t *perm,
                 int4 *groups, int32_t *n_groups)
@@ -414,7 +447,7 @@ MUSE_K_API int muse_k_moe_group(const muse_k_ctx *ctx, const int32_t *sel, long 
 {
     long P = ctx->rows;
     if (P <= 0) return 0;
-    size_t shared = (size_t)E * 2 * sizeof(int32_t);
+    size_t shared = (size_t)E * (2 + MG_THREADS / 32) * sizeof(int32_t);
     if (shared > 48 * 1024 || group_rows < 1 || max_groups < 1) return (int)cudaErrorInvalidValue;
     k_moe_group<<<1, MG_THREADS, shared, ctx->st>>>(sel, P, E, group_rows, max_groups, perm,
                                                     (int4 *)groups, n_groups);

@@ -383,7 +383,7 @@ static void plan_make(moe_plan *p, const std::vector<int32_t> &sel, long R, long
     for (long i = 0; i < P; i++) src[i] = (int32_t)(i / K);
     p->sel = (int32_t *)upload(sel.data(), P * 4);
     p->src = (int32_t *)upload(src.data(), P * 4);
-    p->gr = muse_k_linear_fast_group_rows(R);
+    p->gr = muse_k_linear_fast_group_rows(R, K, E);
     p->mg = muse_k_moe_max_groups(P, E, p->gr);
     p->most = p->mg;
     CK(cudaMalloc(&p->plan, ((size_t)p->most * 4 + P + 4) * 4));
@@ -460,7 +460,7 @@ static void check_grouped(int cb, int bits)
     experts_make(&x, E, H, I, bits, cb);
     long diff = 0, pairs = 0;
     double worst = 0;
-    for (long R : {1L, 5L, 20L}) {
+    for (long R : {1L, 5L, 20L, 64L, 128L, 256L}) { /* blocks of 1, 1, 1, 2, 4, 8 m-tiles */
         long P = R * K;
         std::vector<int32_t> sel = rand_sel(R, K, E);
         moe_plan pl;
@@ -593,6 +593,56 @@ static void check_select(void)
 
 /* The fast router (MUSE_FAST_ROUTER: the chunked one by default) at 9 rows equal bit for bit
  * to each row alone and within 1e-6 of the exact router's logits, bf16 and fp32 weights. */
+/* The grouping (muse_k_moe_group) against a host counting sort walking the pairs in order:
+ * perm, groups and their count at 1 to 8192 pairs of 96 experts (group rows 16, 32, 128, a
+ * max_groups that cuts the list short), some pairs outside [0, E) (in no group) */
+static void check_group(void)
+{
+    const long E = 96;
+    long diff = 0, checked = 0;
+    for (long P : {1L, 40L, 255L, 2048L, 8192L})
+        for (int gr : {16, 32, 128})
+            for (int cut : {0, 1}) {
+                std::vector<int32_t> sel(P);
+                for (auto &v : sel) v = (int32_t)(rng64() % (E + 2)) - 1; /* -1 and E: none */
+                int mg = muse_k_moe_max_groups(P, E, gr);
+                if (cut) mg = mg / 3 + 1;
+                std::vector<int32_t> perm, cnt(E, 0);
+                std::vector<int32_t> groups;
+                for (long e = 0; e < E; e++)
+                    for (long p = 0; p < P; p++)
+                        if (sel[p] == e) perm.push_back((int32_t)p), cnt[e]++;
+                int32_t at = 0, g = 0;
+                for (long e = 0; e < E; e++) {
+                    for (int32_t c0 = 0; c0 < cnt[e] && g < mg; c0 += gr, g++)
+                        groups.insert(groups.end(),
+                                      {(int32_t)e, at + c0, std::min(cnt[e] - c0, gr), 0});
+                    at += cnt[e];
+                }
+                int32_t *d_sel = (int32_t *)upload(sel.data(), P * 4), *plan;
+                size_t ints = (size_t)mg * 4 + P + 1;
+                CK(cudaMalloc(&plan, ints * 4));
+                CK(cudaMemset(plan, 0xFF, ints * 4));
+                muse_k_ctx pc = {0};
+                pc.rows = P;
+                CK(muse_k_moe_group(&pc, d_sel, E, gr, mg, plan + (size_t)mg * 4, plan,
+                                    plan + (size_t)mg * 4 + P));
+                std::vector<int32_t> h(ints);
+                CK(cudaMemcpy(h.data(), plan, ints * 4, cudaMemcpyDeviceToHost));
+                diff += h[(size_t)mg * 4 + P] != g ||
+                        memcmp(h.data(), groups.data(), groups.size() * 4) != 0 ||
+                        memcmp(h.data() + (size_t)mg * 4, perm.data(), perm.size() * 4) != 0;
+                checked++;
+                CK(cudaFree(d_sel));
+                CK(cudaFree(plan));
+            }
+    char what[160];
+    snprintf(what, sizeof what,
+             "group: perm, groups and count equal to the host's counting sort, %ld of %ld cases",
+             checked - diff, checked);
+    verdict(diff == 0, what);
+}
+
 static void check_router(void)
 {
     const long E = 96, H = 6144, R = 9;
@@ -696,7 +746,7 @@ static void time_row(weight *const *ws, int n_lin, long M, bool exact, const cha
     for (int i = 0; i < n_lin; i++) CK(cudaFree(y[i]));
 }
 
-static void time_all(void)
+static void measure_copy(void)
 {
     void *c0, *c1;
     size_t gib = 1u << 30;
@@ -710,6 +760,11 @@ static void time_all(void)
     CK(cudaMalloc(&d_flush, FLUSH_BYTES));
     printf("# copy bandwidth %.2f TB/s (1 GiB device copy, read + write); split target %d\n",
            copy_bw / 1e12, muse_k_linear_fast_split_target());
+}
+
+static void time_all(void)
+{
+    measure_copy();
     printf("%-24s %5s %4s %-5s %10s %10s %8s %6s %8s\n", "shape", "M", "bits", "cb", "fast_us",
            "exact_us", "Tw/s", "%bw", "TFLOP/s");
     char label[64];
@@ -787,31 +842,76 @@ static void time_moe(void)
     }
 }
 
-/* --prof: a few products alone, for a profiler (ncu -k regex:k_fast_product): 6144x4096 and
- * 8192x28672 at 2 bits mcg, M = 1, then the grouped experts at one row, three calls each, no
- * checks */
-static void prof_only(void)
+/* --many: the product at many rows under the environment's MUSE_FAST_MANY_MT (1, 2, 4, 8 or
+ * unset: the fewest m-tiles that hold a block's rows), 2 bits mcg: 6144x4096 and 6144x3072
+ * at 32 to 1024 rows, then the routed experts of the one-GPU shape (8 of 96, 6144 -> 3072 ->
+ * 6144) at 64 to 1024 rows, with the group rows each round takes */
+static void time_many(void)
+{
+    measure_copy();
+    const char *f = getenv("MUSE_FAST_MANY_MT");
+    printf("# MUSE_FAST_MANY_MT=%s\n", f && *f ? f : "(unset)");
+    printf("%-24s %5s %4s %-5s %10s %10s %8s %6s %8s\n", "shape", "M", "bits", "cb", "fast_us", "",
+           "Tw/s", "%bw", "TFLOP/s");
+    weight a, b;
+    weight_make(&a, 6144, 4096, 2, 1, 0, 0);
+    weight_make(&b, 6144, 3072, 2, 1, 0, 0);
+    weight *pa = &a, *pb = &b;
+    for (long M : {32L, 64L, 128L, 256L, 1024L}) time_row(&pa, 1, M, false, "6144x4096");
+    for (long M : {32L, 64L, 256L}) time_row(&pb, 1, M, false, "6144x3072");
+    weight_free(&a);
+    weight_free(&b);
+    const long E = 96, K = 8;
+    experts x;
+    experts_make(&x, E, 6144, 3072, 2, 1);
+    printf("%-24s %5s %5s %10s %8s %8s\n", "moe experts (8 of 96)", "M", "group", "fast_us",
+           "Tw/s", "TFLOP/s");
+    for (long M : {64L, 256L, 1024L}) {
+        long P = M * K;
+        std::vector<int32_t> sel = rand_sel(M, K, E);
+        moe_plan pl;
+        plan_make(&pl, sel, M, K, E);
+        float *bx = rand_x(M, 6144), *act = dalloc(P * 3072), *z = dalloc(P * 6144);
+        double t = median_us([&] { run_grouped(&x, &pl, bx, M, K, act, z); }, 10, true);
+        std::vector<bool> used(E);
+        for (int32_t e : sel) used[e] = true;
+        double w = 0;
+        for (long e = 0; e < E; e++) w += used[e] ? 3.0 * 6144 * 3072 : 0;
+        printf("%-24s %5ld %5d %10.1f %8.3f %8.1f\n", "moe experts", M, pl.gr, t,
+               w / (t * 1e-6) / 1e12, 2.0 * P * 3.0 * 6144 * 3072 / (t * 1e-6) / 1e12);
+        fflush(stdout);
+        for (float *q : {bx, act, z}) CK(cudaFree(q));
+        plan_free(&pl);
+    }
+    experts_free(&x);
+}
+
+/* --prof [M]: a few products alone, for a profiler (ncu -k regex:k_fast_product): 6144x4096
+ * and 8192x28672 at 2 bits mcg, M rows (1 unless given), then the grouped experts (top 8 of
+ * 32 at one row; of 96, the one-GPU shape's, at more), three calls each, no checks */
+static void prof_only(long M)
 {
     for (int64_t kn : {6144L * 4096L, 8192L * 28672L}) {
         weight w;
         int64_t k = kn == 6144L * 4096L ? 6144 : 8192;
         weight_make(&w, k, kn / k, 2, 1, 0, 0);
         weight *p = &w;
-        float *x = rand_x(1, k), *y = dalloc((size_t)(kn / k));
+        float *x = rand_x(M, k), *y = dalloc((size_t)M * (size_t)(kn / k));
         long ys = kn / k;
-        for (int i = 0; i < 3; i++) run_fast(&p, 1, x, 1, 1, &y, &ys, MUSE_K_EPI_NONE);
+        for (int i = 0; i < 3; i++) run_fast(&p, 1, x, M, 1, &y, &ys, MUSE_K_EPI_NONE);
         CK(cudaDeviceSynchronize());
         CK(cudaFree(x));
         CK(cudaFree(y));
         weight_free(&w);
     }
-    experts x; /* the MoE's routed experts at one row: top 8 of 32, gate/up then down */
-    experts_make(&x, 32, 6144, 3072, 2, 1);
-    std::vector<int32_t> sel = rand_sel(1, 8, 32);
+    long E = M > 1 ? 96 : 32;
+    experts x; /* the MoE's routed experts: gate/up then down */
+    experts_make(&x, E, 6144, 3072, 2, 1);
+    std::vector<int32_t> sel = rand_sel(M, 8, E);
     moe_plan pl;
-    plan_make(&pl, sel, 1, 8, 32);
-    float *b = rand_x(1, 6144), *act = dalloc(8 * 3072), *z = dalloc(8 * 6144);
-    for (int i = 0; i < 3; i++) run_grouped(&x, &pl, b, 1, 8, act, z);
+    plan_make(&pl, sel, M, 8, E);
+    float *b = rand_x(M, 6144), *act = dalloc(M * 8 * 3072), *z = dalloc(M * 8 * 6144);
+    for (int i = 0; i < 3; i++) run_grouped(&x, &pl, b, M, 8, act, z);
     CK(cudaDeviceSynchronize());
     for (float *q : {b, act, z}) CK(cudaFree(q));
     plan_free(&pl);
@@ -827,7 +927,12 @@ int main(int argc, char **argv)
     for (int cb = 0; cb < 3; cb++)
         d_table[cb] = (float *)upload(muse_exl3_value_table((muse_codebook)cb), 65536 * 4);
     if (argc > 1 && !strcmp(argv[1], "--prof")) {
-        prof_only();
+        long M = argc > 2 ? atol(argv[2]) : 1;
+        prof_only(M >= 1 && M <= 4096 ? M : 1);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--many")) {
+        time_many();
         return 0;
     }
     for (int cb = 0; cb < 3; cb++)
@@ -840,6 +945,7 @@ int main(int argc, char **argv)
     }
     check_grouped(1, 3);
     check_select();
+    check_group();
     check_router();
     if (!quick) {
         for (int bits : {2, 3, 4, 6}) check_one(6144, 4096, bits, 2, 0, 0);

@@ -18,7 +18,9 @@
 # byte against the host fill, logits against the CPU's, the whole one-GPU shape's start timed);
 # run it as GPU_CHECK_STEPS="setup synth". Nor servedemo and servewhole (issue 21: the demo
 # pack and the whole one-GPU shape served through nginx, t/tools/serve_measure.sh), nor
-# wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS).
+# wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS), promptvar (its
+# prompt under them), many (the product at many rows under each of GPU_CHECK_MANY_VARIANTS),
+# ncuprodmany (the product at 256 rows under ncu), kprofprompt (each kernel of a prompt round).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -44,7 +46,7 @@ step() {
     rc=$?
     note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
     case $name in # tables come back whole; other steps their verdict lines
-    fastcheck | shape-* | whole-* | demo-decode-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
+    fastcheck | shape-* | whole-* | prompt-* | many-* | demo-decode-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
     attn-*) grep -E "attention|copy bandwidth" "$logs/$name.txt" | head -8 | tee -a "$sum" ;;
     synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
@@ -147,6 +149,32 @@ if want ncuprod && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     ncu --import "$logs/prod.ncu-rep" >"$out/ncuprod.txt" 2>&1
     ncu --import "$logs/prod.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip >"$out/prod-sass.csv.gz"
     rm -f "$logs/prod.ncu-rep"
+fi
+# every kernel of a prompt round the same way: the whole one-GPU shape, a prompt of
+# GPU_CHECK_KPROF_PROMPT tokens (1024) in rounds of 256 rows, summed over its last round
+if want kprofprompt && [ "$B" = cuda ] && command -v ncu >/dev/null; then
+    step kprof-prompt 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        -k 'regex:k_([a-rt-z]|s[^y])' --log-file "$logs/kprof-prompt.csv" build/muse-bench prompt \
+        --backend cuda --synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu.json --bits 2 \
+        --codebook mcg --kernels fast --lengths "${GPU_CHECK_KPROF_PROMPT:-1024}" --rows 256
+    gzip -c "$logs/kprof-prompt.csv" >"$out/kprof-prompt.csv.gz"
+    python3 t/tools/kprof.py "$logs/kprof-prompt.csv" 2>&1 | head -40 | tee -a "$sum"
+fi
+# the product at 256 rows (6144x4096, 8192x28672, the routed experts 8 of 96) under ncu
+if want ncuprodmany && [ "$B" = cuda ] && command -v ncu >/dev/null; then
+    step ncuprodmany 150 ncu --clock-control none --set full --import-source no -k regex:k_fast_product \
+        -c 12 -o "$logs/prodmany" build/t/exl3-fast-check --prof 256
+    ncu --import "$logs/prodmany.ncu-rep" >"$out/ncuprodmany.txt" 2>&1
+    rm -f "$logs/prodmany.ncu-rep"
+fi
+# the product at many rows under each block shape (GPU_CHECK_MANY_VARIANTS: VAR=VALUE,...; "-"
+# the defaults)
+if want many && [ "$B" = cuda ]; then
+    for v in ${GPU_CHECK_MANY_VARIANTS:-- MUSE_FAST_MANY_MT=8 MUSE_FAST_MANY_MT=4 MUSE_FAST_MANY_MT=2}; do
+        e=()
+        [ "$v" = - ] && v=default || IFS=, read -ra e <<<"$v"
+        step "many-$v" 90 env "${e[@]}" build/t/exl3-fast-check --many
+    done
 fi
 # the fast attention's split kernel under ncu (speed of light, warp states, memory, occupancy)
 # at one row and context 131072 on the 4-layer cut: every k_attn_split launch of the kernels
@@ -396,6 +424,20 @@ if want wholevar; then
         [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
         step "whole-decode-$v" 90 env "${vv[@]}" build/muse-bench decode --backend "$B" "${cut[@]}" \
             --json "$logs/whole-decode-$v.json"
+    done
+fi
+# the whole shape's prompt under the same variants: GPU_CHECK_WHOLE_LENGTHS (4096) in rounds of
+# each of GPU_CHECK_PROMPT_ROWS (256; a space-separated list)
+if want promptvar; then
+    cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
+        --bits 2 --codebook mcg --kernels fast --lengths "${GPU_CHECK_WHOLE_LENGTHS:-4096}")
+    for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
+        vv=()
+        [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
+        for rows in ${GPU_CHECK_PROMPT_ROWS:-256}; do
+            step "prompt-$v-$rows" 120 env "${vv[@]}" build/muse-bench prompt --backend "$B" "${cut[@]}" \
+                --rows "$rows" --json "$logs/prompt-$v-$rows.json"
+        done
     done
 fi
 

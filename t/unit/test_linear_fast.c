@@ -143,6 +143,34 @@ static void test_splits(void)
     is_int(muse_fast_splits(6144, 202112, MUSE_FAST_SPLIT_TARGET), 1, "the head: no split");
 }
 
+/* the block's m-tiles and the MoE's group rows: the fewest tiles that hold the rows (a plain
+ * product's at most 4, a group's at most 8), forced values only from 17 rows on, invalid forced
+ * values ignored */
+static void test_block_mt(void)
+{
+    int bad = 0;
+    for (int64_t r = 1; r <= 4096; r++) {
+        int mt = muse_fast_block_mt(r, 0);
+        int want = r <= 16 ? 1 : r <= 32 ? 2 : 4;
+        bad += mt != want;
+        bad += muse_fast_fit_mt(r, 8) != (r <= 16 ? 1 : r <= 32 ? 2 : r <= 64 ? 4 : 8);
+        for (int f = 0; f <= 9; f++) {
+            int valid = f == 1 || f == 2 || f == 4 || f == 8;
+            bad += muse_fast_block_mt(r, f) != (r <= 16 ? 1 : valid ? f : want);
+        }
+    }
+    ok(bad == 0, "block m-tiles: 1 to 16 rows 1, then the fewest of 2, 4 that hold them");
+    is_int(muse_fast_group_rows(1, 8, 96, 0), 16, "one row a round: groups of 16");
+    is_int(muse_fast_group_rows(16, 8, 96, 8), 16, "16 rows a round: 16 even when forced");
+    is_int(muse_fast_group_rows(64, 8, 96, 0), 16, "64 rows, 8 of 96 (6 a expert): 16");
+    is_int(muse_fast_group_rows(256, 8, 96, 0), 32, "256 rows, 8 of 96 (22 a expert): 32");
+    is_int(muse_fast_group_rows(512, 8, 96, 0), 64, "512 rows, 8 of 96 (43 a expert): 64");
+    is_int(muse_fast_group_rows(2048, 8, 96, 0), 128, "2048 rows, 8 of 96: 128");
+    is_int(muse_fast_group_rows(256, 8, 32, 0), 64, "256 rows, 8 of 32 (64 a expert): 64");
+    is_int(muse_fast_group_rows(64, 8, 96, 8), 128, "64 rows forced 8: 128");
+    is_int(muse_fast_group_rows(64, 8, 0, 0), 64, "no experts: blocks for the round's rows");
+}
+
 int main(void)
 {
     test_lane_states();
@@ -150,5 +178,6 @@ int main(void)
     test_lane_elements();
     test_decode();
     test_splits();
+    test_block_mt();
     return done_testing();
 }

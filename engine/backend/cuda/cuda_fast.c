@@ -66,7 +66,7 @@ static void moe_shapes(const cuda_rank *rk, const muse_layer *ly, muse_k_lin s[3
 static size_t plan_ints(const muse_config *cfg, long rows, int *most)
 {
     long K = (long)cfg->num_experts_per_tok, E = (long)cfg->num_experts, P = rows * K;
-    int a = muse_k_moe_max_groups(P, E, muse_k_linear_fast_group_rows(rows));
+    int a = muse_k_moe_max_groups(P, E, muse_k_linear_fast_group_rows(rows, K, E));
     int b = muse_k_moe_max_groups(P, E, 16); /* fewer rows: smaller groups, at most this */
     *most = a > b ? a : b;
     return (size_t)*most * 4 + (size_t)P + 4;
@@ -188,7 +188,7 @@ static moe_plan plan_of(const muse_config *cfg, const cuda_rank *rk, long rows)
     long E = (long)cfg->num_experts, P = rows * (long)cfg->num_experts_per_tok;
     int most;
     moe_plan pl;
-    pl.gr = muse_k_linear_fast_group_rows(rows);
+    pl.gr = muse_k_linear_fast_group_rows(rows, (long)cfg->num_experts_per_tok, E);
     plan_ints(cfg, rows, &most);
     pl.mg = muse_k_moe_max_groups(P, E, pl.gr);
     pl.groups = rk->moe_plan;
