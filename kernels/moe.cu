@@ -1,9 +1,10 @@
 /* moe: router (one thread a (row, expert): dot_f64 as the CPU), selection (one thread a row,
  * the CPU's scan with strict > so the lower index keeps a tie, fp32 weights), and the combine
- * (one thread a (row, element): fp32 sums in ascending expert index, then the shared experts),
- * exactly as cpu_backend.c cpu_moe. */
+ * (one thread a (row, element): fp32 sums in ascending expert index, then the shared experts;
+ * the order found once a block), exactly as cpu_backend.c cpu_moe. */
 #include "common.cuh"
 #include "moe.cuh"
+#include "moe_order.h"
 
 __global__ void k_router(const float *b, long H, const void *router, int dtype, long E,
                          float *logits)
@@ -47,21 +48,57 @@ __global__ void k_select(const float *logits, long E, long K, const float *bias,
     }
 }
 
+/* The slots a combine block reads, up to MC_MAX_K of them in shared memory (more: each thread
+ * walks sel itself, the same order) */
+#define MC_MAX_K 64
+
+/* Row r's slots in the walk's order (moe_order.h), a thread a slot: whether slot t leads its
+ * expert, then a leader's place. Returns the count; s_at [count] the slots. */
+__device__ int d_combine_order(const int32_t *sr, long K, int32_t *s_sel, int32_t *s_lead,
+                               int32_t *s_at, int *s_n)
+{
+    int t = threadIdx.x;
+    if (t < K) s_sel[t] = sr[t];
+    __syncthreads();
+    if (t < K) s_lead[t] = muse_moe_order_leads(s_sel, t);
+    __syncthreads();
+    if (t < K && s_lead[t]) s_at[muse_moe_order_place(s_sel, s_lead, K, t)] = t;
+    if (t == 0) {
+        int leaders = 0;
+        for (long i = 0; i < K; i++) leaders += s_lead[i];
+        *s_n = leaders;
+    }
+    __syncthreads();
+    return *s_n;
+}
+
 __global__ void k_moe_combine(const int32_t *sel, const float *w, const float *z,
                               const float *shared, long K, long H, float *y)
 {
+    __shared__ int32_t s_sel[MC_MAX_K], s_lead[MC_MAX_K], s_at[MC_MAX_K];
+    __shared__ int s_n;
     long r = blockIdx.y, d = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (d >= H) return;
     const int32_t *sr = sel + r * K;
     float acc = 0;
-    int32_t last = -1;
-    for (long n = 0; n < K; n++) { /* the next expert index up: the CPU's ascending loop */
-        long at = -1;
-        for (long i = 0; i < K; i++)
-            if (sr[i] > last && (at < 0 || sr[i] < sr[at])) at = i;
-        if (at < 0) break;
-        last = sr[at];
-        acc = __fadd_rn(acc, __fmul_rn(w[r * K + at], z[(r * K + at) * H + d]));
+    if (K <= MC_MAX_K && K <= blockDim.x) { /* the order once a block; every z load at once */
+        int n = d_combine_order(sr, K, s_sel, s_lead, s_at, &s_n);
+        if (d >= H) return;
+#pragma unroll 8
+        for (int m = 0; m < n; m++) {
+            long at = s_at[m];
+            acc = __fadd_rn(acc, __fmul_rn(w[r * K + at], z[(r * K + at) * H + d]));
+        }
+    } else {
+        if (d >= H) return;
+        int32_t last = -1;
+        for (long n = 0; n < K; n++) { /* the next expert index up: the CPU's ascending loop */
+            long at = -1;
+            for (long i = 0; i < K; i++)
+                if (sr[i] > last && (at < 0 || sr[i] < sr[at])) at = i;
+            if (at < 0) break;
+            last = sr[at];
+            acc = __fadd_rn(acc, __fmul_rn(w[r * K + at], z[(r * K + at) * H + d]));
+        }
     }
     if (shared) acc = __fadd_rn(acc, shared[r * H + d]);
     y[r * H + d] = acc;
