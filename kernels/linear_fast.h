@@ -18,7 +18,7 @@
 #define MUSE_FAST_MIN_SPLIT_KT 8   /* k-tiles a split covers at least (two pipeline stages) */
 #define MUSE_FAST_MAX_SPLITS   32
 #define MUSE_FAST_MT_MAX       8 /* m-tiles a block holds at most (128 rows) */
-/* ... a plain product's block: 4 took 3-22% less time than 8 at 64 to 1024 rows of 6144x4096
+/* ... a plain product's block: 4 took 1-33% less time than 8 at 64 to 1024 rows of 6144x4096
  * (H200, 2026-12-02, exl3-fast-check --many), the 234 registers of 8 leaving 2 blocks an SM */
 #define MUSE_FAST_MT_PLAIN     4
 
