@@ -352,8 +352,8 @@ template <int CB, int BITS, int MT, int NTW, int KC, int MB> static int f_stage_
  * capped for; 0 uncapped): [0] one m-tile, 128 columns; [1] 8 m-tiles, 128 columns; [2] one
  * m-tile, 64 columns (stages of 8 k-tiles at one m-tile: 9% faster than 4 on the H200); [3] 4
  * m-tiles, [4] 2 m-tiles, 128 columns, capped (H200: 4 m-tiles 128 registers against 149
- * uncapped, 6144x4096 at 1024 rows 319 us against 337; 2 m-tiles 80 against 128, the MoE's
- * experts at 256 rows 2506 us against 2520, 6144x3072 at 256 rows 74 us against 83) */
+ * uncapped, 6144x4096 at 1024 rows 319 us against 337, 6144x3072 at 256 rows 74 against 83;
+ * 2 m-tiles 80 against 128, the MoE's experts at 256 rows 2506 us against 2520) */
 #define F_SHAPES(F)                                                                                \
     {                                                                                              \
         F_SHAPE(F, 1, 2, 8, 0), F_SHAPE(F, 8, 2, 4, 0), F_SHAPE(F, 1, 1, 8, 0),                    \
