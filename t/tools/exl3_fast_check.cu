@@ -812,6 +812,27 @@ static void time_all(void)
 }
 
 /* the experts of one MoE layer at the one-GPU shape: E experts 6144 -> 3072 -> 6144, top 8 */
+/* The median us of the routed experts x (6144 -> 3072 -> 6144) at M rows of K random experts
+ * (reps runs, caches flushed): *group the group rows the round takes, *weights the weights of
+ * the experts chosen */
+static double time_experts(const experts *x, long M, long K, int reps, int *group, double *weights)
+{
+    long P = M * K, E = x->E;
+    std::vector<int32_t> sel = rand_sel(M, K, E);
+    moe_plan pl;
+    plan_make(&pl, sel, M, K, E);
+    float *b = rand_x(M, 6144), *act = dalloc(P * 3072), *z = dalloc(P * 6144);
+    double t = median_us([&] { run_grouped(x, &pl, b, M, K, act, z); }, reps, true);
+    std::vector<bool> used(E);
+    for (int32_t e : sel) used[e] = true;
+    *weights = 0;
+    for (long e = 0; e < E; e++) *weights += used[e] ? 3.0 * 6144 * 3072 : 0;
+    *group = pl.gr;
+    for (float *q : {b, act, z}) CK(cudaFree(q));
+    plan_free(&pl);
+    return t;
+}
+
 static void time_moe(void)
 {
     const long E = 32, K = 8;
@@ -821,22 +842,12 @@ static void time_moe(void)
         experts x;
         experts_make(&x, E, 6144, 3072, 2, cb);
         for (long M : {1L, 4L, 16L, 256L}) {
-            long P = M * K;
-            std::vector<int32_t> sel = rand_sel(M, K, E);
-            moe_plan pl;
-            plan_make(&pl, sel, M, K, E);
-            float *b = rand_x(M, 6144), *act = dalloc(P * 3072), *z = dalloc(P * 6144);
-            double t = median_us([&] { run_grouped(&x, &pl, b, M, K, act, z); }, 20, true);
-            std::vector<bool> used(E);
-            for (int32_t e : sel) used[e] = true;
-            double w = 0;
-            for (long e = 0; e < E; e++) w += used[e] ? 3.0 * 6144 * 3072 : 0;
+            int gr;
+            double w, t = time_experts(&x, M, K, 20, &gr, &w);
             printf("%-24s %5ld %4d %-5s %10.1f %10s %8.3f %6.1f\n", "moe experts", M, 2,
                    cb_name[cb], t, "", w / (t * 1e-6) / 1e12,
                    100.0 * (w * 2 / 8) / (t * 1e-6) / copy_bw);
             fflush(stdout);
-            for (float *q : {b, act, z}) CK(cudaFree(q));
-            plan_free(&pl);
         }
         experts_free(&x);
     }
@@ -867,21 +878,11 @@ static void time_many(void)
     printf("%-24s %5s %5s %10s %8s %8s\n", "moe experts (8 of 96)", "M", "group", "fast_us",
            "Tw/s", "TFLOP/s");
     for (long M : {64L, 256L, 1024L}) {
-        long P = M * K;
-        std::vector<int32_t> sel = rand_sel(M, K, E);
-        moe_plan pl;
-        plan_make(&pl, sel, M, K, E);
-        float *bx = rand_x(M, 6144), *act = dalloc(P * 3072), *z = dalloc(P * 6144);
-        double t = median_us([&] { run_grouped(&x, &pl, bx, M, K, act, z); }, 10, true);
-        std::vector<bool> used(E);
-        for (int32_t e : sel) used[e] = true;
-        double w = 0;
-        for (long e = 0; e < E; e++) w += used[e] ? 3.0 * 6144 * 3072 : 0;
-        printf("%-24s %5ld %5d %10.1f %8.3f %8.1f\n", "moe experts", M, pl.gr, t,
-               w / (t * 1e-6) / 1e12, 2.0 * P * 3.0 * 6144 * 3072 / (t * 1e-6) / 1e12);
+        int gr;
+        double w, t = time_experts(&x, M, K, 10, &gr, &w);
+        printf("%-24s %5ld %5d %10.1f %8.3f %8.1f\n", "moe experts", M, gr, t,
+               w / (t * 1e-6) / 1e12, 2.0 * M * K * 3.0 * 6144 * 3072 / (t * 1e-6) / 1e12);
         fflush(stdout);
-        for (float *q : {bx, act, z}) CK(cudaFree(q));
-        plan_free(&pl);
     }
     experts_free(&x);
 }
