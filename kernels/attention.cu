@@ -5,6 +5,7 @@
  * as cpu_backend.c attn_rows does. Shapes: q, g, o [R, hq * hd]; k, v [R, kv_width]. */
 #include "attention.cuh"
 #include "common.cuh"
+#include "pdl.cuh"
 #include "model/kv_addr.h"
 
 #define AT_THREADS 128
@@ -18,6 +19,8 @@ __device__ __forceinline__ int64_t k_kv_offset(const muse_k_kv *kv, int seq, int
 __global__ void k_kv_write(muse_k_kv kv, const float *k, const float *v, long ld,
                            const int32_t *seqs, const int64_t *positions)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long r = blockIdx.x;
     int seq = seqs[r];
     if (seq < 0) return;
@@ -121,8 +124,7 @@ MUSE_K_API int muse_k_kv_write(const muse_k_ctx *ctx, muse_k_kv kv, const float 
     cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
     if (ld < kv.kv_width) return (int)cudaErrorInvalidValue;
-    k_kv_write<<<(unsigned)rows, 128, 0, st>>>(kv, k, v, ld, seqs, positions);
-    return (int)cudaGetLastError();
+    return k_launch(k_kv_write, (unsigned)rows, 128, 0, st, kv, k, v, ld, seqs, positions);
 }
 
 MUSE_K_API int muse_k_attention(const muse_k_ctx *ctx, muse_k_kv kv, const float *q, const float *g,

@@ -14,6 +14,7 @@
 #include "attention_fast.h"
 #include "common.cuh"
 #include "model/kv_addr.h"
+#include "pdl.cuh"
 
 #define AF_THREADS 128
 #define AF_T       MUSE_ATTN_TILE
@@ -82,6 +83,8 @@ __global__ void __launch_bounds__(AF_THREADS)
                  const int32_t *seqs, const int64_t *positions, af_ws ws)
 {
     __shared__ af_smem<HD, GM> sm;
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     int split = blockIdx.x, b = blockIdx.y, t = threadIdx.x;
     long r = blockIdx.z;
     int seq = seqs[r];
@@ -224,6 +227,8 @@ __global__ void __launch_bounds__(AF_THREADS)
 __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, long window,
                                const int32_t *seqs, const int64_t *positions, af_ws ws)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long h = blockIdx.x, r = blockIdx.y;
     int d = threadIdx.x;
     float *o = oa + (r * hq + h) * hd;
@@ -274,18 +279,17 @@ MUSE_K_API size_t muse_k_attention_fast_workspace(long hq, long hd, int64_t max_
  * against 248 with 16-head arrays: 90 registers, 22.6 KB; capped at 80 registers for 6 blocks
  * an SM it took 278), else 16 */
 template <int HD>
-static void af_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long hq, int group,
-                      long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
-                      long rows, af_ws ws)
+static int af_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long hq, int group,
+                     long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
+                     long rows, af_ws ws)
 {
     unsigned kvb = (unsigned)((hq + group - 1) / group);
     dim3 grid((unsigned)ws.splits, kvb, (unsigned)rows);
     if (group <= 8)
-        k_attn_split<HD, 8><<<grid, AF_THREADS, 0, st>>>(kv, q, hq, group, window, scale_l2, seqs,
-                                                          positions, ws);
-    else
-        k_attn_split<HD, AF_G><<<grid, AF_THREADS, 0, st>>>(kv, q, hq, group, window, scale_l2,
-                                                             seqs, positions, ws);
+        return k_launch(k_attn_split<HD, 8>, grid, AF_THREADS, 0, st, kv, q, hq, group, window,
+                        scale_l2, seqs, positions, ws);
+    return k_launch(k_attn_split<HD, AF_G>, grid, AF_THREADS, 0, st, kv, q, hq, group, window,
+                    scale_l2, seqs, positions, ws);
 }
 
 MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const float *q,
@@ -317,14 +321,13 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
         const int32_t *seqs = ctx->seqs + r0;
         const int64_t *positions = ctx->positions + r0;
         const float *qr = q + r0 * hq * hd;
-        if (hd == 64)
-            af_launch<64>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs, positions, n, w);
-        else
-            af_launch<128>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs, positions, n,
-                           w);
-        k_attn_combine<<<dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st>>>(
-            g + r0 * hq * hd, o + r0 * hq * hd, hq, hd, window, seqs, positions, w);
-        int rc = (int)cudaGetLastError();
+        int rc = hd == 64 ? af_launch<64>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs,
+                                          positions, n, w)
+                          : af_launch<128>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs,
+                                           positions, n, w);
+        if (!rc)
+            rc = k_launch(k_attn_combine, dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st,
+                          g + r0 * hq * hd, o + r0 * hq * hd, hq, hd, window, seqs, positions, w);
         if (rc) return rc;
     }
     return 0;

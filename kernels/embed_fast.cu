@@ -4,11 +4,14 @@
 #include "common.cuh"
 #include "embed_fast.cuh"
 #include "fast_rows.cuh"
+#include "pdl.cuh"
 
 /* Shape: grid rows, block k_fr_threads(H). */
 __global__ void k_embed_fast(const void *table, int dtype, const int32_t *tokens, long H,
                              double eps, float *out)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long r = blockIdx.x, nv = H / 4;
     float *row = out + r * H;
     int64_t base = (int64_t)tokens[r] * H;
@@ -40,7 +43,6 @@ MUSE_K_API int muse_k_embed_fast(const muse_k_ctx *ctx, const void *table, int d
                                  double eps, float *out)
 {
     if (ctx->rows <= 0 || H <= 0) return 0;
-    k_embed_fast<<<(unsigned)ctx->rows, k_fr_threads(H), 0, ctx->st>>>(table, dtype, ctx->tokens, H,
-                                                                       eps, out);
-    return (int)cudaGetLastError();
+    return k_launch(k_embed_fast, (unsigned)ctx->rows, k_fr_threads(H), 0, ctx->st, table, dtype,
+                    ctx->tokens, H, eps, out);
 }

@@ -16,6 +16,7 @@
 
 #include "linear_fast.h"
 #include "linear_fast_ends.cuh"
+#include "pdl.cuh"
 
 #define FB_WARPS 4
 /* n-tiles a warp, NTW: 2 (a block of 128 columns), or 1 (64 columns: twice the blocks where a
@@ -137,6 +138,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
     constexpr int A_HALVES = MT * 16 * FB_AROW;
     constexpr int B_WORDS = FB_KC * FB_NT * 8 * BITS;
     constexpr int STAGE_BYTES = A_HALVES * 2 + B_WORDS * 4;
+    K_PDL_NEXT();
     long b = blockIdx.x;
     int li = 0;
     while (li + 1 < p.n_lin && b >= p.l[li + 1].blk0) li++;
@@ -153,6 +155,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
     int64_t tiles_ld = L.tiles_ld;
     bool aligned = L.aligned;
     if (L.descs) { /* grouped: this m-group's rows and its expert's trellis */
+        K_PDL_WAIT(); /* the groups come from the selection before */
         if (mg >= *p.n_groups) return;
         int4 g = p.groups[mg];
         const muse_k_lin *d = L.descs + g.x;
@@ -206,34 +209,79 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
         b_dst[i] = kk * FB_NT * 8 * BITS + ch * 4;
     }
     const int64_t b_step = (int64_t)FB_KC * tiles_ld * 16 * BITS;
+    /* set once and kept: an empty asm stops the compiler recomputing these in every stage */
+    asm volatile("" : "+r"(a_rows_ok));
+    int64_t b_step_b = b_step * 2; /* bytes */
+    asm volatile("" : "+l"(b_step_b));
     int l_widx[3], l_sh; /* the lane's words in a tile, for every tile */
     muse_fast_lane_words(BITS, muse_fast_nwords(BITS), lane, l_widx, &l_sh);
-    auto load = [&](int st) {
-        unsigned char *base = f_sm + (st % FB_STAGES) * STAGE_BYTES;
-        uint16_t *as = (uint16_t *)base;
-        uint32_t *bs = (uint32_t *)(base + A_HALVES * 2);
-        int64_t ktb = kt0 + (int64_t)st * FB_KC;
-        bool full = ktb + FB_KC <= kt1;
-        const uint16_t *as_src = a_src + (int64_t)st * FB_KC * 16;
-        bool a_k_ok = full || ktb + a_ch / 2 < kt1;
+    /* the lane's word places with the warp's tile offset folded in, set once: an empty asm
+     * keeps the compiler from recomputing them (from lane and warp) in every stage */
+    int l_wo[3];
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        l_wo[i] = warp * NTW * 8 * BITS + l_widx[i];
+        asm volatile("" : "+r"(l_wo[i]));
+    }
+    asm volatile("" : "+r"(l_sh));
+    /* k-tiles of the split and its full stages, in 32 bits (a split's k-tiles: k / 16) */
+    const int kt_n = (int)(kt1 - kt0), nfull = kt_n / FB_KC;
+    /* a chunk loads at stage st iff st * KC < its limit: its k-tile (kk < KC, so a full stage
+     * needs no test of its own) inside the split, and its row / column valid (else limit 0) */
+    const int a_klim = kt_n - a_ch / 2;
+    int a_more = rend - m0 > A_RP; /* rows past the first pass: block-uniform */
+    asm volatile("" : "+r"(a_more));
+    int b_lim[B_PER];
+#pragma unroll
+    for (int i = 0; i < B_PER; i++) {
+        b_lim[i] = b_ok[i] ? kt_n - b_kk[i] : 0;
+        asm volatile("" : "+r"(b_lim[i]));
+    }
+    /* running sources: stages load in order 0, 1, 2, ... (each part once a stage) */
+    const uint16_t *a_cur = a_src, *const a_dummy = L.a;
+    const int64_t a_pass = (int64_t)A_RP * L.k;
+    const uint16_t *b_cur[B_PER];
+#pragma unroll
+    for (int i = 0; i < B_PER; i++) b_cur[i] = b_src[i];
+    /* stage st's A rows (the prepare's output) and its trellis (the weights, which no kernel
+     * writes): two parts, so a plain product's first trellis stages load before the wait */
+    auto load_a = [&](int st, int boff, bool more = true) {
+        uint16_t *as = (uint16_t *)(f_sm + boff);
+        const uint16_t *as_src = a_cur;
+        a_cur += FB_KC * 16;
+        bool a_k_ok = st * FB_KC < a_klim;
 #pragma unroll
         for (int i = 0; i < A_PASSES; i++) {
+            if (MT == 1 && i > 0 && !more) break; /* a decode step: one pass has every row */
             if (MT == 1 && !(a_rows_ok >> i & 1)) continue;
             bool ok = (a_rows_ok >> i & 1) && a_k_ok;
-            f_cp16(as + a_dst + A_RP * i * FB_AROW, ok ? as_src + (int64_t)A_RP * i * L.k : L.a,
-                   ok);
+            f_cp16(as + a_dst + A_RP * i * FB_AROW, ok ? as_src + i * a_pass : a_dummy, ok);
         }
+    };
+    auto load_b = [&](int st, int boff, bool al) {
+        unsigned char *base = f_sm + boff;
+        uint32_t *bs = (uint32_t *)(base + A_HALVES * 2);
+        bool ok[B_PER];
+        const uint16_t *src[B_PER];
 #pragma unroll
         for (int i = 0; i < B_PER; i++) {
-            if (B_CH % 128 != 0 && th + 128 * i >= B_CH) break;
-            bool ok = b_ok[i] && (full || ktb + b_kk[i] < kt1);
-            const uint16_t *src = b_src[i] + (int64_t)st * b_step;
-            uint32_t *dst = bs + b_dst[i];
-            if (aligned) {
-                f_cp16(dst, ok ? src : trellis, ok);
-            } else { /* a 2-byte aligned trellis: plain loads, visible after the stage's sync */
+            ok[i] = st * FB_KC < b_lim[i];
+            src[i] = b_cur[i];
+            b_cur[i] = (const uint16_t *)((const char *)b_cur[i] + b_step_b);
+        }
+        if (al) {
+#pragma unroll
+            for (int i = 0; i < B_PER; i++) {
+                if (B_CH % 128 != 0 && th + 128 * i >= B_CH) break;
+                f_cp16(bs + b_dst[i], ok[i] ? src[i] : trellis, ok[i]);
+            }
+        } else { /* a 2-byte aligned trellis: plain loads, visible after the stage's sync */
+#pragma unroll
+            for (int i = 0; i < B_PER; i++) {
+                if (B_CH % 128 != 0 && th + 128 * i >= B_CH) break;
+                uint32_t *dst = bs + b_dst[i];
                 for (int q = 0; q < 4; q++)
-                    dst[q] = ok ? (uint32_t)src[2 * q] | (uint32_t)src[2 * q + 1] << 16 : 0;
+                    dst[q] = ok[i] ? (uint32_t)src[i][2 * q] | (uint32_t)src[i][2 * q + 1] << 16 : 0;
             }
         }
     };
@@ -248,27 +296,52 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[mt][nt][h][q] = 0.0f;
 
+    /* the prologue's stages: a plain product's trellis first, then the wait, then A (commit
+     * groups {B0, B1, A0}, {A1}: stage s still lands with group s); grouped, {B0, A0}, {B1, A1} */
+    if (!L.descs)
+        for (int st = 0; st < FB_STAGES - 1; st++)
+            if (st < nstages) load_b(st, st * STAGE_BYTES, aligned);
+    K_PDL_WAIT(); /* before A, and before the partials are written */
     for (int st = 0; st < FB_STAGES - 1; st++) {
-        if (st < nstages) load(st);
+        if (st < nstages) {
+            if (L.descs) load_b(st, st * STAGE_BYTES, aligned);
+            load_a(st, st * STAGE_BYTES);
+        }
         f_cp_commit();
     }
+    /* byte offsets of stage st's buffer (st % 3) and of stage st + 2's ((st + 2) % 3) */
+    int cbuf = 0, lbuf = (FB_STAGES - 1) * STAGE_BYTES;
     for (int st = 0; st < nstages; st++) {
         f_cp_wait<FB_STAGES - 2>();
         __syncthreads(); /* stage st landed; every warp is done with stage st - 1's buffer */
-        if (st + FB_STAGES - 1 < nstages) load(st + FB_STAGES - 1);
+        if (st + FB_STAGES - 1 < nstages) {
+            const int lb = lbuf; /* stage st + 2's buffer: (st + 2) % 3, the one before st's */
+            /* the aligned test once, around both parts: their cp.asyncs in one block */
+            if (aligned && (MT > 1 || !a_more)) { /* a decode step's rows: one pass */
+                load_a(st + FB_STAGES - 1, lb, false);
+                load_b(st + FB_STAGES - 1, lb, true);
+            } else if (aligned) {
+                load_a(st + FB_STAGES - 1, lb);
+                load_b(st + FB_STAGES - 1, lb, true);
+            } else {
+                load_a(st + FB_STAGES - 1, lb);
+                load_b(st + FB_STAGES - 1, lb, false);
+            }
+        }
         f_cp_commit();
-        const unsigned char *base = f_sm + (st % FB_STAGES) * STAGE_BYTES;
+        const unsigned char *base = f_sm + cbuf;
+        lbuf = cbuf;
+        cbuf = cbuf == (FB_STAGES - 1) * STAGE_BYTES ? 0 : cbuf + STAGE_BYTES;
         const uint16_t *as = (const uint16_t *)base;
         const uint32_t *bs = (const uint32_t *)(base + A_HALVES * 2);
-        int64_t ktb = kt0 + (int64_t)st * FB_KC;
-        int nkt = kt1 - ktb < FB_KC ? (int)(kt1 - ktb) : FB_KC;
+        const bool full_st = st < nfull;
+        int nkt = kt_n - st * FB_KC; /* read only where !full_st */
         /* k-tile kk of the stage: decode the warp's tiles, then every m-tile's mma in k order */
         auto ktile = [&](int kk) {
             uint32_t bf[NTW][4];
 #pragma unroll
             for (int nt = 0; nt < NTW; nt++)
-                f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + warp * NTW + nt) * 8 * BITS, l_widx,
-                                         l_sh, bf[nt]);
+                f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + nt) * 8 * BITS, l_wo, l_sh, bf[nt]);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 if (MT > 1 && mt >= mt_live) break; /* one m-tile: always live (m0 < rend) */
@@ -281,7 +354,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
                 }
             }
         };
-        if (nkt == FB_KC) { /* a full stage, unrolled: the same k-tiles in the same order */
+        if (full_st) {
 #pragma unroll
             for (int kk = 0; kk < FB_KC; kk++) ktile(kk);
         } else {
@@ -290,23 +363,24 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
     }
     f_cp_wait<0>();
 
-    /* c0, c1: row lane/4, columns 2(lane%4) + {0,1}; c2, c3: row lane/4 + 8 */
+    /* c0, c1: row lane/4, columns 2(lane%4) + {0,1}; c2, c3: row lane/4 + 8; a row's address
+     * once, its n-tiles at constant offsets */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NTW; nt++) {
-            int64_t tn = tn0 + warp * NTW + nt;
-            if (tn >= ntiles) continue;
+        for (int half = 0; half < 2; half++) {
+            long row = m0 + mt * 16 + lane / 4 + 8 * half;
+            if (row >= rend) continue;
+            float *prow = L.part + ((long)sp * R + row) * L.n + (tn0 + warp * NTW) * 16 +
+                          2 * (lane % 4);
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (int nt = 0; nt < NTW; nt++) {
+                if (tn0 + warp * NTW + nt >= ntiles) continue;
 #pragma unroll
-                for (int half = 0; half < 2; half++) {
-                    long row = m0 + mt * 16 + lane / 4 + 8 * half;
-                    if (row >= rend) continue;
-                    int64_t col = tn * 16 + h * 8 + 2 * (lane % 4);
-                    float2 v = make_float2(acc[mt][nt][h][2 * half], acc[mt][nt][h][2 * half + 1]);
-                    *(float2 *)(L.part + ((long)sp * R + row) * L.n + col) = v;
-                }
+                for (int h = 0; h < 2; h++)
+                    *(float2 *)(prow + nt * 16 + h * 8) =
+                        make_float2(acc[mt][nt][h][2 * half], acc[mt][nt][h][2 * half + 1]);
+            }
         }
 }
 
@@ -380,13 +454,15 @@ MUSE_K_API int muse_k_linear_fast_split_target(void)
 }
 
 /* Launches of fewer 128-column blocks than this take 64-column blocks: MUSE_FAST_NARROW=N
- * from the environment (tuning only, read once a process; 0: never), else 8 an SM. */
+ * from the environment (tuning only, read once a process; 0: never), else 16 an SM (H200,
+ * 2026-12-02, the whole one-GPU shape at one stream: 52.95 tok/s against 51.2 at 8 an SM, once
+ * the 64-column blocks took 48 registers; the routed experts' gate/up then 64-column too). */
 static long f_narrow_set = -1; /* muse_k_linear_fast_narrow: checks only */
 static long f_narrow_below(void)
 {
     static const long below = [] {
         const char *v = getenv("MUSE_FAST_NARROW");
-        return v && *v ? atol(v) : 8L * MUSE_FAST_SMS;
+        return v && *v ? atol(v) : 16L * MUSE_FAST_SMS;
     }();
     return f_narrow_set >= 0 ? f_narrow_set : below;
 }
@@ -556,8 +632,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
             if (err) return err;
         }
-        if (!(skip & 2)) fn<<<(unsigned)blocks, 128, smem, st>>>(p);
-        err = (int)cudaGetLastError();
+        if (!(skip & 2)) err = k_launch(fn, (unsigned)blocks, 128, (size_t)smem, st, p);
         if (err) return err;
     }
 

@@ -5,6 +5,7 @@
  * in double). Compiled with the Makefile's -fmad=false, like the exact path. */
 #include "common.cuh"
 #include "linear_fast_ends.cuh"
+#include "pdl.cuh"
 
 #define HAD 128
 
@@ -52,6 +53,8 @@ __device__ __forceinline__ void f_prepare_chunk(const muse_k_lin *d, const float
 __global__ void __launch_bounds__(128)
     k_fast_prepare(muse_fast_prep p, const float *x, long x_stride)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long r = blockIdx.y;
     int li = blockIdx.z, lane = threadIdx.x % 32;
     int64_t i0 = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * HAD;
@@ -112,6 +115,8 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, co
  * then swiglu.cu's expression. */
 __global__ void __launch_bounds__(128) k_fast_finish(muse_fast_fin f, long blocks)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long r = blockIdx.y, b = (long)blockIdx.x * 4 + threadIdx.x / 32;
     int li = 0, lane = threadIdx.x % 32;
     if (b >= blocks) return;
@@ -147,14 +152,13 @@ MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long
                                    long rows, cudaStream_t st)
 {
     unsigned chunks = (unsigned)(p->k / HAD);
-    k_fast_prepare<<<dim3((chunks + 3) / 4, (unsigned)rows, (unsigned)p->n_lin), 128, 0, st>>>(
-        *p, x, x_stride);
-    return (int)cudaGetLastError();
+    return k_launch(k_fast_prepare, dim3((chunks + 3) / 4, (unsigned)rows, (unsigned)p->n_lin), 128,
+                    0, st, *p, x, x_stride);
 }
 
 MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_t st)
 {
     long blocks = f->epilogue == MUSE_K_EPI_SWIGLU ? f->blk0[1] : f->blk0[f->n_lin];
-    k_fast_finish<<<dim3((unsigned)((blocks + 3) / 4), (unsigned)rows), 128, 0, st>>>(*f, blocks);
-    return (int)cudaGetLastError();
+    return k_launch(k_fast_finish, dim3((unsigned)((blocks + 3) / 4), (unsigned)rows), 128, 0, st,
+                    *f, blocks);
 }

@@ -3,6 +3,7 @@
  * (one thread a (row, element): fp32 sums in ascending expert index, then the shared experts;
  * the order found once a block), exactly as cpu_backend.c cpu_moe. */
 #include "common.cuh"
+#include "pdl.cuh"
 #include "moe.cuh"
 #include "moe_order.h"
 
@@ -75,6 +76,8 @@ __device__ int d_combine_order(const int32_t *sr, long K, int32_t *s_sel, int32_
 __global__ void k_moe_combine(const int32_t *sel, const float *w, const float *z,
                               const float *shared, long K, long H, float *y)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     __shared__ int32_t s_sel[MC_MAX_K], s_lead[MC_MAX_K], s_at[MC_MAX_K];
     __shared__ int s_n;
     long r = blockIdx.y, d = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -134,7 +137,6 @@ MUSE_K_API int muse_k_moe_combine(const muse_k_ctx *ctx, const int32_t *sel, con
     long rows = ctx->rows;
     cudaStream_t st = ctx->st;
     if (rows <= 0) return 0;
-    k_moe_combine<<<dim3((unsigned)((H + 127) / 128), (unsigned)rows), 128, 0, st>>>(
-        sel, w, z, shared, K, H, y);
-    return (int)cudaGetLastError();
+    return k_launch(k_moe_combine, dim3((unsigned)((H + 127) / 128), (unsigned)rows), 128, 0, st,
+                    sel, w, z, shared, K, H, y);
 }

@@ -9,6 +9,7 @@
 
 #include "common.cuh"
 #include "moe_fast.cuh"
+#include "pdl.cuh"
 
 #define MG_THREADS 256
 
@@ -51,6 +52,8 @@ __global__ void __launch_bounds__(RT_THREADS)
     k_router_fast(const float *b, long H, long R, const void *router, int dtype, long E,
                   float *logits)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long x, r0;
     int t = threadIdx.x, nr = d_router_block(R, &x, &r0);
     double acc[RT_ROWS] = {0};
@@ -95,6 +98,7 @@ __global__ void __launch_bounds__(RT_THREADS)
     k_router_vec(const float *b, long H, long R, const void *router, int dtype, long E,
                  float *logits)
 {
+    K_PDL_NEXT();
     long x, r0;
     int t = threadIdx.x, nr = d_router_block(R, &x, &r0);
     long chunks = H / 8;
@@ -105,6 +109,7 @@ __global__ void __launch_bounds__(RT_THREADS)
     for (int j = 0; j < RT_CHUNKS; j++)
         if (t + (long)j * RT_THREADS < chunks)
             d_router_chunk(row, dtype, t + (long)j * RT_THREADS, w[j]);
+    K_PDL_WAIT(); /* the router's weights in flight; b comes from the kernel before */
     double acc[RT_ROWS] = {0};
 #pragma unroll
     for (int r = 0; r < RT_ROWS; r++) {
@@ -194,6 +199,8 @@ __global__ void __launch_bounds__(128)
                   float scaling, int32_t *sel, float *w)
 {
     extern __shared__ float sf_sh[];
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     int wi = threadIdx.x / 32;
     long r = (long)blockIdx.x * 4 + wi;
     if (r >= R) return;
@@ -272,6 +279,8 @@ __global__ void __launch_bounds__(MG_THREADS)
                 int4 *groups, int32_t *n_groups)
 {
     extern __shared__ int32_t mg_sh[];
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     d_group(sel, P, E, group_rows, max_groups, perm, groups, n_groups, mg_sh, mg_sh + E);
 }
 
@@ -325,6 +334,8 @@ __global__ void __launch_bounds__(128)
                         int max_groups, int32_t *perm, int4 *groups, int32_t *n_groups)
 {
     extern __shared__ int32_t sg_sh[];
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     int t = threadIdx.x, wi = t / 32;
     float *s_w = (float *)(sg_sh + 2 * 128), *key = s_w + 128;
     unsigned nan = 0; /* the rows with a NaN key among this thread's */
@@ -393,10 +404,10 @@ MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H,
     dim3 grid((unsigned)E, (unsigned)((rows + RT_ROWS - 1) / RT_ROWS));
     if (f_router_vec() && H % 8 == 0 && H <= 8L * RT_THREADS * RT_CHUNKS &&
         (uintptr_t)b % 16 == 0 && (uintptr_t)router % 16 == 0)
-        k_router_vec<<<grid, RT_THREADS, 0, ctx->st>>>(b, H, rows, router, dtype, E, logits);
-    else
-        k_router_fast<<<grid, RT_THREADS, 0, ctx->st>>>(b, H, rows, router, dtype, E, logits);
-    return (int)cudaGetLastError();
+        return k_launch(k_router_vec, grid, RT_THREADS, 0, ctx->st, b, H, rows, router, dtype, E,
+                        logits);
+    return k_launch(k_router_fast, grid, RT_THREADS, 0, ctx->st, b, H, rows, router, dtype, E,
+                    logits);
 }
 
 MUSE_K_API int muse_k_select_fast(const muse_k_ctx *ctx, const float *logits, long E, long K,
@@ -407,9 +418,8 @@ MUSE_K_API int muse_k_select_fast(const muse_k_ctx *ctx, const float *logits, lo
     if (rows <= 0) return 0;
     size_t shared = (size_t)4 * E * (sizeof(float) + 1);
     if (shared > 48 * 1024 || K > E || K < 1) return (int)cudaErrorInvalidValue;
-    k_select_fast<<<(unsigned)((rows + 3) / 4), 128, shared, ctx->st>>>(logits, rows, E, K, bias,
-                                                                        norm_topk, scaling, sel, w);
-    return (int)cudaGetLastError();
+    return k_launch(k_select_fast, (unsigned)((rows + 3) / 4), 128, shared, ctx->st, logits, rows, E,
+                    K, bias, norm_topk, scaling, sel, w);
 }
 
 MUSE_K_API int muse_k_select_group_fast(const muse_k_ctx *ctx, const float *logits, long E, long K,
@@ -430,10 +440,9 @@ MUSE_K_API int muse_k_select_group_fast(const muse_k_ctx *ctx, const float *logi
     size_t shared = 3 * 128 * sizeof(int32_t) + (size_t)4 * E * (sizeof(float) + 1);
     if (shared > 48 * 1024 || K > E || K < 1 || group_rows < 1 || max_groups < 1)
         return (int)cudaErrorInvalidValue;
-    k_select_group_fast<<<1, 128, shared, ctx->st>>>(logits, rows, E, K, bias, norm_topk, scaling,
-                                                     sel, w, group_rows, max_groups, perm,
-                                                     (int4 *)groups, n_groups);
-    return (int)cudaGetLastError();
+    return k_launch(k_select_group_fast, 1, 128, shared, ctx->st, logits, rows, E, K, bias,
+                    norm_topk, scaling, sel, w, group_rows, max_groups, perm, (int4 *)groups,
+                    n_groups);
 }
 
 MUSE_K_API int muse_k_moe_max_groups(long P, long E, int group_rows)
@@ -449,7 +458,6 @@ MUSE_K_API int muse_k_moe_group(const muse_k_ctx *ctx, const int32_t *sel, long 
     if (P <= 0) return 0;
     size_t shared = (size_t)E * (2 + MG_THREADS / 32) * sizeof(int32_t);
     if (shared > 48 * 1024 || group_rows < 1 || max_groups < 1) return (int)cudaErrorInvalidValue;
-    k_moe_group<<<1, MG_THREADS, shared, ctx->st>>>(sel, P, E, group_rows, max_groups, perm,
-                                                    (int4 *)groups, n_groups);
-    return (int)cudaGetLastError();
+    return k_launch(k_moe_group, 1, MG_THREADS, shared, ctx->st, sel, P, E, group_rows, max_groups,
+                    perm, (int4 *)groups, n_groups);
 }

@@ -6,6 +6,7 @@
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "norm_fast.cuh"
+#include "pdl.cuh"
 
 /* v * the weight wj of mode (the exact kernel's fp32 steps), fp16-rounded when round16 */
 __device__ __forceinline__ float k_nf_weigh_v(float v, float wj, int mode, int round16)
@@ -152,6 +153,8 @@ __device__ __forceinline__ double k_nf_add(float *h, const float *y, long n, dou
 __global__ void k_norm_fast(const float *x, long width, const float *w, long w_stride,
                             const int32_t *w_row, int mode, double eps, int round16, float *out)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT(); /* x and w_row come from the kernels before */
     long r = blockIdx.x;
     if (w && w_row) w += (long)w_row[r] * w_stride;
     const float *xr = x + r * width;
@@ -173,6 +176,7 @@ __global__ void k_norm_fast(const float *x, long width, const float *w, long w_s
 __global__ void k_add_norm_fast(float *h, const float *y, long width, const float *w, double eps,
                                 const float *next_w, int next_mode, double next_eps, float *out)
 {
+    K_PDL_NEXT();
     long r = blockIdx.x;
     const float *yr = y + r * width;
     float *hr = h + r * width;
@@ -180,9 +184,11 @@ __global__ void k_add_norm_fast(float *h, const float *y, long width, const floa
     if (k_nf_fits(width)) { /* y, h and both weights loaded at once */
         bool wvec = width % 4 == 0 && k_fr_aligned(w);
         bool nvec = width % 4 == 0 && (!next_w || k_fr_aligned(next_w));
-        k_nf_regs yv = k_nf_load(yr, width, vec), hv = k_nf_load(hr, width, vec);
+        /* the weights (no kernel writes them) in flight before the wait, then y and h */
         k_nf_regs wv = k_nf_load(w, width, wvec);
         k_nf_regs nw = k_nf_load(out && next_mode != MUSE_K_NORM_NONE ? next_w : NULL, width, nvec);
+        K_PDL_WAIT();
+        k_nf_regs yv = k_nf_load(yr, width, vec), hv = k_nf_load(hr, width, vec);
         double s = k_fr_scale(k_fr_block_sum(k_nf_sum_sq(yv, width)), width, eps);
         double acc = k_nf_add_regs(hv, yv, wv, width, s, hr, vec);
         if (!out) return;
@@ -190,6 +196,7 @@ __global__ void k_add_norm_fast(float *h, const float *y, long width, const floa
         k_nf_out_regs(hv, nw, width, s2, next_mode, 1, out + r * width, vec);
         return;
     }
+    K_PDL_WAIT();
     double s = k_fr_scale(k_fr_block_sum(k_fr_sum_sq(yr, width, vec)), width, eps);
     double acc = k_nf_add(hr, yr, width, s, w, vec);
     if (!out) return;
@@ -208,18 +215,17 @@ MUSE_K_API int muse_k_norm_fast_rows(const muse_k_ctx *ctx, const float *x, long
                                      double eps, int round16, float *out)
 {
     if (ctx->rows <= 0 || width <= 0) return 0;
-    k_norm_fast<<<(unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st>>>(
-        x, width, w, w_stride, w_row, mode, eps, round16, out);
-    return (int)cudaGetLastError();
+    return k_launch(k_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, x, width, w,
+                    w_stride, w_row, mode, eps, round16, out);
 }
 
 MUSE_K_API int muse_k_add_norm_fast(const muse_k_ctx *ctx, float *h, const float *y, long width,
                                     const float *w, double eps)
 {
     if (ctx->rows <= 0 || width <= 0) return 0;
-    k_add_norm_fast<<<(unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st>>>(
-        h, y, width, w, eps, NULL, MUSE_K_NORM_NONE, 0, NULL);
-    return (int)cudaGetLastError();
+    return k_launch(k_add_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, h, y,
+                    width, w, eps, (const float *)NULL, (int)MUSE_K_NORM_NONE, 0.0,
+                    (float *)NULL);
 }
 
 MUSE_K_API int muse_k_add_norm_norm_fast(const muse_k_ctx *ctx, float *h, const float *y,
@@ -228,7 +234,6 @@ MUSE_K_API int muse_k_add_norm_norm_fast(const muse_k_ctx *ctx, float *h, const 
                                          float *out)
 {
     if (ctx->rows <= 0 || width <= 0) return 0;
-    k_add_norm_fast<<<(unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st>>>(
-        h, y, width, w, eps, next_w, next_mode, next_eps, out);
-    return (int)cudaGetLastError();
+    return k_launch(k_add_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, h, y,
+                    width, w, eps, next_w, next_mode, next_eps, out);
 }

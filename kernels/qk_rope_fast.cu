@@ -6,6 +6,7 @@
  */
 #include "common.cuh"
 #include "fast_rows.cuh"
+#include "pdl.cuh"
 #include "qk_rope_fast.cuh"
 
 #define QK_HEADS 4
@@ -14,6 +15,8 @@
 __global__ void k_qk_norm_rope_fast(float *x, long heads, long hd, const int64_t *positions,
                                     double theta, double eps)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long r = blockIdx.y, hh = (long)blockIdx.x * QK_HEADS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (hh >= heads) return; /* a whole warp: the shuffles below see only full warps */
@@ -41,7 +44,6 @@ MUSE_K_API int muse_k_qk_norm_rope_fast(const muse_k_ctx *ctx, float *x, long he
 {
     if (ctx->rows <= 0 || heads <= 0 || head_dim <= 0) return 0;
     dim3 grid((unsigned)((heads + QK_HEADS - 1) / QK_HEADS), (unsigned)ctx->rows);
-    k_qk_norm_rope_fast<<<grid, 32 * QK_HEADS, 0, ctx->st>>>(x, heads, head_dim, ctx->positions,
-                                                             theta, eps);
-    return (int)cudaGetLastError();
+    return k_launch(k_qk_norm_rope_fast, grid, 32 * QK_HEADS, 0, ctx->st, x, heads, head_dim,
+                    ctx->positions, theta, eps);
 }

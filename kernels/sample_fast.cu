@@ -15,6 +15,7 @@
 
 #include "common.cuh"
 #include "sample_fast.cuh"
+#include "pdl.cuh"
 #include "base/sampler_select.h"
 
 #define SF_CHUNK       4096 /* logits a block in launches 1-3 */
@@ -125,6 +126,8 @@ __device__ static float k_sf_inv_t(float temperature)
 __global__ void k_sf_max(const float *logits, long V, const muse_k_sampling *params,
                          const uint8_t *masks, void *ws)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     __shared__ float wm[SF_THREADS / 32];
     __shared__ long wf[SF_THREADS / 32];
     long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
@@ -170,6 +173,8 @@ __global__ void k_sf_max(const float *logits, long V, const muse_k_sampling *par
 __global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *params,
                           const uint8_t *masks, int wb, void *ws)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     __shared__ uint32_t cnt[MUSE_SS_BINS];
     __shared__ sf_u64 wt[MUSE_SS_BINS];
     __shared__ float s_mx;
@@ -208,6 +213,8 @@ __global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *pa
 __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling *params,
                              const uint8_t *masks, int wb, void *ws)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     __shared__ uint32_t loc[MUSE_SS_BINS], base[MUSE_SS_BINS];
     __shared__ float s_mx;
     const int per = MUSE_SS_BINS / SF_THREADS;
@@ -358,6 +365,8 @@ __global__ void __launch_bounds__(SF_SEL_THREADS)
     k_sf_select(long V, const muse_k_sampling *params, const int64_t *draw_pos,
                 const uint8_t *masks, int wb, void *ws, int32_t *tokens)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     __shared__ sf_sel s;
     __shared__ float s_mx;
     __shared__ long s_best;
@@ -431,11 +440,15 @@ MUSE_K_API int muse_k_sample_fast(const muse_k_ctx *ctx, const float *logits, lo
     cudaStream_t st = ctx->st;
     if (n <= 0 || V <= 0) return 0;
     dim3 grid((unsigned)sf_chunks(V), (unsigned)n);
-    k_sf_max<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, ctx->masks, ws);
-    k_sf_hist<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, ctx->masks, weight_bits, ws);
-    k_sf_scatter<<<grid, SF_THREADS, 0, st>>>(logits, V, ctx->sampling, ctx->masks, weight_bits,
-                                              ws);
-    k_sf_select<<<(unsigned)n, SF_SEL_THREADS, 0, st>>>(V, ctx->sampling, ctx->draw_pos, ctx->masks,
-                                                        weight_bits, ws, tokens);
-    return (int)cudaGetLastError();
+    int err = k_launch(k_sf_max, grid, SF_THREADS, 0, st, logits, V, ctx->sampling, ctx->masks, ws);
+    if (!err)
+        err = k_launch(k_sf_hist, grid, SF_THREADS, 0, st, logits, V, ctx->sampling, ctx->masks,
+                       weight_bits, ws);
+    if (!err)
+        err = k_launch(k_sf_scatter, grid, SF_THREADS, 0, st, logits, V, ctx->sampling, ctx->masks,
+                       weight_bits, ws);
+    if (!err)
+        err = k_launch(k_sf_select, (unsigned)n, SF_SEL_THREADS, 0, st, V, ctx->sampling,
+                       ctx->draw_pos, ctx->masks, weight_bits, ws, tokens);
+    return err;
 }

@@ -3,6 +3,7 @@
  * element's bits are the exact kernel's whatever the launch. */
 #include "common.cuh"
 #include "fast_rows.cuh"
+#include "pdl.cuh"
 #include "swiglu_fast.cuh"
 
 __device__ __forceinline__ float k_sw_one(float g, float u)
@@ -14,6 +15,8 @@ __device__ __forceinline__ float k_sw_one(float g, float u)
 /* Shape: grid ceil(n / 4 / 256), block 256; thread i: elements 4i .. 4i + 3 (those < n). */
 __global__ void k_swiglu_fast(const float *gate, const float *up, long n, float *out)
 {
+    K_PDL_NEXT();
+    K_PDL_WAIT();
     long v = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (4 * v >= n) return;
     if (4 * v + 4 <= n && k_fr_aligned(gate) && k_fr_aligned(up) && k_fr_aligned(out)) {
@@ -31,6 +34,6 @@ MUSE_K_API int muse_k_swiglu_fast(const muse_k_ctx *ctx, const float *gate, cons
     long n = ctx->rows * width;
     if (n <= 0) return 0;
     long threads = (n + 3) / 4;
-    k_swiglu_fast<<<(unsigned)((threads + 255) / 256), 256, 0, ctx->st>>>(gate, up, n, out);
-    return (int)cudaGetLastError();
+    return k_launch(k_swiglu_fast, (unsigned)((threads + 255) / 256), 256, 0, ctx->st, gate, up, n,
+                    out);
 }

@@ -151,12 +151,13 @@ if want ncuprod && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     rm -f "$logs/prod.ncu-rep"
 fi
 # every kernel of a prompt round the same way: the whole one-GPU shape, a prompt of
-# GPU_CHECK_KPROF_PROMPT tokens (1024) in rounds of 256 rows, summed over its last round
+# GPU_CHECK_KPROF_PROMPT tokens (1024) in rounds of GPU_CHECK_KPROF_ROWS rows (256), summed over
+# its last round
 if want kprofprompt && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     step kprof-prompt 150 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
         -k 'regex:k_([a-rt-z]|s[^y])' --log-file "$logs/kprof-prompt.csv" build/muse-bench prompt \
         --backend cuda --synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu.json --bits 2 \
-        --codebook mcg --kernels fast --lengths "${GPU_CHECK_KPROF_PROMPT:-1024}" --rows 256
+        --codebook mcg --kernels fast --lengths "${GPU_CHECK_KPROF_PROMPT:-1024}" --rows "${GPU_CHECK_KPROF_ROWS:-256}"
     gzip -c "$logs/kprof-prompt.csv" >"$out/kprof-prompt.csv.gz"
     python3 t/tools/kprof.py "$logs/kprof-prompt.csv" 2>&1 | head -40 | tee -a "$sum"
 fi
@@ -415,7 +416,7 @@ if want attnlong && [ "$B" = cuda ]; then
 fi
 
 # the whole shape's decode under the engine's tuning switches (variants of one binary, e.g.
-# MUSE_CUDA_SIDE=0, MUSE_FAST_FUSE=0, MUSE_FAST_PDL=1; "-": the defaults), at 1 and 4 streams
+# MUSE_CUDA_SIDE=0, MUSE_PDL=0; "-": the defaults), at 1 and 4 streams
 if want wholevar; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
         --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4}" --tokens 16 --prompt 64)
