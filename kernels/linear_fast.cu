@@ -13,6 +13,7 @@
  * changes. */
 #include <cuda_fp16.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "linear_fast.h"
 #include "linear_fast_ends.cuh"
@@ -554,10 +555,20 @@ MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long exp
     return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
 }
 
+/* What a call does besides its own linears: the next linear's step 1 in this finish (nx), or
+ * its own step 1 left out since the finish before did it (prepared). */
+typedef struct {
+    uint16_t *na;
+    int64_t nk;
+    muse_k_lin nd;
+    const muse_k_lin *nd_descs;
+} f_next;
+
 /* The three steps of one call; g NULL: plain rows, else the grouped pairs (linear_fast.cuh). */
 static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
                  const muse_k_fast_groups *g, const float *x, long x_stride, int round16,
-                 float *const y[], const long y_stride[], int epilogue, void *ws, size_t ws_bytes)
+                 float *const y[], const long y_stride[], int epilogue, void *ws, size_t ws_bytes,
+                 const f_next *nx, int prepared)
 {
     long rows = ctx->rows;
     cudaStream_t st = ctx->st;
@@ -580,7 +591,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     if (g) pp.g = *g;
     for (int i = 0; i < n_lin; i++) pp.d[i] = shapes[i], pp.a[i] = a[i];
     int skip = f_skip_steps;
-    int err = skip & 1 ? 0 : muse_k_fast_prepare(&pp, x, x_stride, rows, st);
+    int err = skip & 1 || prepared ? 0 : muse_k_fast_prepare(&pp, x, x_stride, rows, st);
     if (err) return err;
 
     /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
@@ -637,6 +648,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     }
 
     muse_fast_fin f;
+    memset(&f, 0, sizeof f);
     f.n_lin = n_lin;
     f.round16 = round16;
     f.epilogue = epilogue;
@@ -652,6 +664,12 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         f.y_stride[i] = y_stride[i];
         f.blk0[i + 1] = f.blk0[i] + (long)(shapes[i].n / 128);
     }
+    if (nx) {
+        f.na = nx->na;
+        f.nk = nx->nk;
+        f.nd = nx->nd;
+        f.nd_descs = nx->nd_descs;
+    }
     return skip & 4 ? 0 : muse_k_fast_finish(&f, rows, st);
 }
 
@@ -660,7 +678,7 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
                                   const long y_stride[], int epilogue, void *ws, size_t ws_bytes)
 {
     return f_run(ctx, shapes, n_lin, NULL, x, x_stride, round16, y, y_stride, epilogue, ws,
-                 ws_bytes);
+                 ws_bytes, NULL, 0);
 }
 
 MUSE_K_API int muse_k_linear_fast_grouped(const muse_k_ctx *ctx, const muse_k_lin *shapes,
@@ -672,7 +690,69 @@ MUSE_K_API int muse_k_linear_fast_grouped(const muse_k_ctx *ctx, const muse_k_li
     if (!g) return (int)cudaErrorInvalidValue;
     for (int i = 0; i < n_lin; i++)
         if (!g->descs[i]) return (int)cudaErrorInvalidValue;
-    return f_run(ctx, shapes, n_lin, g, x, x_stride, round16, y, y_stride, epilogue, ws, ws_bytes);
+    return f_run(ctx, shapes, n_lin, g, x, x_stride, round16, y, y_stride, epilogue, ws, ws_bytes,
+                 NULL, 0);
+}
+
+/* MUSE_FAST_CHAIN=0 from the environment (tuning only, read once a process): the down's prepare
+ * in a launch of its own, as two calls do it. The bits are the same. */
+static int f_chain_on(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_FAST_CHAIN");
+        return !(v && *v == '0');
+    }();
+    return on;
+}
+
+/* muse_k_linear_fast_mlp's workspace: the gate/up's layout, then the down's from down_off */
+static size_t f_mlp_layout(const muse_k_lin s[3], long rows, int target, size_t *down_off)
+{
+    size_t off = f_layout(s, 2, rows, target, NULL, NULL, NULL);
+    if (down_off) *down_off = off;
+    return off + f_layout(s + 2, 1, rows, target, NULL, NULL, NULL);
+}
+
+MUSE_K_API size_t muse_k_linear_fast_mlp_workspace(const muse_k_lin shapes[3], long max_rows)
+{
+    return f_mlp_layout(shapes, max_rows, muse_k_linear_fast_split_target(), NULL);
+}
+
+MUSE_K_API int muse_k_linear_fast_mlp(const muse_k_ctx *ctx, const muse_k_lin shapes[3],
+                                      const muse_k_fast_groups *g, const float *x, long x_stride,
+                                      float *mid, long mid_stride, float *y, long y_stride,
+                                      void *ws, size_t ws_bytes)
+{
+    if (!muse_k_linear_fast_fits(shapes, 2, MUSE_K_EPI_SWIGLU) ||
+        !muse_k_linear_fast_fits(shapes + 2, 1, MUSE_K_EPI_NONE) || shapes[2].k != shapes[0].n)
+        return (int)cudaErrorInvalidValue;
+    for (int i = 0; g && i < 3; i++)
+        if (!g->descs[i]) return (int)cudaErrorInvalidValue;
+    int target = g ? f_group_target(g) : muse_k_linear_fast_split_target();
+    size_t off;
+    if (ctx->rows > 0 && f_mlp_layout(shapes, ctx->rows, target, &off) > ws_bytes)
+        return (int)cudaErrorInvalidValue;
+    if (ctx->rows <= 0) return 0;
+    /* the down's a: the first part of its layout, which the gate/up's finish fills */
+    unsigned char *wd = (unsigned char *)ws + off;
+    f_next nx = {(uint16_t *)wd, shapes[2].k, shapes[2], g ? g->descs[2] : NULL};
+    float *ym[2] = {mid, NULL};
+    long ms[2] = {mid_stride, mid_stride};
+    int chain = f_chain_on();
+    int err = f_run(ctx, shapes, 2, g, x, x_stride, 1, ym, ms, MUSE_K_EPI_SWIGLU, ws, off,
+                    chain ? &nx : NULL, 0);
+    if (err) return err;
+    muse_k_fast_groups gd;
+    if (g) { /* the pairs' rows of mid are their own: no source map */
+        gd = *g;
+        gd.descs[0] = g->descs[2];
+        for (int i = 1; i < MUSE_K_FAST_MAX_LIN; i++) gd.descs[i] = NULL;
+        gd.src = NULL;
+    }
+    float *yd[1] = {y};
+    long yds[1] = {y_stride};
+    return f_run(ctx, shapes + 2, 1, g ? &gd : NULL, mid, mid_stride, 0, yd, yds, MUSE_K_EPI_NONE,
+                 wd, ws_bytes - off, NULL, chain);
 }
 
 MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, cudaStream_t st)

@@ -48,6 +48,18 @@ MUSE_K_API int muse_k_linear_fast_grouped(const muse_k_ctx *ctx, const muse_k_li
                                           long x_stride, int round16, float *const y[],
                                           const long y_stride[], int epilogue, void *ws,
                                           size_t ws_bytes);
+/* Gate/up with the swiglu, then down (shapes: gate, up, down; the down's k the gate's n): mid
+ * [R, I] = swiglu(x Wg, x Wu) as muse_k_linear_fast's SWIGLU, y [R, n] = mid Wd (round16 off),
+ * the bits of those two calls; the gate/up's finish does the down's step 1 (one launch fewer;
+ * MUSE_FAST_CHAIN=0 from the environment, tuning only: its own launch).
+ * g NULL: plain rows; else grouped as muse_k_linear_fast_grouped with descs[0..2] the experts'
+ * gate, up and down (the down reads row p of mid for pair p). Workspace:
+ * muse_k_linear_fast_mlp_workspace (grouped: at P rows). */
+MUSE_K_API int muse_k_linear_fast_mlp(const muse_k_ctx *ctx, const muse_k_lin shapes[3],
+                                      const muse_k_fast_groups *g, const float *x, long x_stride,
+                                      float *mid, long mid_stride, float *y, long y_stride,
+                                      void *ws, size_t ws_bytes);
+MUSE_K_API size_t muse_k_linear_fast_mlp_workspace(const muse_k_lin shapes[3], long max_rows);
 /* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 

@@ -36,18 +36,28 @@ __device__ __forceinline__ void f_hadamard_warp(double v[4], int lane)
     for (int q = 0; q < 4; q++) v[q] *= 0.08838834764831844055;
 }
 
-/* grid (ceil(k / 512), R, n_lin), 128 threads: warp w of block b prepares 128-chunk 4 b + w:
- * a_i[r] = fp16(fp32(blockHad(x_r * suh_i))), lane l the chunk elements 4 l .. 4 l + 3. */
-__device__ __forceinline__ void f_prepare_chunk(const muse_k_lin *d, const float *xr, uint16_t *ar,
-                                                int64_t i0, int lane)
+/* a_i[r]'s chunk at i0 = fp16(fp32(blockHad(x_r * suh_i))), lane l given x elements 4 l ..
+ * 4 l + 3 of the chunk in x */
+__device__ __forceinline__ void f_prepare_vals(const muse_k_lin *d, const float x[4], uint16_t *ar,
+                                               int64_t i0, int lane)
 {
     double v[4];
 #pragma unroll
-    for (int q = 0; q < 4; q++)
-        v[q] = (double)__fmul_rn(xr[4 * lane + q], k_in_scale(d, i0 + 4 * lane + q));
+    for (int q = 0; q < 4; q++) v[q] = (double)__fmul_rn(x[q], k_in_scale(d, i0 + 4 * lane + q));
     f_hadamard_warp(v, lane);
 #pragma unroll
     for (int q = 0; q < 4; q++) ar[4 * lane + q] = muse_f32_to_f16((float)v[q]);
+}
+
+/* grid (ceil(k / 512), R, n_lin), 128 threads: warp w of block b prepares 128-chunk 4 b + w,
+ * lane l the chunk elements 4 l .. 4 l + 3 (xr: the chunk's row) */
+__device__ __forceinline__ void f_prepare_chunk(const muse_k_lin *d, const float *xr, uint16_t *ar,
+                                                int64_t i0, int lane)
+{
+    float x[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) x[q] = xr[4 * lane + q];
+    f_prepare_vals(d, x, ar, i0, lane);
 }
 
 __global__ void __launch_bounds__(128)
@@ -112,7 +122,8 @@ __device__ __forceinline__ void f_finish_cols(const muse_fast_fin &f, int li, co
 
 /* grid (ceil(128-column blocks of all linears / 4), R), 128 threads: warp w finishes block
  * 4 x + w. SWIGLU: the blocks of the gate only; each also finishes the same columns of up,
- * then swiglu.cu's expression. */
+ * then swiglu.cu's expression. f.na: the next linear's prepare of the same chunk too, from the
+ * values written (k_fast_prepare's a bit for bit, one launch fewer). */
 __global__ void __launch_bounds__(128) k_fast_finish(muse_fast_fin f, long blocks)
 {
     K_PDL_NEXT();
@@ -140,12 +151,17 @@ __global__ void __launch_bounds__(128) k_fast_finish(muse_fast_fin f, long block
         for (int q = 0; q < 4; q++) {
             double gv = muse_round_f16(o[q]);
             float up = muse_round_f16(u[q]);
-            yr[q] = muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up));
+            o[q] = muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up));
         }
-        return;
+    } else if (f.round16) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) o[q] = muse_round_f16(o[q]);
     }
 #pragma unroll
-    for (int q = 0; q < 4; q++) yr[q] = f.round16 ? muse_round_f16(o[q]) : o[q];
+    for (int q = 0; q < 4; q++) yr[q] = o[q];
+    if (f.na) /* the next linear's row r: for a pair, its expert's (row r of a is perm[r]'s) */
+        f_prepare_vals(f.grouped ? f.nd_descs + f.g.sel[out_row] : &f.nd, o,
+                       f.na + r * f.nk + j0, j0, lane);
 }
 
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,

@@ -27,6 +27,12 @@ typedef struct {
     int n_lin, round16, epilogue;
     int grouped; /* g: partial row q is pair perm[q]'s, finished with its expert's scales */
     muse_k_fast_groups g;
+    /* na set: the next linear's step 1 too (y[0]'s columns its k = nk): row q of na from the
+     * same values, with nd (grouped: nd_descs[its expert]); one launch fewer */
+    uint16_t *na;
+    int64_t nk;
+    muse_k_lin nd;
+    const muse_k_lin *nd_descs;
 } muse_fast_fin;
 
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,

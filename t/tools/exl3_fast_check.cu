@@ -157,6 +157,11 @@ static std::vector<float> dl(const float *d, size_t n)
     CK(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
     return h;
 }
+/* bit for bit (a float == would pass -0 against +0) */
+static bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
+{
+    return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * 4);
+}
 static double rel_l2(const std::vector<float> &a, const std::vector<float> &b)
 {
     double num = 0, den = 0;
@@ -334,6 +339,37 @@ static void check_multi(int cb, int bits)
              "%s %d bits: SWIGLU epilogue vs exact gate, up, swiglu: rel L2 %.3g", cb_name[cb],
              bits, e);
     verdict(e <= 2e-3, what);
+    /* gate/up then down in one call (muse_k_linear_fast_mlp, the down's prepare in the gate/up's
+     * finish) against the two calls, bit for bit, at 3 and 19 rows; on its own random stream, so
+     * the checks after it draw what they drew before it (their digests compare across builds) */
+    uint64_t rng_before = rng_s;
+    weight dn;
+    weight_make(&dn, 384, k, bits, cb, 0, 1);
+    long same_m = 0;
+    for (long Rf : {3L, 19L}) {
+        float *mid = dalloc(Rf * 384), *mid2 = dalloc(Rf * 384), *z = dalloc(Rf * k),
+              *z2 = dalloc(Rf * k);
+        for (float *q : {mid, mid2}) poison(q, Rf * 384);
+        for (float *q : {z, z2}) poison(q, Rf * k);
+        float *o2[2] = {mid2, NULL};
+        run_fast(gu, 2, x, Rf, 1, o2, ys2, MUSE_K_EPI_SWIGLU);
+        long zs = k;
+        weight *dp = &dn;
+        run_fast(&dp, 1, mid2, Rf, 0, &z2, &zs, MUSE_K_EPI_NONE);
+        muse_k_lin sh[3] = {w[0].shape, up.shape, dn.shape};
+        size_t need = muse_k_linear_fast_mlp_workspace(sh, Rf);
+        void *wsp = grow(&d_ws, &ws_cap, need);
+        muse_k_ctx mc = {0};
+        mc.rows = Rf;
+        CK(muse_k_linear_fast_mlp(&mc, sh, NULL, x, k, mid, 384, z, k, wsp, need));
+        same_m += same_bits(dl(mid, Rf * 384), dl(mid2, Rf * 384)) + same_bits(dl(z, Rf * k), dl(z2, Rf * k));
+        for (float *q : {mid, mid2, z, z2}) CK(cudaFree(q));
+    }
+    snprintf(what, sizeof what, "%s %d bits: gate/up then down in one call == two calls %ld/4",
+             cb_name[cb], bits, same_m);
+    verdict(same_m == 4, what);
+    rng_s = rng_before;
+    weight_free(&dn);
     for (float *p : {g, u, ref, x}) CK(cudaFree(p));
     for (int i = 0; i < 3; i++) {
         CK(cudaFree(yf[i]));
@@ -397,7 +433,7 @@ static void plan_free(moe_plan *p)
  * split as the engine splits them for 8 experts a token (2 MUSE_FAST_SPLIT_TARGET / 8) */
 static const int GROUP_TARGET = 2 * MUSE_FAST_SPLIT_TARGET / 8;
 static void run_grouped(const experts *x, const moe_plan *pl, const float *b, long R, long K,
-                        float *act, float *z)
+                        float *act, float *z, bool chain = true)
 {
     long P = R * K, E = x->E;
     int64_t H = x->w[0].shape.k, I = x->w[0].shape.n;
@@ -406,6 +442,21 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
     pc.rows = P;
     CK(muse_k_moe_group(&pc, pl->sel, E, pl->gr, pl->mg, perm, groups, n_groups));
     muse_k_lin shapes[3] = {x->w[0].shape, x->w[E].shape, x->w[2 * E].shape};
+    if (chain) { /* one call, the down's prepare in the gate/up's finish (the engine's) */
+        size_t need = muse_k_linear_fast_mlp_workspace(shapes, P);
+        void *wsp = grow(&d_ws, &ws_cap, need);
+        muse_k_fast_groups g = {{x->table, x->table + E, x->table + 2 * E},
+                                pl->sel,
+                                pl->src,
+                                perm,
+                                groups,
+                                n_groups,
+                                pl->mg,
+                                pl->gr,
+                                GROUP_TARGET};
+        CK(muse_k_linear_fast_mlp(&pc, shapes, &g, b, H, act, I, z, H, wsp, need));
+        return;
+    }
     size_t need = std::max(muse_k_linear_fast_workspace(shapes, 2, P),
                            muse_k_linear_fast_workspace(shapes + 2, 1, P));
     void *wsp = grow(&d_ws, &ws_cap, need);
@@ -458,7 +509,7 @@ static void check_grouped(int cb, int bits)
     const int64_t H = 256, I = 384;
     experts x;
     experts_make(&x, E, H, I, bits, cb);
-    long diff = 0, pairs = 0;
+    long diff = 0, pairs = 0, two_diff = 0, two_runs = 0;
     double worst = 0;
     for (long R : {1L, 5L, 20L, 64L, 128L, 256L}) { /* blocks of 1, 1, 1, 2, 4, 8 m-tiles */
         long P = R * K;
@@ -469,7 +520,13 @@ static void check_grouped(int cb, int bits)
         poison(act, P * I);
         poison(z, P * H);
         run_grouped(&x, &pl, b, R, K, act, z);
-        std::vector<float> got = dl(z, P * H);
+        std::vector<float> got = dl(z, P * H), got_act = dl(act, P * I);
+        /* the two grouped calls (the down's own prepare): the same bits */
+        poison(act, P * I);
+        poison(z, P * H);
+        run_grouped(&x, &pl, b, R, K, act, z, false);
+        two_diff += !same_bits(dl(z, P * H), got) + !same_bits(dl(act, P * I), got_act);
+        two_runs += 2;
         float *a1 = dalloc(I), *z1 = dalloc(H), *g1 = dalloc(I), *u1 = dalloc(I), *s1 = dalloc(I);
         for (long p = 0; p < P; p++) {
             long e = sel[p];
@@ -498,9 +555,10 @@ static void check_grouped(int cb, int bits)
         plan_free(&pl);
     }
     snprintf(what, sizeof what,
-             "%s %d bits: grouped experts == each pair alone %ld/%ld, rel L2 vs exact %.3g",
-             cb_name[cb], bits, pairs - diff, pairs, worst);
-    verdict(diff == 0 && worst <= 2e-3, what);
+             "%s %d bits: grouped experts == each pair alone %ld/%ld, rel L2 vs exact %.3g; one "
+             "call == two calls %ld/%ld",
+             cb_name[cb], bits, pairs - diff, pairs, worst, two_runs - two_diff, two_runs);
+    verdict(diff == 0 && two_diff == 0 && worst <= 2e-3, what);
     experts_free(&x);
 }
 

@@ -79,14 +79,25 @@ size_t cuda_fast_plan_ints(const cuda_backend *c, long rows)
     return plan_ints(&c->base.model->cfg, rows, &most);
 }
 
-/* The workspace of layer i's shared experts (gate/up with the swiglu, down) at rows rows. */
+/* The shapes of an MLP (gate, up, down) on rank rk; whether it takes muse_k_linear_fast_mlp. */
+static int mlp_fits(const cuda_rank *rk, const muse_mlp *s, muse_k_lin shapes[3])
+{
+    shapes[0] = rk->lin[s->gate.id];
+    shapes[1] = rk->lin[s->up.id];
+    shapes[2] = rk->lin[s->down.id];
+    return muse_k_linear_fast_fits(shapes, 2, MUSE_K_EPI_SWIGLU) &&
+           muse_k_linear_fast_fits(shapes + 2, 1, MUSE_K_EPI_NONE) && shapes[2].k == shapes[0].n;
+}
+
+/* The workspace of layer i's shared experts (gate/up with the swiglu, then down) at rows rows. */
 static size_t shared_need(const muse_model *m, const cuda_rank *rk, int64_t i, long rows)
 {
     const muse_layer *ly = &m->layers[i];
-    if (m->cfg.mlp_kind[i] != MUSE_MLP_MOE || m->cfg.num_shared_experts <= 0) return 0;
-    const muse_linear *gu[2] = {&ly->shared.gate, &ly->shared.up}, *dn[1] = {&ly->shared.down};
-    size_t a = need(rk, gu, 2, MUSE_K_EPI_SWIGLU, rows), b = need(rk, dn, 1, MUSE_K_EPI_NONE, rows);
-    return a > b ? a : b;
+    muse_k_lin shapes[3];
+    if (m->cfg.mlp_kind[i] != MUSE_MLP_MOE || m->cfg.num_shared_experts <= 0 ||
+        !mlp_fits(rk, &ly->shared, shapes))
+        return 0;
+    return muse_k_linear_fast_mlp_workspace(shapes, rows);
 }
 
 size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows)
@@ -112,8 +123,7 @@ size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows
         if (rk->moe_ok && rk->moe_ok[i]) { /* cuda_fast_moe_prepare ran first */
             moe_shapes(rk, ly, ex);
             long P = rows * (long)m->cfg.num_experts_per_tok;
-            MOST(muse_k_linear_fast_workspace(ex, 2, P));
-            MOST(muse_k_linear_fast_workspace(ex + 2, 1, P));
+            MOST(muse_k_linear_fast_mlp_workspace(ex, P));
         }
         MOST(shared_need(m, rk, i, rows));
     }
@@ -153,6 +163,27 @@ void cuda_fast_run(cuda_backend *c, cuda_rank *rk, int side, const muse_linear *
     CHECK(c, muse_k_linear_fast(&kc, shapes, n, x, x_stride, round16, ys, strides, epilogue,
                                 side ? rk->ws_side : rk->ws_fast,
                                 side ? rk->ws_side_bytes : rk->ws_fast_bytes));
+}
+
+int cuda_fast_mlp_fits(const cuda_backend *c, const muse_mlp *s)
+{
+    muse_k_lin shapes[3];
+    if (c->base.kernels != MUSE_KERNELS_FAST) return 0;
+    for (int r = 0; r < c->n_ranks; r++)
+        if (!c->rank[r].ws_fast || !mlp_fits(&c->rank[r], s, shapes)) return 0;
+    return 1;
+}
+
+void cuda_fast_mlp(cuda_backend *c, cuda_rank *rk, int side, const muse_mlp *s, const float *x,
+                   long x_stride, long rows, float *mid, float *y, long y_stride)
+{
+    muse_k_lin shapes[3];
+    mlp_fits(rk, s, shapes); /* the caller asked cuda_fast_mlp_fits; the launcher checks */
+    muse_k_ctx kc = kctx(rk, rows);
+    if (side) kc.st = rk->side;
+    CHECK(c, muse_k_linear_fast_mlp(&kc, shapes, NULL, x, x_stride, mid, (long)shapes[0].n, y,
+                                    y_stride, side ? rk->ws_side : rk->ws_fast,
+                                    side ? rk->ws_side_bytes : rk->ws_fast_bytes));
 }
 
 /* moe_fits walks 3 x E descriptors: once a layer at start (before the workspace's size),
@@ -217,7 +248,7 @@ void cuda_fast_select(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, long
 
 /* Every (row, slot) pair of rows rows through its expert on rank rk, grouped by
  * cuda_fast_select's plan: gate/up with the swiglu epilogue into rk->ea [P, I] and down into
- * z [P, n] (pair order). */
+ * z [P, n] (pair order), the down's prepare in the gate/up's finish. */
 void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, const float *b,
                        long x_stride, long rows, float *z)
 {
@@ -235,16 +266,15 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
     /* the experts' k split: twice the plain target over the K pairs of a token (on the H200
      * against 264 / K and 264: the same at one row, 7-19% faster from 4 rows) */
     int target = 2 * MUSE_FAST_SPLIT_TARGET / (int)m->cfg.num_experts_per_tok; /* K >= 1: fits */
-    muse_k_fast_groups g = {{ex, ex + E}, rk->sel, rk->pair_src, pl.perm, pl.groups,
-                            pl.n_groups,  pl.mg,   pl.gr,        target};
-    float *y[2] = {rk->ea, NULL};
-    long ys[2] = {I, I};
-    CHECK(c, muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, x_stride, 1, y, ys,
-                                        MUSE_K_EPI_SWIGLU, rk->ws_fast, rk->ws_fast_bytes));
-    muse_k_fast_groups gd = {{ex + 2 * E}, rk->sel, NULL,  pl.perm, pl.groups,
-                             pl.n_groups,  pl.mg,   pl.gr, target};
-    float *yd[1] = {z};
-    long yds[1] = {H};
-    CHECK(c, muse_k_linear_fast_grouped(&pc, shapes + 2, 1, &gd, rk->ea, I, 0, yd, yds,
-                                        MUSE_K_EPI_NONE, rk->ws_fast, rk->ws_fast_bytes));
+    muse_k_fast_groups g = {{ex, ex + E, ex + 2 * E},
+                            rk->sel,
+                            rk->pair_src,
+                            pl.perm,
+                            pl.groups,
+                            pl.n_groups,
+                            pl.mg,
+                            pl.gr,
+                            target};
+    CHECK(c, muse_k_linear_fast_mlp(&pc, shapes, &g, b, x_stride, rk->ea, I, z, H, rk->ws_fast,
+                                    rk->ws_fast_bytes));
 }

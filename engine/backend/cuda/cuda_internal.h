@@ -270,6 +270,12 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
 void cuda_fast_run(cuda_backend *c, cuda_rank *rk, int side, const muse_linear *const *ls, int n,
                    const float *x, long x_stride, long rows, int round16, float *const ys[],
                    const long strides[], int epilogue);
+/* An MLP (gate/up with the swiglu, then down) in one fast call (muse_k_linear_fast_mlp):
+ * whether every rank takes it; on rank rk, x's rows through it into y, the swiglu rows into mid
+ * ([rows, I]); side as cuda_fast_run. */
+int cuda_fast_mlp_fits(const cuda_backend *c, const muse_mlp *s);
+void cuda_fast_mlp(cuda_backend *c, cuda_rank *rk, int side, const muse_mlp *s, const float *x,
+                   long x_stride, long rows, float *mid, float *y, long y_stride);
 /* The side workspace rank rk needs at rows rows for the shared experts beside the routed ones
  * (0: the model has none that the fast path takes); cuda_fast_run's side 1 runs there. */
 size_t cuda_fast_side_workspace(const cuda_backend *c, const cuda_rank *rk, long rows);

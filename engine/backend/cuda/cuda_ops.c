@@ -313,26 +313,13 @@ static void run_mlp(cuda_backend *c, cuda_rank *rk, const muse_k_lin *descs[3],
                            rk->ws_t));
 }
 
-/* Whether the shared experts of s take the fast path. */
-static int shared_fast(cuda_backend *c, const muse_mlp *s)
-{
-    const muse_linear *gu[2] = {&s->gate, &s->up}, *dn = &s->down;
-    return cuda_fast_fits(c, gu, 2, MUSE_K_EPI_SWIGLU) &&
-           cuda_fast_fits(c, &dn, 1, MUSE_K_EPI_NONE);
-}
-
 /* The shared experts of rows rows on rank rk into out: the fast gate/up + swiglu and down
  * where the fast path takes them (side: on the side stream), else run_mlp's exact launches. */
 static void run_shared(cuda_backend *c, cuda_rank *rk, const muse_mlp *s, const float *b, long H,
                        long rows, float *out, int side)
 {
-    const muse_linear *gu[2] = {&s->gate, &s->up}, *dn = &s->down;
-    if (shared_fast(c, s)) {
-        long I = (long)rk->lin[s->gate.id].n, n = (long)rk->lin[s->down.id].n;
-        float *y[2] = {rk->eg, NULL}, *yd = out;
-        long ys[2] = {I, I};
-        cuda_fast_run(c, rk, side, gu, 2, b, H, rows, 1, y, ys, MUSE_K_EPI_SWIGLU);
-        cuda_fast_run(c, rk, side, &dn, 1, rk->eg, I, rows, 0, &yd, &n, MUSE_K_EPI_NONE);
+    if (cuda_fast_mlp_fits(c, s)) {
+        cuda_fast_mlp(c, rk, side, s, b, H, rows, rk->eg, out, (long)rk->lin[s->down.id].n);
         return;
     }
     const muse_k_lin *sd[3] = {rk->lin_dev + s->gate.id, rk->lin_dev + s->up.id,
@@ -358,7 +345,7 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
     int shared = cfg->num_shared_experts > 0, fast = cuda_fast_moe_fits(c, ly);
     /* the shared experts on the side stream, beside the router, the selection and the routed
      * experts (joined before the combine), where the rank has a side workspace (cuda_device.c) */
-    int side = shared && fast && c->rank[0].ws_side && shared_fast(c, &ly->shared);
+    int side = shared && fast && c->rank[0].ws_side && cuda_fast_mlp_fits(c, &ly->shared);
     float *zg[MUSE_MAX_RANKS], *zs[MUSE_MAX_RANKS];
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
