@@ -362,8 +362,7 @@ static void check_multi(int cb, int bits)
         muse_k_ctx mc = {0};
         mc.rows = Rf;
         CK(muse_k_linear_fast_mlp(&mc, sh, NULL, x, k, mid, 384, z, k, wsp, need));
-        same_m += same_bits(dl(mid, Rf * 384), dl(mid2, Rf * 384));
-        same_m += same_bits(dl(z, Rf * k), dl(z2, Rf * k));
+        same_m += same_bits(dl(mid, Rf * 384), dl(mid2, Rf * 384)) + same_bits(dl(z, Rf * k), dl(z2, Rf * k));
         for (float *q : {mid, mid2, z, z2}) CK(cudaFree(q));
     }
     snprintf(what, sizeof what, "%s %d bits: gate/up then down in one call == two calls %ld/4",
@@ -443,8 +442,25 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
     pc.rows = P;
     CK(muse_k_moe_group(&pc, pl->sel, E, pl->gr, pl->mg, perm, groups, n_groups));
     muse_k_lin shapes[3] = {x->w[0].shape, x->w[E].shape, x->w[2 * E].shape};
-    /* gate, up, down (the gate/up call reads the first two) */
-    muse_k_fast_groups g = {{x->table, x->table + E, x->table + 2 * E},
+    if (chain) { /* one call, the down's prepare in the gate/up's finish (the engine's) */
+        size_t need = muse_k_linear_fast_mlp_workspace(shapes, P);
+        void *wsp = grow(&d_ws, &ws_cap, need);
+        muse_k_fast_groups g = {{x->table, x->table + E, x->table + 2 * E},
+                                pl->sel,
+                                pl->src,
+                                perm,
+                                groups,
+                                n_groups,
+                                pl->mg,
+                                pl->gr,
+                                GROUP_TARGET};
+        CK(muse_k_linear_fast_mlp(&pc, shapes, &g, b, H, act, I, z, H, wsp, need));
+        return;
+    }
+    size_t need = std::max(muse_k_linear_fast_workspace(shapes, 2, P),
+                           muse_k_linear_fast_workspace(shapes + 2, 1, P));
+    void *wsp = grow(&d_ws, &ws_cap, need);
+    muse_k_fast_groups g = {{x->table, x->table + E},
                             pl->sel,
                             pl->src,
                             perm,
@@ -453,15 +469,6 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
                             pl->mg,
                             pl->gr,
                             GROUP_TARGET};
-    if (chain) { /* one call, the down's prepare in the gate/up's finish (the engine's) */
-        size_t need = muse_k_linear_fast_mlp_workspace(shapes, P);
-        void *wsp = grow(&d_ws, &ws_cap, need);
-        CK(muse_k_linear_fast_mlp(&pc, shapes, &g, b, H, act, I, z, H, wsp, need));
-        return;
-    }
-    size_t need = std::max(muse_k_linear_fast_workspace(shapes, 2, P),
-                           muse_k_linear_fast_workspace(shapes + 2, 1, P));
-    void *wsp = grow(&d_ws, &ws_cap, need);
     float *y[2] = {act, NULL};
     long ys[2] = {(long)I, (long)I};
     CK(muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, H, 1, y, ys, MUSE_K_EPI_SWIGLU, wsp,
