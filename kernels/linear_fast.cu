@@ -555,8 +555,8 @@ MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long exp
     return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
 }
 
-/* What a call does besides its own linears: the next linear's step 1 in this finish (nx), or
- * its own step 1 left out since the finish before did it (prepared). */
+/* The next linear whose step 1 this call's finish does (muse_k_linear_fast_mlp's down): its a,
+ * its k, its descriptor (grouped: the experts'). f_run's prepared: its own step 1 left out. */
 typedef struct {
     uint16_t *na;
     int64_t nk;
