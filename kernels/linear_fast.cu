@@ -664,6 +664,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         f.y_stride[i] = y_stride[i];
         f.blk0[i + 1] = f.blk0[i] + (long)(shapes[i].n / 128);
     }
+    if (g && n_lin == 1 && epilogue == MUSE_K_EPI_NONE) f.sq = g->row_sq;
     if (nx) {
         f.na = nx->na;
         f.nk = nx->nk;

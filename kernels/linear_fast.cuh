@@ -37,6 +37,9 @@ typedef struct {
     const int32_t *sel, *src, *perm, *groups, *n_groups;
     int max_groups, group_rows;
     int split_target;
+    /* set (one linear, no epilogue: the experts' down): each output row's sum of squares in
+     * double by 128-column block b, row_sq[p * (n / 128) + b] (the expert norms that follow) */
+    double *row_sq;
 } muse_k_fast_groups;
 /* The rows a group holds at most for a round of rows rows, k_per_row of experts a row (the
  * product's m-tiles a block: linear_fast.h's muse_fast_group_rows, MUSE_FAST_MANY_MT read). */

@@ -24,6 +24,7 @@ typedef struct {
     float *y[MUSE_K_FAST_MAX_LIN];
     long y_stride[MUSE_K_FAST_MAX_LIN];
     long blk0[MUSE_K_FAST_MAX_LIN + 1]; /* first 128-column block of each linear */
+    long cta0[MUSE_K_FAST_MAX_LIN + 1]; /* first CTA of each linear: muse_k_fast_finish sets it */
     int n_lin, round16, epilogue;
     int grouped; /* g: partial row q is pair perm[q]'s, finished with its expert's scales */
     muse_k_fast_groups g;
@@ -33,6 +34,9 @@ typedef struct {
     int64_t nk;
     muse_k_lin nd;
     const muse_k_lin *nd_descs;
+    /* set (one linear, no epilogue): each output row's sum of squares by 128-column block b:
+     * sq[out_row * blk0[1] + b] = the warp's tree of its lanes' (((x0^2 + x1^2) + x2^2) + x3^2) */
+    double *sq;
 } muse_fast_fin;
 
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,

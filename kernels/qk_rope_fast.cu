@@ -3,13 +3,43 @@
  * bits), so a head's bits depend on nothing but the head; then each element and each NEOX pair
  * exactly as kernels/qk_rope.cu (scaled in double to fp32, rotated in double, fp16). Lane d
  * owns the pair (d, d + half) of every d < half it visits, and reads nothing another lane writes.
+ * The attention's inputs in one launch (k_attn_in_fast): q's heads and k's heads so, and each
+ * of the rank's k heads written to the layer's cache with v's as muse_k_kv_write writes them.
  */
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "pdl.cuh"
 #include "qk_rope_fast.cuh"
+#include "model/kv_addr.h"
 
 #define QK_HEADS 4
+
+/* One head v[hd] of a row at position p, by one warp, in place; kc: the head's cache row (fp16
+ * bits of what is written) or NULL. */
+__device__ __forceinline__ void qk_head(float *v, long hd, double p, double theta, double eps,
+                                        int lane, uint16_t *kc)
+{
+    double acc = 0;
+    for (long d = lane; d < hd; d += 32) acc += (double)v[d] * (double)v[d];
+    double s = k_fr_scale(k_fr_warp_sum(acc), hd, eps);
+    long half = hd / 2;
+    for (long d = lane; d < hd; d += 32) {
+        if (theta != 0 && d < half) {
+            double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
+            double cs = cos(angle), sn = sin(angle);
+            double x1 = (float)((double)v[d] * s), x2 = (float)((double)v[d + half] * s);
+            float y1 = muse_round_f16((float)(x1 * cs - x2 * sn));
+            float y2 = muse_round_f16((float)(x2 * cs + x1 * sn));
+            v[d] = y1;
+            v[d + half] = y2;
+            if (kc) kc[d] = muse_f32_to_f16(y1), kc[d + half] = muse_f32_to_f16(y2);
+        } else if (theta == 0 || d >= 2 * half) {
+            float y = muse_round_f16((float)((double)v[d] * s));
+            v[d] = y;
+            if (kc) kc[d] = muse_f32_to_f16(y);
+        }
+    }
+}
 
 /* Shape: grid (ceil(heads / QK_HEADS), rows), block 32 * QK_HEADS. */
 __global__ void k_qk_norm_rope_fast(float *x, long heads, long hd, const int64_t *positions,
@@ -20,23 +50,38 @@ __global__ void k_qk_norm_rope_fast(float *x, long heads, long hd, const int64_t
     long r = blockIdx.y, hh = (long)blockIdx.x * QK_HEADS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (hh >= heads) return; /* a whole warp: the shuffles below see only full warps */
-    float *v = x + (r * heads + hh) * hd;
-    double acc = 0;
-    for (long d = lane; d < hd; d += 32) acc += (double)v[d] * (double)v[d];
-    double s = k_fr_scale(k_fr_warp_sum(acc), hd, eps);
-    long half = hd / 2;
+    qk_head(x + (r * heads + hh) * hd, hd, (double)positions[r], theta, eps, lane, NULL);
+}
+
+/* Shape: grid (qb + ceil(hk / QK_HEADS), rows), qb = ceil(hq / QK_HEADS), block 32 * QK_HEADS:
+ * blocks below qb take q's heads, the rest k's; a k head inside the cache's [off, off + kv_width)
+ * goes to the row's cache slot with the same columns of v (a padding row or an unreserved block:
+ * no write, as muse_k_kv_write). */
+__global__ void k_attn_in_fast(float *q, long hq, float *k, long hk, const float *v, long hd,
+                               long off, muse_k_kv kv, const int32_t *seqs,
+                               const int64_t *positions, double theta, double eps)
+{
+    K_PDL_NEXT();
+    K_PDL_WAIT();
+    long r = blockIdx.y, qb = (hq + QK_HEADS - 1) / QK_HEADS;
+    long hh = ((long)blockIdx.x - (blockIdx.x < qb ? 0 : qb)) * QK_HEADS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
     double p = (double)positions[r];
-    for (long d = lane; d < hd; d += 32) {
-        if (theta != 0 && d < half) {
-            double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
-            double cs = cos(angle), sn = sin(angle);
-            double x1 = (float)((double)v[d] * s), x2 = (float)((double)v[d + half] * s);
-            v[d] = muse_round_f16((float)(x1 * cs - x2 * sn));
-            v[d + half] = muse_round_f16((float)(x2 * cs + x1 * sn));
-        } else if (theta == 0 || d >= 2 * half) {
-            v[d] = muse_round_f16((float)((double)v[d] * s));
-        }
+    if (blockIdx.x < qb) {
+        if (hh < hq) qk_head(q + (r * hq + hh) * hd, hd, p, theta, eps, lane, NULL);
+        return;
     }
+    if (hh >= hk) return; /* a whole warp: the shuffles see only full warps */
+    long c0 = hh * hd - off; /* the head's first column in the cache row */
+    int seq = seqs[r];
+    int64_t at = -1;
+    if (seq >= 0 && c0 >= 0 && c0 < kv.kv_width)
+        at = muse_kv_offset(kv.tables, kv.blocks_per_seq, kv.cap, seq, positions[r], 0,
+                            kv.kv_width);
+    qk_head(k + (r * hk + hh) * hd, hd, p, theta, eps, lane, at >= 0 ? kv.k + at + c0 : NULL);
+    if (at < 0) return;
+    const float *vr = v + r * hk * hd + hh * hd;
+    for (long d = lane; d < hd; d += 32) kv.v[at + c0 + d] = muse_f32_to_f16(vr[d]);
 }
 
 MUSE_K_API int muse_k_qk_norm_rope_fast(const muse_k_ctx *ctx, float *x, long heads, long head_dim,
@@ -46,4 +91,17 @@ MUSE_K_API int muse_k_qk_norm_rope_fast(const muse_k_ctx *ctx, float *x, long he
     dim3 grid((unsigned)((heads + QK_HEADS - 1) / QK_HEADS), (unsigned)ctx->rows);
     return k_launch(k_qk_norm_rope_fast, grid, 32 * QK_HEADS, 0, ctx->st, x, heads, head_dim,
                     ctx->positions, theta, eps);
+}
+
+MUSE_K_API int muse_k_attn_in_fast(const muse_k_ctx *ctx, float *q, long hq, float *k, long hk,
+                                   const float *v, long head_dim, long off, muse_k_kv kv,
+                                   double theta, double eps)
+{
+    if (ctx->rows <= 0 || hq <= 0 || hk <= 0 || head_dim <= 0) return 0;
+    if (off < 0 || off % head_dim || off + kv.kv_width > hk * head_dim || kv.kv_width % head_dim)
+        return (int)cudaErrorInvalidValue;
+    long blocks = (hq + QK_HEADS - 1) / QK_HEADS + (hk + QK_HEADS - 1) / QK_HEADS;
+    dim3 grid((unsigned)blocks, (unsigned)ctx->rows);
+    return k_launch(k_attn_in_fast, grid, 32 * QK_HEADS, 0, ctx->st, q, hq, k, hk, v, head_dim, off,
+                    kv, ctx->seqs, ctx->positions, theta, eps);
 }

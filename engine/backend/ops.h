@@ -42,8 +42,9 @@
       "per head: unweighted rms (eps), RoPE NEOX at each row's position (theta 0: none), fp16")    \
     X(attention,                                                                                   \
       (muse_backend * be, int layer, muse_act q, muse_act k, muse_act v, muse_act g, muse_act o),  \
-      "writes k, v [R,KV] of layer to the cache, then o[R,Q] = softmax(q k^T * scale) v, causal, " \
-      "sliding when window > 0, then o = fp16(o * sigmoid(g)); padding rows skip both")            \
+      "q, k as qk_norm_rope (the layer's theta), writes k, v [R,KV] to the layer's cache, then "   \
+      "o[R,Q] = softmax(q k^T * scale) v, causal, sliding when window > 0, then o = fp16(o * "     \
+      "sigmoid(g)); padding rows skip the write and get zeros")                                    \
     X(swiglu, (muse_backend * be, muse_act gate, muse_act up, long width, muse_act out),           \
       "out[R,W] = fp16(silu(gate) * up)")                                                          \
     X(moe, (muse_backend * be, const muse_layer *ly, muse_act b, muse_act y),                      \
@@ -96,18 +97,19 @@
       "kernels/qk_rope_fast.cu",                                                                   \
       "cpu qk_norm_rope: per-head rms, RoPE NEOX (theta 0: none), fp16",                           \
       "Q and KV widths, a RoPE and a NoPE layer", 1e-6, MUSE_TOL_BY_OUTPUT, qk)                    \
-    K(ATTN_SLIDING, "kv write + attention sliding", "attention", "kernels/attention.cu",           \
-      "kernels/attention_fast.cu",                                                                 \
-      "cpu attention: cache write, causal softmax within the window, sigmoid gate",                \
+    K(ATTN_SLIDING, "kv write + attention sliding", "attention",                                   \
+      "kernels/qk_rope.cu, kernels/attention.cu", "kernels/qk_rope_fast.cu, attention_fast.cu",    \
+      "cpu attention: q, k norm + rope, cache write, causal softmax within the window, gate",      \
       "Q, KV of the first sliding layer; prompt and decode", 1e-6, MUSE_TOL_BY_OUTPUT, attention)  \
-    K(ATTN_FULL, "kv write + attention full", "attention", "kernels/attention.cu",                 \
-      "kernels/attention_fast.cu",                                                                 \
-      "cpu attention: paged cache write, causal softmax, sigmoid gate",                            \
+    K(ATTN_FULL, "kv write + attention full", "attention",                                         \
+      "kernels/qk_rope.cu, kernels/attention.cu", "kernels/qk_rope_fast.cu, attention_fast.cu",    \
+      "cpu attention: q, k norm + rope, paged cache write, causal softmax, sigmoid gate",          \
       "Q, KV of the first full layer; prompt and decode", 1e-6, MUSE_TOL_BY_OUTPUT, attention)     \
     K(SWIGLU, "swiglu", "swiglu", "kernels/swiglu.cu", "kernels/swiglu_fast.cu",                   \
       "cpu swiglu: fp16(silu(g) * u)", "dense and expert widths", 1e-6, MUSE_TOL_BY_OUTPUT,        \
       swiglu)                                                                                      \
-    K(MOE, "moe + router", "moe", "kernels/moe.cu", "kernels/moe_fast.cu, kernels/linear_fast.cu", \
+    K(MOE, "moe + router", "moe", "kernels/moe.cu",                                                \
+      "kernels/moe_fast.cu, kernels/linear_fast.cu, kernels/moe_combine_fast.cu",                  \
       "cpu moe: router, top-k (ties to the lower expert), weights, experts, shared experts",       \
       "hidden of the first moe layer", 1e-6, 2e-4, moe)                                            \
     K(HEAD, "head", "head", "kernels/head.cu", NULL,                                               \

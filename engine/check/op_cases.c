@@ -88,7 +88,7 @@ static int mlp_cases(muse_op_case *cs, int n, const muse_mlp *p)
     return linear_case(cs, n, &p->down, 0);
 }
 
-/* qk_norm_rope of q and k, then the kv write + attention, of layer i */
+/* qk_norm_rope of q and of k alone, then the attention (its own q, k rope, kv write) of layer i */
 static int attention_cases(const muse_model *m, muse_op_case *cs, int n, int i)
 {
     const muse_config *c = &m->cfg;

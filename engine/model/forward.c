@@ -108,14 +108,10 @@ static void attention_block(muse_forward *f, int i)
     const muse_config *c = &f->m->cfg;
     const muse_layer *ly = &f->m->layers[i];
     long H = (long)c->hidden_size;
-    float eps = (float)c->rms_norm_eps;
     const muse_linear *qkvg[4] = {&ly->q, &ly->k, &ly->v, &ly->gate};
     const muse_act outs[4] = {f->q, f->k, f->v, f->g};
     ops->linears(be, 4, qkvg, f->a, 1, outs);
-    ops->qk_norm_rope(be, f->q, (long)c->n_heads, (long)c->head_dim, c->rope_theta_layer[i], eps);
-    ops->qk_norm_rope(be, f->k, (long)c->n_kv_heads, (long)c->head_dim, c->rope_theta_layer[i],
-                      eps);
-    ops->attention(be, i, f->q, f->k, f->v, f->g, f->o);
+    ops->attention(be, i, f->q, f->k, f->v, f->g, f->o); /* q and k normed and roped in it */
     ops->linear(be, &ly->o, f->o, 0, f->y);
     ops->all_reduce(be, f->y, H); /* o is split by its input: ranks hold partial sums */
     add_norm_then(f, &ly->post_attn_norm, (float)c->post_norm_eps, &ly->pre_ff_norm,

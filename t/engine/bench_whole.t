@@ -104,7 +104,7 @@ for my $name ('embed', 'norms', 'attention', 'dense mlp', 'moe (unsplit)', 'head
 # the cpu backend's begin and end of a round can take under 0.5 us: 0.000 at three decimals
 ok(($st{'host time'}{'ms a step'} // -1) =~ /^[\d.]+$/, 'stages: host time timed');
 is($st{'host time'}{'calls a step'}, 2, 'stages: host time is begin_round and end_round');
-is($st{attention}{'calls a step'}, 30, 'stages: attention 5 ops a layer x 6 layers');
+is($st{attention}{'calls a step'}, 18, 'stages: attention 3 ops a layer x 6 layers (q, k rope in the attention)');
 is($st{'dense mlp'}{'calls a step'}, 4, 'stages: dense mlp 2 ops x 2 dense layers (nested calls counted once)');
 is($st{'moe (unsplit)'}{'calls a step'}, 4, 'stages: one moe call a moe layer');
 is($st{head}{'calls a step'}, 1, 'stages: one head call');

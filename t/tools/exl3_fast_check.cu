@@ -433,7 +433,7 @@ static void plan_free(moe_plan *p)
  * split as the engine splits them for 8 experts a token (2 MUSE_FAST_SPLIT_TARGET / 8) */
 static const int GROUP_TARGET = 2 * MUSE_FAST_SPLIT_TARGET / 8;
 static void run_grouped(const experts *x, const moe_plan *pl, const float *b, long R, long K,
-                        float *act, float *z, bool chain = true)
+                        float *act, float *z, bool chain = true, double *row_sq = nullptr)
 {
     long P = R * K, E = x->E;
     int64_t H = x->w[0].shape.k, I = x->w[0].shape.n;
@@ -453,7 +453,8 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
                                 n_groups,
                                 pl->mg,
                                 pl->gr,
-                                GROUP_TARGET};
+                                GROUP_TARGET,
+                                row_sq};
         CK(muse_k_linear_fast_mlp(&pc, shapes, &g, b, H, act, I, z, H, wsp, need));
         return;
     }
@@ -474,7 +475,7 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
     CK(muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, H, 1, y, ys, MUSE_K_EPI_SWIGLU, wsp,
                                   need));
     muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL,   perm,        groups,
-                             n_groups,           pl->mg,  pl->gr, GROUP_TARGET};
+                             n_groups,           pl->mg,  pl->gr, GROUP_TARGET, row_sq};
     float *yd[1] = {z};
     long yds[1] = {(long)H};
     CK(muse_k_linear_fast_grouped(&pc, shapes + 2, 1, &gd, act, I, 0, yd, yds, MUSE_K_EPI_NONE, wsp,
@@ -499,33 +500,69 @@ static std::vector<int32_t> rand_sel(long R, long K, long E)
     return sel;
 }
 
+/* The down's row sums of squares (muse_k_fast_groups.row_sq) as the finish forms them from the
+ * values it writes: a lane's (((x0^2 + x1^2) + x2^2) + x3^2) in double, then the warp's
+ * butterfly (lane l adds lane l ^ m's, m = 16 .. 1), lane 0's, for each 128-column block. */
+static long row_sq_diff(const std::vector<float> &z, const std::vector<double> &sq, long P,
+                        int64_t H)
+{
+    long nb = H / 128, bad = 0;
+    for (long p = 0; p < P; p++)
+        for (long b = 0; b < nb; b++) {
+            double v[32], w[32];
+            for (int l = 0; l < 32; l++) {
+                const float *o = z.data() + p * H + b * 128 + 4 * l;
+                v[l] = (((double)o[0] * o[0] + (double)o[1] * o[1]) + (double)o[2] * o[2]) +
+                       (double)o[3] * o[3];
+            }
+            for (int m = 16; m > 0; m >>= 1) {
+                for (int l = 0; l < 32; l++) w[l] = v[l] + v[l ^ m];
+                memcpy(v, w, sizeof v);
+            }
+            bad += memcmp(&v[0], &sq[p * nb + b], sizeof(double)) != 0;
+        }
+    return bad;
+}
+
 /* every pair of the grouped call equal bit for bit to its row through its expert alone (a
  * grouped call of that one pair: gate/up + swiglu then down), at 1 row, a few, and past 16
  * rows; within tolerance of the exact path */
 static void check_grouped(int cb, int bits)
 {
-    char what[200];
+    char what[300];
     const long E = 6, K = 3;
     const int64_t H = 256, I = 384;
     experts x;
     experts_make(&x, E, H, I, bits, cb);
-    long diff = 0, pairs = 0, two_diff = 0, two_runs = 0;
+    long diff = 0, pairs = 0, two_diff = 0, two_runs = 0, sq_diff = 0, sq_n = 0;
     double worst = 0;
     for (long R : {1L, 5L, 20L, 64L, 128L, 256L}) { /* blocks of 1, 1, 1, 2, 4, 8 m-tiles */
-        long P = R * K;
+        long P = R * K, nb = (long)H / 128;
         std::vector<int32_t> sel = rand_sel(R, K, E);
         moe_plan pl;
         plan_make(&pl, sel, R, K, E);
         float *b = rand_x(R, H), *act = dalloc(P * I), *z = dalloc(P * H);
+        double *sq;
+        CK(cudaMalloc(&sq, (size_t)(P * nb) * sizeof(double)));
+        CK(cudaMemset(sq, 0xff, (size_t)(P * nb) * sizeof(double))); /* NaN: poisoned */
         poison(act, P * I);
         poison(z, P * H);
-        run_grouped(&x, &pl, b, R, K, act, z);
+        run_grouped(&x, &pl, b, R, K, act, z, true, sq);
         std::vector<float> got = dl(z, P * H), got_act = dl(act, P * I);
-        /* the two grouped calls (the down's own prepare): the same bits */
+        std::vector<double> got_sq(P * nb);
+        CK(cudaMemcpy(got_sq.data(), sq, got_sq.size() * sizeof(double), cudaMemcpyDeviceToHost));
+        sq_diff += row_sq_diff(got, got_sq, P, H);
+        sq_n += P * nb;
+        /* the two grouped calls (the down's own prepare): the same bits, the same sums */
         poison(act, P * I);
         poison(z, P * H);
-        run_grouped(&x, &pl, b, R, K, act, z, false);
+        CK(cudaMemset(sq, 0xff, (size_t)(P * nb) * sizeof(double)));
+        run_grouped(&x, &pl, b, R, K, act, z, false, sq);
         two_diff += !same_bits(dl(z, P * H), got) + !same_bits(dl(act, P * I), got_act);
+        CK(cudaMemcpy(got_sq.data(), sq, got_sq.size() * sizeof(double), cudaMemcpyDeviceToHost));
+        sq_diff += row_sq_diff(got, got_sq, P, H);
+        sq_n += P * nb;
+        CK(cudaFree(sq));
         two_runs += 2;
         float *a1 = dalloc(I), *z1 = dalloc(H), *g1 = dalloc(I), *u1 = dalloc(I), *s1 = dalloc(I);
         for (long p = 0; p < P; p++) {
@@ -556,9 +593,10 @@ static void check_grouped(int cb, int bits)
     }
     snprintf(what, sizeof what,
              "%s %d bits: grouped experts == each pair alone %ld/%ld, rel L2 vs exact %.3g; one "
-             "call == two calls %ld/%ld",
-             cb_name[cb], bits, pairs - diff, pairs, worst, two_runs - two_diff, two_runs);
-    verdict(diff == 0 && two_diff == 0 && worst <= 2e-3, what);
+             "call == two calls %ld/%ld; row sums of squares == the host's tree %ld/%ld",
+             cb_name[cb], bits, pairs - diff, pairs, worst, two_runs - two_diff, two_runs,
+             sq_n - sq_diff, sq_n);
+    verdict(diff == 0 && two_diff == 0 && sq_diff == 0 && worst <= 2e-3, what);
     experts_free(&x);
 }
 

@@ -20,7 +20,8 @@
 # pack and the whole one-GPU shape served through nginx, t/tools/serve_measure.sh), nor
 # wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS), promptvar (its
 # prompt under them), many (the product at many rows under each of GPU_CHECK_MANY_VARIANTS),
-# ncuprodmany (the product at 256 rows under ncu), kprofprompt (each kernel of a prompt round).
+# ncuprodmany (the product at 256 rows under ncu), kprofprompt (each kernel of a prompt round),
+# oldnew (this build's fast logits against an earlier build's carried as build/gpu/old).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -46,7 +47,7 @@ step() {
     rc=$?
     note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
     case $name in # tables come back whole; other steps their verdict lines
-    fastcheck | shape-* | whole-* | prompt-* | many-* | demo-decode-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
+    fastcheck | shape-* | whole-* | prompt-* | many-* | demo-decode-* | oldnew-diff) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
     attn-*) grep -E "attention|copy bandwidth" "$logs/$name.txt" | head -8 | tee -a "$sum" ;;
     synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
@@ -198,6 +199,59 @@ if want logits && [ "$B" = cuda ]; then
     MUSE_EXL3_PATH=small step logits-small 60 prove -v t/ops/cuda_logits.t
     # every round captured anew (the default launches a bucket's stored graph for its key)
     MUSE_CUDA_REPLAY=0 step logits-noreplay 60 prove -v t/ops/cuda_logits.t
+fi
+
+# oldnew (by name): the fast path's logits of an earlier build carried as build/gpu/old/muse-engine
+# and of this one, bit for bit (a change meant to keep every bit), on the 4-layer cut and the
+# tiny shape (2 bits mcg, synthetic weights), the prompt whole and a row a round; this build's
+# under each of GPU_CHECK_OLDNEW_VARIANTS ("NAME=VALUE"), its bits against the earlier build's.
+if want oldnew && [ "$B" = cuda ] && [ -x build/gpu/old/muse-engine ]; then
+    ids=$(seq -s, 1 48)
+    for shape in muse-spark-open-1gpu-4l tiny; do
+        for chunk in 48 1; do
+            for bin in build/gpu/old/muse-engine build/muse-engine; do
+                tag=$shape-$chunk-$([ "$bin" = build/muse-engine ] && echo new || echo old)
+                step "oldnew-$tag" 90 "$bin" logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
+                    --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
+                    --out "$logs/$tag.f32"
+            done
+            for v in ${GPU_CHECK_OLDNEW_VARIANTS:-}; do
+                env "$v" build/muse-engine logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
+                    --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
+                    --out "$logs/$shape-$chunk-$v.f32" >/dev/null 2>&1
+            done
+        done
+    done
+    step oldnew-diff 30 /usr/bin/python3 - "$logs" <<'PY'
+import array, glob, math, os, sys
+d = sys.argv[1]
+def load(f):
+    a = array.array("f")
+    with open(f, "rb") as fh:
+        a.frombytes(fh.read())
+    return a
+for old in sorted(glob.glob(os.path.join(d, "*-old.f32"))):
+    a = load(old)
+    for f in [old[:-8] + "-new.f32"] + sorted(glob.glob(old[:-8] + "-*=*.f32")):
+        if not os.path.exists(f):
+            print(f"FAIL {os.path.basename(f)}: missing")
+            continue
+        b = load(f)
+        if len(a) != len(b):
+            print(f"FAIL {os.path.basename(f)}: {len(b)} logits, the old {len(a)}")
+            continue
+        if a.tobytes() == b.tobytes():
+            print(f"SAME {os.path.basename(f)} vs old: {len(a)} logits, 0 differ")
+            continue
+        diff, num, den = 0, 0.0, 0.0
+        for x, y in zip(a, b):
+            diff += x != y
+            num += (x - y) * (x - y)
+            den += x * x
+        print(f"DIFF {os.path.basename(f)} vs old: {len(a)} logits, {diff} differ, "
+              f"rel L2 {math.sqrt(num) / (math.sqrt(den) or 1.0):.3g}")
+PY
+    rm -f "$logs"/*.f32 # 39 MB a run of the cut: the logs must come back
 fi
 
 if want compare; then

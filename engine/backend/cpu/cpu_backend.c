@@ -406,18 +406,23 @@ static void attn_rows(void *ctx, long begin, long end, int thread)
     }
 }
 
-/* Each rank writes its KV heads to its cache (taking them out of a whole k, v when it computed
- * all heads) and attends with its query heads. */
+/* Each rank norms and ropes the q and k heads its buffers hold, writes its KV heads to its cache
+ * (taking them out of a whole k, v when it computed all heads) and attends with its query heads. */
 static void cpu_attention(muse_backend *be, int layer, muse_act q, muse_act k_a, muse_act v_a,
                           muse_act g, muse_act o)
 {
     cpu_backend *c = cpu(be);
     const muse_config *cfg = &be->model->cfg;
     long hd = (long)cfg->head_dim;
+    double theta = cfg->rope_theta_layer[layer];
+    float eps = (float)cfg->rms_norm_eps;
     for (int rr = 0; rr < c->n_ranks; rr++) {
         const cpu_rank *rk = &c->rank[rr];
         long KV = rk->kv_width, kw = c->act_cols[k_a][rr];
         long off = kw == KV ? 0 : rk->heads.kv0 * hd; /* a whole k: the rank's heads from there */
+        long hq = rk->heads.q1 - rk->heads.q0;
+        qk_rows(c, act_r(c, q, rr), hq, hd, theta, eps); /* the heads the attention reads */
+        qk_rows(c, act_r(c, k_a, rr), kw / hd, hd, theta, eps);
         const float *k = act_r(c, k_a, rr), *v = act_r(c, v_a, rr);
         for (long r = 0; r < c->rows; r++) {
             if (c->stage.seqs[r] < 0) continue; /* padding */
@@ -427,7 +432,6 @@ static void cpu_attention(muse_backend *be, int layer, muse_act q, muse_act k_a,
                 rk->v_cache[layer][at + d] = muse_f32_to_f16(v[r * kw + off + d]);
             }
         }
-        long hq = rk->heads.q1 - rk->heads.q0;
         attn_job j = {c, rk, layer, hq, act_r(c, q, rr), act_r(c, g, rr), act_r(c, o, rr)};
         muse_pool_run_t(c->pool, attn_rows, &j, c->rows * hq);
         c->act_cols[o][rr] = hq * hd;

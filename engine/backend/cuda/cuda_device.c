@@ -133,6 +133,8 @@ static int allocate_rank(cuda_backend *c, int r)
     rk->eu = dalloc(c, mlp * sizeof(float), &mem->workspace);
     rk->ea = dalloc(c, mlp * sizeof(float), &mem->workspace);
     rk->zg = dalloc(c, P * H * sizeof(float), &mem->workspace);
+    if (be->kernels == MUSE_KERNELS_FAST && c->n_ranks == 1 && cfg->expert_output_norm && H >= 128)
+        rk->zsq = dalloc(c, P * (H / 128) * sizeof(double), &mem->workspace);
     rk->zs = dalloc(c, R * H * sizeof(float), &mem->workspace);
     rk->xsel = dalloc(c, R * H * sizeof(float), &mem->workspace);
     rk->raw = dalloc(c, R * head_w * sizeof(float), &mem->workspace);
@@ -458,7 +460,7 @@ static void free_rank(cuda_backend *c, int r)
                    rk->d_want,      rk->d_tables,   rk->d_drawn,
                    rk->d_positions, rk->d_draw_pos, rk->d_sampling,
                    rk->snapshots,   rk->moe_plan,   rk->ws_attn,
-                   rk->d_masks,     rk->ws_side};
+                   rk->d_masks,     rk->ws_side,    rk->zsq};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < c->n_acts; i++) cudaFree(c->acts[i][r]);
     if (rk->k_cache)

@@ -3,6 +3,9 @@
  * several of one input in one launch, gate/up with the swiglu epilogue), the workspace they
  * need, and the calls. Everything else, and everything on the exact path, runs the exact
  * kernels: the same call falls back by shape alone, so a row's path never depends on its batch. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend/cuda/cuda_internal.h"
 #include "kernels/linear_fast.cuh"
 #include "kernels/linear_fast.h"
@@ -274,7 +277,23 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
                             pl.n_groups,
                             pl.mg,
                             pl.gr,
-                            target};
+                            target,
+                            cuda_fast_norm_in(c, rk) ? rk->zsq : NULL};
     CHECK(c, muse_k_linear_fast_mlp(&pc, shapes, &g, b, x_stride, rk->ea, I, z, H, rk->ws_fast,
                                     rk->ws_fast_bytes));
+}
+
+int cuda_env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return !(v && !strcmp(v, "0"));
+}
+
+int cuda_fast_norm_in(const cuda_backend *c, const cuda_rank *rk)
+{
+    static int env = -1; /* read once a process: one form a process */
+    if (env < 0) env = cuda_env_on("MUSE_FAST_NORM_IN");
+    const muse_config *cfg = &c->base.model->cfg;
+    return env && rk->zsq && c->n_ranks == 1 && cfg->expert_output_norm &&
+           cfg->hidden_size % 128 == 0 && cfg->num_experts_per_tok <= 64;
 }

@@ -113,6 +113,7 @@ typedef struct {
     float *router_logits, *sel_w, *eg, *eu, *ea, *zg, *zs, *xsel, *raw, *weights;
     int32_t *sel, *pair_src;
     int32_t *moe_plan;     /* the fast MoE's groups, perm and count (cuda_fast.c), fast path only */
+    double *zsq;           /* [P][H / 128] the down's row sums of squares (cuda_fast_norm_in) */
     unsigned char *moe_ok; /* [layers]: its experts take the grouped fast product (at start) */
     float *red;            /* [red_floats] a rank-order sum before it is copied back (ranks > 1) */
     float *gather;         /* [ranks][red_floats] NCCL's all-gather of the partials (NCCL only) */
@@ -265,6 +266,12 @@ size_t cuda_fast_plan_ints(const cuda_backend *c, long rows);
 void cuda_fast_moe_prepare(const cuda_backend *c, cuda_rank *rk);
 int cuda_fast_moe_fits(const cuda_backend *c, const muse_layer *ly);
 void cuda_fast_select(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, long rows, int grouped);
+/* Whether the routed experts' down writes its rows' sums of squares (rk->zsq) and the combine
+ * takes the expert norms in (kernels/moe_combine_fast.cu): one rank, the fast grouped experts,
+ * expert output norms; MUSE_FAST_NORM_IN=0 from the environment: the norm's own launch. */
+int cuda_fast_norm_in(const cuda_backend *c, const cuda_rank *rk);
+/* 0 where the environment sets name to "0" (a tuning switch; callers read it once a process) */
+int cuda_env_on(const char *name);
 void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, const float *b,
                        long x_stride, long rows, float *z);
 void cuda_fast_run(cuda_backend *c, cuda_rank *rk, int side, const muse_linear *const *ls, int n,

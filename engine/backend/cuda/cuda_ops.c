@@ -13,6 +13,7 @@
 #include "kernels/head.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/moe.cuh"
+#include "kernels/moe_combine_fast.cuh"
 #include "kernels/moe_fast.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/norm_fast.cuh"
@@ -242,9 +243,10 @@ static muse_k_kv layer_kv(cuda_backend *c, const cuda_rank *rk, int layer)
     return kv;
 }
 
-/* Each rank writes its KV heads to its cache (taking them out of a whole k, v when it computed
- * all heads) and attends with its query heads; query head h of the rank reads its cache's head
- * h / group (its heads start on a group boundary, or share one KV head). */
+/* Each rank norms and ropes the q and k heads its buffers hold, writes its KV heads to its cache
+ * (taking them out of a whole k, v when it computed all heads) and attends with its query heads;
+ * query head h of the rank reads its cache's head h / group (its heads start on a group
+ * boundary, or share one KV head). The fast path does the first three in one launch. */
 static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, muse_act v,
                            muse_act g, muse_act o)
 {
@@ -255,14 +257,28 @@ static void cuda_attention(muse_backend *be, int layer, muse_act q, muse_act k, 
     long hd = (long)cfg->head_dim, Hq = (long)cfg->n_heads, Hkv = (long)cfg->n_kv_heads;
     long window = cfg->attn_kind[layer] == MUSE_ATTN_SLIDING ? (long)cfg->sliding_window : 0;
     double scale = cfg->qk_scale_factor / sqrt((double)hd);
+    double theta = cfg->rope_theta_layer[layer], eps = (double)(float)cfg->rms_norm_eps;
     for (int r = 0; r < c->n_ranks; r++) {
         cuda_rank *rk = on(c, r);
         long KV = rk->kv_width, kw = c->act_cols[k][r];
         long off = kw == KV ? 0 : (long)rk->heads.kv0 * hd; /* a whole k: its heads from there */
-        long hq = (long)(rk->heads.q1 - rk->heads.q0);
+        long hq = (long)(rk->heads.q1 - rk->heads.q0);      /* the q heads it ropes and reads */
         muse_k_kv kv = layer_kv(c, rk, layer);
         muse_k_ctx kc = kctx(rk, c->rows);
-        CHECK(c, muse_k_kv_write(&kc, kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw));
+        static int one = -1; /* MUSE_FAST_ATTN_IN=0: three launches (read once a process) */
+        if (one < 0) one = cuda_env_on("MUSE_FAST_ATTN_IN");
+        if (fast_small(c) && !one) {
+            CHECK(c, muse_k_qk_norm_rope_fast(&kc, act_r(c, q, r), hq, hd, theta, eps));
+            CHECK(c, muse_k_qk_norm_rope_fast(&kc, act_r(c, k, r), kw / hd, hd, theta, eps));
+            CHECK(c, muse_k_kv_write(&kc, kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw));
+        } else if (fast_small(c)) {
+            CHECK(c, muse_k_attn_in_fast(&kc, act_r(c, q, r), hq, act_r(c, k, r), kw / hd,
+                                         act_r(c, v, r), hd, off, kv, theta, eps));
+        } else {
+            CHECK(c, muse_k_qk_norm_rope(&kc, act_r(c, q, r), hq, hd, theta, eps));
+            CHECK(c, muse_k_qk_norm_rope(&kc, act_r(c, k, r), kw / hd, hd, theta, eps));
+            CHECK(c, muse_k_kv_write(&kc, kv, act_r(c, k, r) + off, act_r(c, v, r) + off, kw));
+        }
         if (c->base.kernels == MUSE_KERNELS_FAST && rk->ws_attn) /* shape fits: cuda_attn.c */
             CHECK(c,
                   muse_k_attention_fast(&kc, kv, act_r(c, q, r), act_r(c, g, r), act_r(c, o, r), hq,
@@ -394,6 +410,13 @@ static void cuda_moe(muse_backend *be, const muse_layer *ly, muse_act b_a, muse_
         cuda_rank *rk = on(c, r);
         muse_k_ctx pairs = kctx(rk, R * K), kc = kctx(rk, R);
         double eps = (double)(float)cfg->rms_norm_eps;
+        if (fast && cuda_fast_norm_in(c, rk)) { /* the down's finish summed the squares */
+            CHECK(c, muse_k_moe_combine_norm_fast(&kc, rk->sel, rk->sel_w, rk->zg, rk->zsq,
+                                                  rk->expert_norm[i], eps, shared ? rk->zs : NULL,
+                                                  K, H, act_r(c, y_a, r)));
+            c->act_cols[y_a][r] = H;
+            continue;
+        }
         if (cfg->expert_output_norm && be->kernels == MUSE_KERNELS_FAST)
             CHECK(c, muse_k_norm_fast_rows(&pairs, rk->zg, H, rk->expert_norm[i], H, rk->sel,
                                            MUSE_K_NORM_PLUS1, eps, 0, rk->zg));
