@@ -98,11 +98,13 @@
       "cpu qk_norm_rope: per-head rms, RoPE NEOX (theta 0: none), fp16",                           \
       "Q and KV widths, a RoPE and a NoPE layer", 1e-6, MUSE_TOL_BY_OUTPUT, qk)                    \
     K(ATTN_SLIDING, "kv write + attention sliding", "attention",                                   \
-      "kernels/qk_rope.cu, kernels/attention.cu", "kernels/qk_rope_fast.cu, attention_fast.cu",    \
-      "cpu attention: q, k norm + rope, cache write, causal softmax within the window, gate",      \
+      "kernels/qk_rope.cu, kernels/attention.cu",                                                  \
+      "kernels/qk_rope_fast.cu, kernels/attention_fast.cu",                                        \
+      "cpu attention: q, k norm + rope, cache write, causal softmax in the window, sigmoid gate",  \
       "Q, KV of the first sliding layer; prompt and decode", 1e-6, MUSE_TOL_BY_OUTPUT, attention)  \
     K(ATTN_FULL, "kv write + attention full", "attention",                                         \
-      "kernels/qk_rope.cu, kernels/attention.cu", "kernels/qk_rope_fast.cu, attention_fast.cu",    \
+      "kernels/qk_rope.cu, kernels/attention.cu",                                                  \
+      "kernels/qk_rope_fast.cu, kernels/attention_fast.cu",                                        \
       "cpu attention: q, k norm + rope, paged cache write, causal softmax, sigmoid gate",          \
       "Q, KV of the first full layer; prompt and decode", 1e-6, MUSE_TOL_BY_OUTPUT, attention)     \
     K(SWIGLU, "swiglu", "swiglu", "kernels/swiglu.cu", "kernels/swiglu_fast.cu",                   \
