@@ -5,7 +5,7 @@
 #include "common.cuh"
 #include "pdl.cuh"
 #include "moe.cuh"
-#include "moe_order.h"
+#include "moe_order.cuh"
 
 __global__ void k_router(const float *b, long H, const void *router, int dtype, long E,
                          float *logits)
@@ -47,30 +47,6 @@ __global__ void k_select(const float *logits, long E, long K, const float *bias,
         if (norm_topk) wr[i] = __fdiv_rn(wr[i], sum);
         wr[i] = __fmul_rn(wr[i], scaling);
     }
-}
-
-/* The slots a combine block reads, up to MC_MAX_K of them in shared memory (more: each thread
- * walks sel itself, the same order) */
-#define MC_MAX_K 64
-
-/* Row r's slots in the walk's order (moe_order.h), a thread a slot: whether slot t leads its
- * expert, then a leader's place. Returns the count; s_at [count] the slots. */
-__device__ int d_combine_order(const int32_t *sr, long K, int32_t *s_sel, int32_t *s_lead,
-                               int32_t *s_at, int *s_n)
-{
-    int t = threadIdx.x;
-    if (t < K) s_sel[t] = sr[t];
-    __syncthreads();
-    if (t < K) s_lead[t] = muse_moe_order_leads(s_sel, t);
-    __syncthreads();
-    if (t < K && s_lead[t]) s_at[muse_moe_order_place(s_sel, s_lead, K, t)] = t;
-    if (t == 0) {
-        int leaders = 0;
-        for (long i = 0; i < K; i++) leaders += s_lead[i];
-        *s_n = leaders;
-    }
-    __syncthreads();
-    return *s_n;
 }
 
 __global__ void k_moe_combine(const int32_t *sel, const float *w, const float *z,

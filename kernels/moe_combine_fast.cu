@@ -3,14 +3,12 @@
  * squares by 128-column block, kernels/linear_fast_ends.cu), added by a warp in a fixed tree,
  * so the norm's own launch and its pass over z go; each element is then the norm's
  * fp32 steps (kernels/norm_fast.cu, mode 1 + w) and the combine's, in the combine's slot order
- * (moe_order.h). */
+ * (moe_order.cuh). */
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "moe_combine_fast.cuh"
-#include "moe_order.h"
+#include "moe_order.cuh"
 #include "pdl.cuh"
-
-#define MCF_MAX_K 64
 
 /* grid (H / 128, R), 128 threads */
 __global__ void k_moe_combine_norm_fast(const int32_t *sel, const float *w, const float *z,
@@ -19,13 +17,11 @@ __global__ void k_moe_combine_norm_fast(const int32_t *sel, const float *w, cons
 {
     K_PDL_NEXT();
     K_PDL_WAIT();
-    __shared__ int32_t s_sel[MCF_MAX_K], s_lead[MCF_MAX_K], s_at[MCF_MAX_K];
-    __shared__ double s_scale[MCF_MAX_K];
+    __shared__ int32_t s_sel[MC_MAX_K], s_lead[MC_MAX_K], s_at[MC_MAX_K];
+    __shared__ double s_scale[MC_MAX_K];
     __shared__ int s_n;
     long r = blockIdx.y, d = (long)blockIdx.x * blockDim.x + threadIdx.x, nb = H / 128;
     int t = threadIdx.x;
-    const int32_t *sr = sel + r * K;
-    if (t < K) s_sel[t] = sr[t];
     /* slot j's scale by warp j % 4: lane l adds blocks l, l + 32, .. in order, then the warp's
      * butterfly (every load of the row's sums at once, not a chain of nb) */
     int lane = t & 31;
@@ -36,18 +32,9 @@ __global__ void k_moe_combine_norm_fast(const int32_t *sel, const float *w, cons
         sum = k_fr_warp_sum(sum);
         if (lane == 0) s_scale[j] = k_fr_scale(sum, H, eps);
     }
-    __syncthreads();
-    if (t < K) s_lead[t] = muse_moe_order_leads(s_sel, t);
-    __syncthreads();
-    if (t < K && s_lead[t]) s_at[muse_moe_order_place(s_sel, s_lead, K, t)] = t;
-    if (t == 0) {
-        int leaders = 0;
-        for (long i = 0; i < K; i++) leaders += s_lead[i];
-        s_n = leaders;
-    }
-    __syncthreads();
+    /* the slot order; its barriers also publish the scales */
+    int n = d_combine_order(sel + r * K, K, s_sel, s_lead, s_at, &s_n);
     if (d >= H) return;
-    int n = s_n;
     float acc = 0;
 #pragma unroll 8
     for (int m = 0; m < n; m++) {
@@ -67,7 +54,7 @@ MUSE_K_API int muse_k_moe_combine_norm_fast(const muse_k_ctx *ctx, const int32_t
 {
     long rows = ctx->rows;
     if (rows <= 0) return 0;
-    if (H <= 0 || H % 128 || K < 1 || K > MCF_MAX_K) return (int)cudaErrorInvalidValue;
+    if (H <= 0 || H % 128 || K < 1 || K > MC_MAX_K) return (int)cudaErrorInvalidValue;
     return k_launch(k_moe_combine_norm_fast, dim3((unsigned)(H / 128), (unsigned)rows), 128, 0,
                     ctx->st, sel, w, z, sq, enorm, eps, shared, K, H, y);
 }
