@@ -1,12 +1,14 @@
 /* attention_fast: flash decoding over the paged cache. A row's key range [first, p] is cut into
  * chunks aligned to absolute positions (attention_fast.h: the chunk size is a function of
- * first and p alone); one block of 128 threads a (row, KV head, chunk) holds the GQA group's
+ * first and p alone); each chunk's partial (max, sum, acc; fp32, log2 domain) comes from the
+ * tensor-core split at head_dim 64 (below: a warp a row or row pair, or four warps a row) or
+ * from the CUDA-core one: a block of 128 threads a (row, KV head, chunk) holds the GQA group's
  * query heads, stages K and V 64 positions at a time (16-byte loads, the next tile in flight
- * while this one is used) and keeps fp32 online-softmax partials (max, sum, acc) in the log2
- * domain; a combine block a (row, query head) merges the chunks in ascending order, applies
- * 1/sum and the sigmoid gate and rounds to fp16. No atomics, no order that depends on the
- * batch: prompt rows are rows of the same kernel, each its own causal range. Shapes: q, g, o
- * [R, hq * hd]; workspace [rows][hq][splits] (max, sum) then [rows][hq][splits][hd]. */
+ * while this one is used) and keeps online-softmax partials; a combine block a (row, query
+ * head) merges the chunks in ascending order, applies 1/sum and the sigmoid gate and rounds to
+ * fp16. No atomics, no order that depends on the batch: prompt rows are rows of the same
+ * kernels, each its own causal range. Shapes: q, g, o [R, hq * hd]; workspace [rows][hq][splits]
+ * (max, sum) then [rows][hq][splits][hd]. */
 #include <cuda_fp16.h>
 #include <stdlib.h>
 
@@ -222,6 +224,540 @@ __global__ void __launch_bounds__(AF_THREADS)
     }
 }
 
+/* ---- the split on tensor cores (head_dim 64) ----
+ * A warp takes one row, or two rows of one sequence (a prompt's), at one KV head and split: the
+ * mma's 16 rows are (row slot, query head) pairs (muse_attn_gp). Per 64-key tile, staged by the
+ * warp alone in its 16 KB of shared memory (swizzled, muse_attn_swz): S = q k^T with q as fp16
+ * high and low parts (two mma a k-step, so q keeps fp32's precision), the tile's own max and
+ * p = 2^(s - max) in fp32, then O = p v with p as fp16 high and low parts, from zero; the tile
+ * partial (max, sum of p, O) merges into the split's running one (muse_attn_merge's weights, on
+ * the SFU: am_rescale) in ascending tile order. A row's arithmetic is its own mma rows and its
+ * own mask, so it does not matter which row shares its warp, nor whether a warp takes one row or
+ * two; decode launches spread each tile over four warps with the same arithmetic
+ * (k_attn_split_coop). */
+#define AM_WARPS 4
+#define AM_HD    64
+#define AM_TILE_HALVES (AF_T * AM_HD) /* a staged K (or V) tile */
+
+__device__ __forceinline__ uint32_t am_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void am_ldsm4(uint32_t r[4], const __half *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(am_smem(p)));
+}
+
+__device__ __forceinline__ void am_ldsm4t(uint32_t r[4], const __half *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(am_smem(p)));
+}
+
+__device__ __forceinline__ void am_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x and y as fp16 high parts (hi, x in the low half) and the fp16 of what they leave (lo) */
+__device__ __forceinline__ void am_split2(float x, float y, uint32_t *hi, uint32_t *lo)
+{
+    __half2 h = __floats2half2_rn(x, y);
+    float2 f = __half22float2(h);
+    __half2 l = __floats2half2_rn(x - f.x, y - f.y);
+    *hi = *reinterpret_cast<uint32_t *>(&h);
+    *lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+/* 2^(m - mx) on the SFU: 0 for an empty m, exactly 1 at the max (so an empty tile merges as the
+ * identity and the start state takes a tile as it is, as muse_attn_merge on the host) */
+__device__ __forceinline__ float am_rescale(float m, float mx)
+{
+    if (m == -INFINITY) return 0.0f;
+    if (m == mx) return 1.0f;
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(m - mx));
+    return r;
+}
+
+/* A tile's sum of p for a lane's mma row half h (0: c0, c1; 1: c2, c3), in one order whoever
+ * holds the values: the 4 values of each 16-key group (S n-tiles 2 w, 2 w + 1) in key order,
+ * the 4 groups' sums in group order from 0, then the quad's lanes by butterfly (xor 1, 2). */
+__device__ __forceinline__ float am_sum16(const float a[4], const float b[4], int h)
+{
+    return ((a[2 * h] + a[2 * h + 1]) + b[2 * h]) + b[2 * h + 1];
+}
+__device__ __forceinline__ float am_quad_sum(float v)
+{
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* The rows a warp takes at once: up to 2 slots, each its row, split and keys [lo, hi]. */
+typedef struct {
+    long r[2];
+    int64_t split[2], lo[2], hi[2];
+    int n; /* slots */
+} am_set;
+
+/* Where position s of sequence seq starts in the layer's cache, as muse_kv_offset at column 0
+ * (-1: its block not reserved), in 32-bit arithmetic for the position (positions and ring sizes
+ * under 2^31: a 64-bit remainder is a long software sequence) */
+static_assert(MUSE_KV_BLOCK == 16, "am_kv_at shifts by 4");
+__device__ __forceinline__ int64_t am_kv_at(const muse_k_kv &kv, int seq, int64_t s)
+{
+    int64_t row;
+    if (kv.cap > 0) {
+        row = (int64_t)seq * kv.cap + (int64_t)((uint32_t)s % (uint32_t)kv.cap);
+    } else {
+        int32_t blk = kv.tables[(int64_t)seq * kv.blocks_per_seq + ((uint32_t)s >> 4)];
+        if (blk < 0) return -1;
+        row = (int64_t)blk * MUSE_KV_BLOCK + ((uint32_t)s & 15u);
+    }
+    return row * kv.kv_width;
+}
+
+/* Stage the 64 keys from base of KV head kh into kbuf / vbuf (cp.async, not waited for): lane
+ * finds where keys lane and lane + 32 sit, then takes piece lane % 8 of keys lane / 8 + 4 i
+ * (the key's place from its finder by a shuffle); zeros outside [lo, hi] and where the block is
+ * not reserved. */
+__device__ __forceinline__ void am_stage(const muse_k_kv &kv, int seq, long kh, int64_t base,
+                                         int64_t lo, int64_t hi, __half *kbuf, __half *vbuf)
+{
+    const int lane = threadIdx.x % 32, pc = lane % 8;
+    int64_t at2[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int64_t s = base + lane + 32 * i;
+        at2[i] = s >= lo && s <= hi ? am_kv_at(kv, seq, s) : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < AF_T / 4; i++) {
+        int key = lane / 8 + 4 * i; /* i < 8: found by lane key (at2[0]), else key - 32 */
+        int64_t at = __shfl_sync(0xffffffffu, i < 8 ? at2[0] : at2[1], key % 32);
+        bool ok = at >= 0;
+        const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
+        const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
+        int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(kbuf + dst)),
+                     "l"(ks), "r"(ok ? 16 : 0));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(vbuf + dst)),
+                     "l"(vs), "r"(ok ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* One set over its split: the tiles staged by this warp into kbuf / vbuf, the partials of its
+ * live (slot, head) rows written to the workspace. */
+__device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int seq, long kh,
+                                       const float *qa, long hq, int group, int gp, float scale_l2,
+                                       __half *kbuf, __half *vbuf, const af_ws &ws)
+{
+    const int lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
+    long h0 = kh * group;
+    int64_t lo_u = S.lo[0], hi_u = S.hi[0];
+    if (S.n > 1) {
+        lo_u = S.lo[1] < lo_u ? S.lo[1] : lo_u;
+        hi_u = S.hi[1] > hi_u ? S.hi[1] : hi_u;
+    }
+    int64_t base = lo_u / AF_T * AF_T;
+    am_stage(kv, seq, kh, base, lo_u, hi_u, kbuf, vbuf); /* in flight while q loads */
+    /* the lane's two mma rows: g (c0, c1, a0, a2) and g + 8 (c2, c3, a1, a3) */
+    int head[2];
+    bool live[2];
+    long row[2];
+    int64_t split[2], rlo[2], rhi[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* selects, not an index into S: no local memory */
+        int i = g + 8 * h, slot = i / gp;
+        head[h] = i % gp;
+        live[h] = slot < S.n && head[h] < group && h0 + head[h] < hq;
+        row[h] = slot ? S.r[1] : S.r[0];
+        split[h] = slot ? S.split[1] : S.split[0];
+        rlo[h] = !live[h] ? 1 : slot ? S.lo[1] : S.lo[0];
+        rhi[h] = !live[h] ? 0 : slot ? S.hi[1] : S.hi[0]; /* a dead row: every key masked */
+    }
+    /* q's A fragments, k-steps of 16 dims: fp16 high and low parts */
+    uint32_t qh[AM_HD / 16][4], ql[AM_HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < AM_HD / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* a0: row g, a1: row g + 8, a2/a3: the dims + 8 */
+            int h = j & 1, d = 16 * kk + 2 * quad + 8 * (j >> 1);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (live[h])
+                v = *(const float2 *)&qa[(row[h] * hq + h0 + head[h]) * AM_HD + d];
+            am_split2(v.x, v.y, &qh[kk][j], &ql[kk][j]);
+        }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[AM_HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < AM_HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    for (;;) {
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncwarp();
+        /* S: 8 n-tiles of 8 keys, each a chain over the k-steps, high part then low */
+        float s[AF_T / 8][4];
+#pragma unroll
+        for (int j = 0; j < AF_T / 8; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < AM_HD / 16; kk += 2) {
+                uint32_t b[4]; /* keys 8j + lane % 8; pieces 2 kk + lane / 8 */
+                int key = 8 * j + (lane & 7);
+                am_ldsm4(b, kbuf + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
+                am_mma(s[j], qh[kk], b[0], b[1]);
+                am_mma(s[j], ql[kk], b[0], b[1]);
+                am_mma(s[j], qh[kk + 1], b[2], b[3]);
+                am_mma(s[j], ql[kk + 1], b[2], b[3]);
+            }
+        }
+        /* the tile's max, p and sum, per mma row (a quad's lanes hold a row's 64 keys); the mask
+         * as key offsets in the tile [klo, khi] */
+        int klo[2], khi[2];
+        for (int h = 0; h < 2; h++) {
+            int64_t a = rlo[h] - base, b = rhi[h] - base;
+            klo[h] = a < 0 ? 0 : a > AF_T ? AF_T : (int)a;
+            khi[h] = b < -1 ? -1 : b >= AF_T ? AF_T - 1 : (int)b;
+        }
+        float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < AF_T / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1, key = 8 * j + 2 * quad + (e & 1);
+                /* __fmul_rn: never contracted into the exp2's subtraction */
+                s[j][e] = key >= klo[h] && key <= khi[h] ? __fmul_rn(s[j][e], scale_l2) : -INFINITY;
+                mt[h] = fmaxf(mt[h], s[j][e]);
+            }
+        float lt[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        }
+#pragma unroll
+        for (int j = 0; j < AF_T / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[j][e] = am_rescale(s[j][e], mt[e >> 1]); /* 0 where masked or mt = -inf */
+#pragma unroll
+        for (int h = 0; h < 2; h++) { /* the sum in am_sum_p's order */
+#pragma unroll
+            for (int w = 0; w < 4; w++) lt[h] += am_sum16(s[2 * w], s[2 * w + 1], h);
+            lt[h] = am_quad_sum(lt[h]);
+        }
+        /* O = p v: p's A fragments from S's C fragments (n-tiles 2 kk, 2 kk + 1 = keys 16 kk..) */
+        float o[AM_HD / 8][4];
+#pragma unroll
+        for (int j = 0; j < AM_HD / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < AF_T / 16; kk++) {
+            uint32_t ph[4], pl[4];
+            am_split2(s[2 * kk][0], s[2 * kk][1], &ph[0], &pl[0]);
+            am_split2(s[2 * kk][2], s[2 * kk][3], &ph[1], &pl[1]);
+            am_split2(s[2 * kk + 1][0], s[2 * kk + 1][1], &ph[2], &pl[2]);
+            am_split2(s[2 * kk + 1][2], s[2 * kk + 1][3], &ph[3], &pl[3]);
+#pragma unroll
+            for (int jn = 0; jn < AM_HD / 8; jn += 2) {
+                uint32_t b[4]; /* keys 16 kk + lane % 8 (+ 8); pieces jn + lane / 16 */
+                int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
+                am_ldsm4t(b, vbuf + key * AM_HD + muse_attn_swz(key, jn + (lane >> 4)) * 8);
+                am_mma(o[jn], ph, b[0], b[1]);
+                am_mma(o[jn], pl, b[0], b[1]);
+                am_mma(o[jn + 1], ph, b[2], b[3]);
+                am_mma(o[jn + 1], pl, b[2], b[3]);
+            }
+        }
+        __syncwarp(); /* every lane is done with the tile before the next one lands */
+        bool more = base + AF_T <= hi_u;
+        if (more) am_stage(kv, seq, kh, base + AF_T, lo_u, hi_u, kbuf, vbuf);
+#pragma unroll
+        for (int h = 0; h < 2; h++) { /* muse_attn_merge, on the SFU */
+            float mx = fmaxf(m[h], mt[h]), w1 = am_rescale(m[h], mx), w2 = am_rescale(mt[h], mx);
+            m[h] = mx;
+            l[h] = muse_attn_mix(l[h], w1, lt[h], w2);
+#pragma unroll
+            for (int j = 0; j < AM_HD / 8; j++) {
+                acc[j][2 * h] = muse_attn_mix(acc[j][2 * h], w1, o[j][2 * h], w2);
+                acc[j][2 * h + 1] = muse_attn_mix(acc[j][2 * h + 1], w1, o[j][2 * h + 1], w2);
+            }
+        }
+        if (!more) break;
+        base += AF_T;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!live[h]) continue;
+        size_t at = ((size_t)row[h] * hq + h0 + head[h]) * ws.splits + split[h];
+#pragma unroll
+        for (int j = 0; j < AM_HD / 8; j++)
+            *(float2 *)&ws.acc[at * AM_HD + 8 * j + 2 * quad] =
+                make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+        if (quad == 0) {
+            ws.m[at] = m[h];
+            ws.l[at] = l[h];
+        }
+    }
+}
+
+/* The decode form: a block of 4 warps on one (row, KV head, split), each 64-key tile's work
+ * spread over them with am_run's arithmetic per value: warp w stages keys 16 w .. 16 w + 15,
+ * computes S n-tiles 2 w, 2 w + 1 (their chains as am_run's), its 16 keys' p and their sums
+ * (am_sum16), which the block adds in am_run's order; it hands its k-step of p (keys 16 w ..)
+ * to the others through shared memory and takes O's dims 16 w .. 16 w + 15 over all four. So a
+ * decode row's bits are those of the same row in a prompt's pair. grid (splits, KV heads, rows). */
+typedef struct {
+    __half k[AM_TILE_HALVES], v[AM_TILE_HALVES];
+    float mx[AM_WARPS][32][2], sum[AM_WARPS][32][2];
+    uint32_t p[AM_WARPS][32][8]; /* warp w's k-step of p: high parts a0..a3, then low */
+} am_coop_sm;
+
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attn_split_coop(muse_k_kv kv, const float *qa, long hq, int group, int gp, long window,
+                      float scale_l2, const int32_t *seqs, const int64_t *positions, af_ws ws)
+{
+    extern __shared__ __align__(16) unsigned char am_sm[];
+    am_coop_sm &sm = *(am_coop_sm *)am_sm;
+    K_PDL_NEXT();
+    K_PDL_WAIT();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
+    long kh = blockIdx.y, r = blockIdx.z, h0 = kh * group;
+    int64_t x = blockIdx.x;
+    int seq = seqs[r];
+    if (seq < 0) return;
+    int64_t p = positions[r], first = muse_attn_first(p, window);
+    int64_t chunk = muse_attn_chunk(first, p, ws.cap);
+    if (x >= muse_attn_count(first, p, chunk)) return;
+    int64_t lo, hi;
+    muse_attn_split_range(first, p, chunk, x, &lo, &hi);
+    int64_t base = lo / AF_T * AF_T;
+    /* stage keys 16 w + lane / 8 + 4 i of the tile at b (zeros outside [lo, hi], unreserved) */
+    auto stage = [&](int64_t b) {
+        const int pc = lane % 8;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int key = 16 * warp + lane / 8 + 4 * i;
+            int64_t s = b + key, at = s >= lo && s <= hi ? am_kv_at(kv, seq, s) : -1;
+            bool ok = at >= 0;
+            const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
+            const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
+            int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(sm.k + dst)),
+                         "l"(ks), "r"(ok ? 16 : 0));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(sm.v + dst)),
+                         "l"(vs), "r"(ok ? 16 : 0));
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    stage(base);
+    int head[2];
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* one slot: mma rows gp .. 15 are dead */
+        int i = g + 8 * h;
+        head[h] = i % gp;
+        live[h] = i / gp == 0 && head[h] < group && h0 + head[h] < hq;
+    }
+    uint32_t qh[AM_HD / 16][4], ql[AM_HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < AM_HD / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int h = j & 1, d = 16 * kk + 2 * quad + 8 * (j >> 1);
+            float2 v = make_float2(0.0f, 0.0f);
+            if (live[h]) v = *(const float2 *)&qa[(r * hq + h0 + head[h]) * AM_HD + d];
+            am_split2(v.x, v.y, &qh[kk][j], &ql[kk][j]);
+        }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    for (;;) {
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads(); /* the tile landed, every warp's part */
+        float s[2][4];
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) { /* S n-tile j = 2 w + jj, am_run's chain */
+            int j = 2 * warp + jj;
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[jj][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < AM_HD / 16; kk += 2) {
+                uint32_t b[4];
+                int key = 8 * j + (lane & 7);
+                am_ldsm4(b, sm.k + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
+                am_mma(s[jj], qh[kk], b[0], b[1]);
+                am_mma(s[jj], ql[kk], b[0], b[1]);
+                am_mma(s[jj], qh[kk + 1], b[2], b[3]);
+                am_mma(s[jj], ql[kk + 1], b[2], b[3]);
+            }
+        }
+        float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                int64_t key = base + 16 * warp + 8 * jj + 2 * quad + (e & 1);
+                bool in = live[h] && key >= lo && key <= hi;
+                s[jj][e] = in ? __fmul_rn(s[jj][e], scale_l2) : -INFINITY;
+                mt[h] = fmaxf(mt[h], s[jj][e]);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+            sm.mx[warp][lane][h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < 2; h++) /* a max: the same in any order */
+            mt[h] = fmaxf(fmaxf(sm.mx[0][lane][h], sm.mx[1][lane][h]),
+                          fmaxf(sm.mx[2][lane][h], sm.mx[3][lane][h]));
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[jj][e] = am_rescale(s[jj][e], mt[e >> 1]);
+#pragma unroll
+        for (int h = 0; h < 2; h++) sm.sum[warp][lane][h] = am_sum16(s[0], s[1], h);
+        uint32_t *pw = sm.p[warp][lane]; /* k-step w of p: am_run's ph, pl of kk = w */
+        am_split2(s[0][0], s[0][1], &pw[0], &pw[4]);
+        am_split2(s[0][2], s[0][3], &pw[1], &pw[5]);
+        am_split2(s[1][0], s[1][1], &pw[2], &pw[6]);
+        am_split2(s[1][2], s[1][3], &pw[3], &pw[7]);
+        __syncthreads();
+        float lt[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int w = 0; w < 4; w++) lt[h] += sm.sum[w][lane][h];
+            lt[h] = am_quad_sum(lt[h]);
+        }
+        float o[2][4]; /* dims n-tiles 2 w, 2 w + 1, chained over the k-steps as am_run */
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < AF_T / 16; kk++) {
+            uint4 h4 = *(const uint4 *)&sm.p[kk][lane][0], l4 = *(const uint4 *)&sm.p[kk][lane][4];
+            const uint32_t ph[4] = {h4.x, h4.y, h4.z, h4.w}, pl[4] = {l4.x, l4.y, l4.z, l4.w};
+            uint32_t b[4];
+            int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
+            am_ldsm4t(b, sm.v + key * AM_HD + muse_attn_swz(key, 2 * warp + (lane >> 4)) * 8);
+            am_mma(o[0], ph, b[0], b[1]);
+            am_mma(o[0], pl, b[0], b[1]);
+            am_mma(o[1], ph, b[2], b[3]);
+            am_mma(o[1], pl, b[2], b[3]);
+        }
+        __syncthreads(); /* every warp is done with the tile and the p of this one */
+        bool more = base + AF_T <= hi;
+        if (more) stage(base + AF_T);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float mx = fmaxf(m[h], mt[h]), w1 = am_rescale(m[h], mx), w2 = am_rescale(mt[h], mx);
+            m[h] = mx;
+            l[h] = muse_attn_mix(l[h], w1, lt[h], w2);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                acc[j][2 * h] = muse_attn_mix(acc[j][2 * h], w1, o[j][2 * h], w2);
+                acc[j][2 * h + 1] = muse_attn_mix(acc[j][2 * h + 1], w1, o[j][2 * h + 1], w2);
+            }
+        }
+        if (!more) break;
+        base += AF_T;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!live[h]) continue;
+        size_t at = ((size_t)r * hq + h0 + head[h]) * ws.splits + x;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            *(float2 *)&ws.acc[at * AM_HD + 16 * warp + 8 * j + 2 * quad] =
+                make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+        if (warp == 0 && quad == 0) {
+            ws.m[at] = m[h];
+            ws.l[at] = l[h];
+        }
+    }
+}
+
+/* Row r's split x as a one-slot set; false where the row has no such split. */
+__device__ __forceinline__ bool am_one(am_set *S, long r, int64_t first, int64_t p, int64_t chunk,
+                                       int64_t x)
+{
+    if (x < 0 || x >= muse_attn_count(first, p, chunk)) return false;
+    S->n = 1;
+    S->r[0] = r;
+    S->split[0] = x;
+    muse_attn_split_range(first, p, chunk, x, &S->lo[0], &S->hi[0]);
+    return true;
+}
+
+/* PAIR 0: grid (ceil(splits / 4), KV heads, rows), warp w takes split 4 x + w of row z.
+ * PAIR 1: grid (splits + 1, KV heads, ceil(rows / 8)), warp w takes rows 2 u, 2 u + 1 (u = 4 z
+ * + w) at column x (muse_attn_pair). 128 threads, 4 x 16 KB of dynamic shared memory. */
+template <int PAIR>
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attn_split_mma(muse_k_kv kv, const float *qa, long hq, int group, int gp, long window,
+                     float scale_l2, const int32_t *seqs, const int64_t *positions, long rows,
+                     af_ws ws)
+{
+    extern __shared__ __align__(16) unsigned char am_sm[];
+    K_PDL_NEXT();
+    K_PDL_WAIT();
+    int warp = threadIdx.x / 32;
+    __half *kbuf = (__half *)am_sm + (size_t)warp * 2 * AM_TILE_HALVES,
+           *vbuf = kbuf + AM_TILE_HALVES;
+    long kh = blockIdx.y;
+    long ra = PAIR ? 2 * ((long)blockIdx.z * AM_WARPS + warp) : (long)blockIdx.z;
+    int64_t x = PAIR ? (int64_t)blockIdx.x : (int64_t)blockIdx.x * AM_WARPS + warp;
+    if (ra >= rows) return;
+    int sa = seqs[ra];
+    int64_t pa = positions[ra], fa = muse_attn_first(pa, window);
+    int64_t ca = muse_attn_chunk(fa, pa, ws.cap);
+    am_set S;
+    long rb = PAIR && ra + 1 < rows ? ra + 1 : -1;
+    if (rb >= 0) { /* a pair needs two slots of gp mma rows */
+        int sb = seqs[rb];
+        int64_t pb = positions[rb], fb = muse_attn_first(pb, window);
+        int64_t cb = muse_attn_chunk(fb, pb, ws.cap), xa, xb;
+        if (2 * gp <= 16 && muse_attn_pair(sa, fa, pa, sb, fb, pb, ws.cap, x, &xa, &xb)) {
+            am_set B;
+            bool has_a = am_one(&S, ra, fa, pa, ca, xa), has_b = am_one(&B, rb, fb, pb, cb, xb);
+            if (has_a && has_b) {
+                S.n = 2;
+                S.r[1] = rb;
+                S.split[1] = B.split[0];
+                S.lo[1] = B.lo[0];
+                S.hi[1] = B.hi[0];
+            } else if (has_b) {
+                S = B;
+            } else if (!has_a) {
+                return;
+            }
+            am_run(S, kv, sa, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws);
+            return;
+        }
+        if (sb >= 0 && am_one(&S, rb, fb, pb, cb, x))
+            am_run(S, kv, sb, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws);
+    }
+    if (sa >= 0 && am_one(&S, ra, fa, pa, ca, x))
+        am_run(S, kv, sa, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws);
+}
+
 /* grid (hq, rows); hd threads: dimension d of (row, head) merged over the row's splits in
  * ascending order, then 1/sum, the gate and fp16 as the exact kernel rounds. */
 __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, long window,
@@ -292,6 +828,57 @@ static int af_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long 
                     scale_l2, seqs, positions, ws);
 }
 
+/* The split on tensor cores for head_dim 64 (MUSE_ATTN_TC=0 from the environment: the CUDA-core
+ * split, read once a process; tuning and checks only, its bits are not these) */
+static int am_on(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_ATTN_TC");
+        return !(v && v[0] == '0' && !v[1]);
+    }();
+    return on;
+}
+
+/* The form of a launch (muse_attn_paired: pairs of a sequence's rows a warp in a prompt's rounds,
+ * else k_attn_split_coop; MUSE_ATTN_COOP=0 from the environment: a warp a split, four splits a
+ * block, read once a process). The bits are the same every way. */
+
+static int am_coop_on(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_ATTN_COOP");
+        return !(v && v[0] == '0' && !v[1]);
+    }();
+    return on;
+}
+
+static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long hq, int group,
+                     long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
+                     long rows, int pair, af_ws ws)
+{
+    static int attr[2];
+    unsigned kvb = (unsigned)((hq + group - 1) / group);
+    int gp = muse_attn_gp(group);
+    if (!pair && am_coop_on())
+        return k_launch(k_attn_split_coop, dim3((unsigned)ws.splits, kvb, (unsigned)rows),
+                        AM_WARPS * 32, sizeof(am_coop_sm), st, kv, q, hq, group, gp, window,
+                        scale_l2, seqs, positions, ws);
+    size_t smem = (size_t)AM_WARPS * 2 * AM_TILE_HALVES * sizeof(__half);
+    void (*fn)(muse_k_kv, const float *, long, int, int, long, float, const int32_t *,
+               const int64_t *, long, af_ws) = pair ? k_attn_split_mma<1> : k_attn_split_mma<0>;
+    if (!attr[pair]) {
+        int err = (int)cudaFuncSetAttribute((const void *)fn,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (err) return err;
+        attr[pair] = 1;
+    }
+    dim3 grid = pair ? dim3((unsigned)ws.splits + 1, kvb, (unsigned)((rows + 2 * AM_WARPS - 1) /
+                                                                     (2 * AM_WARPS)))
+                     : dim3((unsigned)((ws.splits + AM_WARPS - 1) / AM_WARPS), kvb, (unsigned)rows);
+    return k_launch(fn, grid, AM_WARPS * 32, smem, st, kv, q, hq, group, gp, window, scale_l2, seqs,
+                    positions, rows, ws);
+}
+
 MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const float *q,
                                      const float *g, float *o, long hq, long hd, long group,
                                      long window, double scale, int64_t max_len, void *ws,
@@ -321,10 +908,13 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
         const int32_t *seqs = ctx->seqs + r0;
         const int64_t *positions = ctx->positions + r0;
         const float *qr = q + r0 * hq * hd;
-        int rc = hd == 64 ? af_launch<64>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs,
-                                          positions, n, w)
-                          : af_launch<128>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs,
-                                           positions, n, w);
+        int rc = am_on() && hd == AM_HD
+                     ? am_launch(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs, positions,
+                                 n, muse_attn_paired(rows), w)
+                 : hd == 64 ? af_launch<64>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs,
+                                            positions, n, w)
+                            : af_launch<128>(ctx->st, kv, qr, hq, (int)group, window, scale_l2,
+                                             seqs, positions, n, w);
         if (!rc)
             rc = k_launch(k_attn_combine, dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st,
                           g + r0 * hq * hd, o + r0 * hq * hd, hq, hd, window, seqs, positions, w);

@@ -72,4 +72,63 @@ MUSE_HD float muse_attn_rescale(float m, float mx)
     return m == -INFINITY ? 0.0f : exp2f(m - mx);
 }
 
+/* ---- the tensor-core split (head_dim 64): a warp a (row or row pair, KV head, split) ---- */
+
+/* The mma's 16 rows are (row slot, query head) pairs: row i is slot i / gp, head i % gp, gp the
+ * group rounded up to a power of two (1..16), so a slot's heads never straddle two slots. */
+MUSE_HD int muse_attn_gp(int group)
+{
+    int gp = 1;
+    while (gp < group) gp *= 2;
+    return gp;
+}
+
+/* Two rows of one sequence at one chunk size share a warp at grid column x: x is row a's split,
+ * and the same absolute chunk is row b's split *sb (out of [0, count_b): none for b). Returns
+ * whether the rows pair; else the warp takes a's split x, then b's split x, one at a time. The
+ * bits of a row are the same either way: its own mask, its own mma rows. */
+MUSE_HD int muse_attn_pair(int seq_a, int64_t first_a, int64_t p_a, int seq_b, int64_t first_b,
+                           int64_t p_b, int64_t cap, int64_t x, int64_t *sa, int64_t *sb)
+{
+    int64_t ca = muse_attn_chunk(first_a, p_a, cap), cb = muse_attn_chunk(first_b, p_b, cap);
+    *sa = x;
+    *sb = x;
+    if (seq_a < 0 || seq_a != seq_b || ca != cb) return 0;
+    *sb = x + first_a / ca - first_b / cb;
+    return 1;
+}
+
+/* Whether a launch of round_rows rows (the round's, not a row group's) pairs a sequence's rows a
+ * warp: a prompt's rounds do; decode rounds, whose rows are of as many sequences, spread each
+ * split over a block's warps instead (on the H200 a 16-row decode round paired took 1.3 ms
+ * longer; 256-row prompt rounds unpaired 10% longer). The bits are the same either way. */
+#define MUSE_ATTN_PAIR_ROWS 128
+MUSE_HD int muse_attn_paired(int64_t round_rows)
+{
+    return round_rows >= MUSE_ATTN_PAIR_ROWS;
+}
+
+/* The 16-byte piece c of key row r of a staged K or V tile sits at piece c ^ (r & 7): the 8
+ * rows an ldmatrix reads at one piece land on 8 different bank groups. */
+MUSE_HD int muse_attn_swz(int r, int c)
+{
+    return c ^ (r & 7);
+}
+
+/* The merge of a running partial (m, l, acc) with a tile's (mt, lt, ot), each taken at its own
+ * max (log2 domain): the new max, and the weights w1 (old) and w2 (tile) so that l = lt w2 +
+ * l w1 and acc = ot w2 + acc w1 (muse_attn_mix). Merging an empty tile (mt = -inf, lt = ot =
+ * 0) changes nothing, bit for bit, and merging into the empty start state gives the tile. */
+MUSE_HD float muse_attn_merge(float m, float mt, float *w1, float *w2)
+{
+    float mx = fmaxf(m, mt);
+    *w1 = muse_attn_rescale(m, mx);
+    *w2 = muse_attn_rescale(mt, mx);
+    return mx;
+}
+MUSE_HD float muse_attn_mix(float acc, float w1, float ot, float w2)
+{
+    return fmaf(ot, w2, acc * w1);
+}
+
 #endif

@@ -30,7 +30,7 @@ MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shape
  * count <= group_rows, 0), the first *n_groups of them used. y_i row p is pair p's. A pair's
  * bits depend on its own input row and expert only: the chain of muse_k_linear_fast with the
  * k split of split_target (0: the plain one), the caller's choice for its experts, fixed for a
- * model and never a function of the rows (the engine: 2 MUSE_FAST_SPLIT_TARGET / K, since a
+ * model and never a function of the rows (the engine: MUSE_FAST_GROUP_TARGET / K, since a
  * token's K pairs share the GPU). */
 typedef struct {
     const muse_k_lin *descs[MUSE_K_FAST_MAX_LIN];

@@ -289,7 +289,7 @@ int muse_cmd_compare(int argc, char **argv)
            a.gpus ? a.gpus : "", a.model, b.backend, muse_kernels_name(b.kernels), b.ranks,
            b.gpus ? " gpus " : "", b.gpus ? b.gpus : "", b.model, n, (long long)Va);
     double rel_max = 0, rel_sum = 0;
-    size_t agree = 0;
+    size_t agree = 0, at_max = 0;
     for (size_t p = 0; p < n; p++) {
         const float *ra = la + p * (size_t)Va, *rb = lb + p * (size_t)Va;
         double num = 0, den = 0;
@@ -299,7 +299,10 @@ int muse_cmd_compare(int argc, char **argv)
             den += (double)ra[j] * ra[j];
         }
         double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-        if (!(rel <= rel_max)) rel_max = rel; /* NaN sticks */
+        if (!(rel <= rel_max)) { /* NaN sticks */
+            rel_max = rel;
+            at_max = p;
+        }
         rel_sum += rel;
         int64_t ta[5], tb[5];
         top_k(ra, Va, 5, ta);
@@ -314,7 +317,8 @@ int muse_cmd_compare(int argc, char **argv)
         print_top("b", rb, tb, 5);
     }
     double pct = n ? 100.0 * (double)agree / (double)n : 100.0;
-    printf("rel L2 max %.3e, mean %.3e\n", rel_max, n ? rel_sum / (double)n : 0.0);
+    printf("rel L2 max %.3e (position %zu), mean %.3e\n", rel_max, at_max,
+           n ? rel_sum / (double)n : 0.0);
     printf("top-1 agreement %.2f%% (%zu of %zu)\n", pct, agree, n);
     if (!a.router_margin)
         printf("router margin: not measured (side a is not cpu)\n");

@@ -57,10 +57,11 @@ def main():
         n = len(TOKENS.split(","))
 
         rc, out, err = compare("--model", a, "--ranks-b", "2")
-        rel = field(out, r"^rel L2 max (\S+), mean (\S+)$")
+        rel = field(out, r"^rel L2 max (\S+) \(position (\d+)\), mean (\S+)$")
         agree = field(out, r"^top-1 agreement (\S+)% \((\d+) of (\d+)\)$")
-        ok(rc == 0 and rel and 0 < float(rel[0]) <= 2e-3 and agree == ("100.00", str(n), str(n))
-           and "top-1 miss" not in out, "--ranks-b 2 agrees with one rank: 100% top-1, rel L2 in (0, 2e-3], exit 0")
+        ok(rc == 0 and rel and 0 < float(rel[0]) <= 2e-3 and int(rel[1]) < n and agree == ("100.00", str(n), str(n))
+           and "top-1 miss" not in out,
+           "--ranks-b 2 agrees with one rank: 100% top-1, rel L2 in (0, 2e-3] at a position named, exit 0")
         if rc != 0:
             diag(out + err)
         rc2, out2, _ = compare("--model", a, "--ranks-b", "2", "--max-rel-l2", str(float(rel[0]) / 2) if rel else "0")
@@ -71,7 +72,7 @@ def main():
         ok(margin and 0 <= float(margin[0]) < 1 and int(margin[2]) < n,
            f"the router's smallest margin is reported on the cpu side a ({margin})")
         rc, out, _ = compare("--model", a, "--chunk", "5", "--ranks-a", "2", "--ranks-b", "2")
-        ok(rc == 0 and field(out, r"^rel L2 max (\S+),") == ("0.000e+00",),
+        ok(rc == 0 and field(out, r"^rel L2 max (\S+) ") == ("0.000e+00",),
            "chunks of 5 against the whole prompt (both at 2 ranks): rel L2 exactly 0")
         rc, out, _ = compare("--model", a, "--chunk", "5", "--ranks-b", "2")
         ok(rc == 0 and field(out, r"^router margin: min (\S+) at layer (\d+) position (\d+) ") == margin,

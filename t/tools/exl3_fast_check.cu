@@ -430,8 +430,8 @@ static void plan_free(moe_plan *p)
 }
 
 /* z [P, H] of every pair: plan, gate/up + swiglu into act [P, I], down into z; the experts
- * split as the engine splits them for 8 experts a token (2 MUSE_FAST_SPLIT_TARGET / 8) */
-static const int GROUP_TARGET = 2 * MUSE_FAST_SPLIT_TARGET / 8;
+ * split as the engine splits them for 8 experts a token (MUSE_FAST_GROUP_TARGET / 8) */
+static const int GROUP_TARGET = MUSE_FAST_GROUP_TARGET / 8;
 static void run_grouped(const experts *x, const moe_plan *pl, const float *b, long R, long K,
                         float *act, float *z, bool chain = true, double *row_sq = nullptr)
 {

@@ -8,7 +8,7 @@
 # --kernels-b fast and the kernels table of both paths on the one-GPU shape cut to 4 layers;
 # the step `whole` (asked for by name): decode, stages and prompt benchmarks of that shape;
 # attnlong (by name): the fast attention at contexts 4096, 32768, 131072 under its variants;
-# ncuattn (by name): its split kernel at 131072 under ncu.
+# ncuattn (by name): its split kernel under ncu at GPU_CHECK_NCUATTN_CTX keys (131072).
 # Needs build/gpu from
 # `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
@@ -21,7 +21,8 @@
 # wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS), promptvar (its
 # prompt under them), many (the product at many rows under each of GPU_CHECK_MANY_VARIANTS),
 # ncuprodmany (the product at 256 rows under ncu), kprofprompt (each kernel of a prompt round),
-# oldnew (this build's fast logits against an earlier build's carried as build/gpu/old).
+# oldnew (this build's fast logits against an earlier build's carried as build/gpu/old),
+# attnsplits (the fast attention's kernel-check under its split cap and switches).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -184,10 +185,11 @@ fi
 if want ncuattn && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     step ncuattn 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
         --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-        --section ComputeWorkloadAnalysis -k regex:k_attn_split -c 40 -o "$logs/attn" \
+        --section ComputeWorkloadAnalysis --section SourceCounters --section SchedulerStats \
+        -k regex:k_attn_split -c "${GPU_CHECK_NCUATTN_COUNT:-40}" -o "$logs/attn" \
         build/muse-bench kernels --backend cuda --synthetic-weights 1 \
         --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --rows 1 \
-        --context 131072 --min-ms 0.001 --kernels fast
+        --context "${GPU_CHECK_NCUATTN_CTX:-131072}" --min-ms 0.001 --kernels fast
     ncu --import "$logs/attn.ncu-rep" >"$out/ncuattn.txt" 2>&1
     rm -f "$logs/attn.ncu-rep"
 fi
@@ -262,10 +264,16 @@ if want compare; then
 fi
 
 # the fast path against the CPU: the model's bound (rel L2 2e-3, top-1 99.5%, compare's defaults)
+# (and the demo pack's under each of GPU_CHECK_FASTCOMPARE_VARIANTS, "NAME=VALUE,...")
 if want fastcompare; then
     for p in "$packs"/q* conf/packs/demo-en; do
         step "fastcompare-$(basename "$p")" 40 build/muse-engine compare --model "$p" --tokens "$tokens" \
             --a cpu --b "$B" --kernels-b fast
+    done
+    for v in ${GPU_CHECK_FASTCOMPARE_VARIANTS:-}; do
+        IFS=, read -ra vv <<<"$v"
+        step "fastcompare-demo-en-$v" 40 env "${vv[@]}" build/muse-engine compare --model conf/packs/demo-en \
+            --tokens "$tokens" --a cpu --b "$B" --kernels-b fast
     done
 fi
 
@@ -361,6 +369,23 @@ if want medium; then
         --tokens "$(ids 256 32000)" --a cpu --b "$B" --kernels-b fast
     step medium-compare 150 build/muse-engine compare --model "$packs/medium" \
         --tokens "$(ids 256 32000)" --a cpu --b "$B"
+fi
+
+# attnsplits (by name): the fast attention's kernel-check (prompt rows == decode rows bitwise,
+# the exact path's bound) where splits span several tiles and paired rows differ in chunk size
+# (MUSE_ATTN_SPLITS=1 and 2), on tiny (group 2, window 8) and on a group-8 cut of it (16 query
+# heads, 2 KV heads, window 100); and the CUDA-core split (MUSE_ATTN_TC=0) beside it.
+if want attnsplits && [ "$B" = cuda ]; then
+    /usr/bin/python3 -c 'import json,sys; c=json.load(open("conf/packs/tiny.json"));
+c.update(num_attention_heads=16, num_key_value_heads=2, sliding_window=100); json.dump(c, open(sys.argv[1], "w"))' "$logs/g8.json"
+    step attn-g8-pack 90 build/muse-pack --config "$logs/g8.json" --out "$packs/g8" --seed 4 --exl3-random 2 --codebook mcg
+    for pk in q2-mcg g8; do
+        for v in MUSE_ATTN_SPLITS=1 MUSE_ATTN_SPLITS=2 MUSE_ATTN_TC=0 -; do
+            [ "$v" = - ] && v=MUSE_ATTN_DEFAULT=1
+            (export "$v" && step "attnsplits-$pk-${v%%=*}${v##*=}" 120 build/muse-engine kernel-check \
+                --model "$packs/$pk" --backend cuda --kernels fast --max-rows 256)
+        done
+    done
 fi
 
 # serving exactness through nginx on each kernel path (the engine reads MUSE_CUDA_PATH), the fast

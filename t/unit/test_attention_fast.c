@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/f16.h"
 #include "kernels/attention_fast.h"
@@ -135,9 +136,171 @@ static void emulate_split(const float *q, const uint16_t *k, const uint16_t *v, 
     }
 }
 
+/* Two consecutive rows of one sequence paired at every grid column x of [0, splits + 1): each
+ * (row, split) taken exactly once, and where both rows take a split at one x it is the same
+ * absolute chunk (so one staged tile range serves both). Rows that may not pair are refused. */
+static void test_pair(int64_t cap)
+{
+    const int64_t windows[] = {0, 8, 64, 100, 4096};
+    long bad_once = 0, bad_chunk = 0, bad_refuse = 0, pairs = 0;
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        int64_t win = windows[w], max_len = win > 0 ? win : 140000;
+        int64_t grid = muse_attn_max_splits(max_len, cap) + 1;
+        for (int64_t p = 0; p < 140000; p += p < 9000 ? 1 : 611) {
+            int64_t fa = muse_attn_first(p, win), fb = muse_attn_first(p + 1, win);
+            int64_t ca = muse_attn_chunk(fa, p, cap), cb = muse_attn_chunk(fb, p + 1, cap);
+            int64_t na = muse_attn_count(fa, p, ca), nb = muse_attn_count(fb, p + 1, cb);
+            int64_t xa, xb;
+            if (!muse_attn_pair(3, fa, p, 3, fb, p + 1, cap, 0, &xa, &xb)) {
+                bad_refuse += ca == cb;
+                continue;
+            }
+            pairs++;
+            bad_refuse += ca != cb;
+            static unsigned char seen_a[2048], seen_b[2048];
+            memset(seen_a, 0, (size_t)na);
+            memset(seen_b, 0, (size_t)nb);
+            for (int64_t x = 0; x < grid; x++) {
+                muse_attn_pair(3, fa, p, 3, fb, p + 1, cap, x, &xa, &xb);
+                int in_a = xa >= 0 && xa < na, in_b = xb >= 0 && xb < nb;
+                if (in_a) seen_a[xa]++;
+                if (in_b) seen_b[xb]++;
+                if (in_a && in_b) {
+                    int64_t la, ha, lb, hb;
+                    muse_attn_split_range(fa, p, ca, xa, &la, &ha);
+                    muse_attn_split_range(fb, p + 1, cb, xb, &lb, &hb);
+                    bad_chunk += la / ca != lb / cb;
+                }
+            }
+            for (int64_t i = 0; i < na; i++) bad_once += seen_a[i] != 1;
+            for (int64_t i = 0; i < nb; i++) bad_once += seen_b[i] != 1;
+        }
+    }
+    ok(pairs > 0 && bad_once == 0,
+       "cap %lld, %ld row pairs: every (row, split) taken once over the grid's splits + 1 columns",
+       (long long)cap, pairs);
+    ok(bad_chunk == 0, "cap %lld: a column's two splits are one absolute chunk", (long long)cap);
+    ok(bad_refuse == 0, "cap %lld: rows pair exactly where their chunk sizes agree",
+       (long long)cap);
+    int64_t xa, xb;
+    ok(!muse_attn_pair(3, 0, 10, 4, 0, 11, cap, 0, &xa, &xb) &&
+           !muse_attn_pair(-1, 0, 10, -1, 0, 11, cap, 0, &xa, &xb),
+       "rows of two sequences, or padding rows, never pair");
+}
+
+static void test_mma_layout(void)
+{
+    const int want[17] = {0, 1, 2, 4, 4, 8, 8, 8, 8, 16, 16, 16, 16, 16, 16, 16, 16};
+    int bad = 0;
+    for (int g = 1; g <= 16; g++) bad += muse_attn_gp(g) != want[g];
+    ok(bad == 0, "the group rounded up to a power of two (8 -> 8, 5 -> 8, 9 -> 16)");
+    ok(muse_attn_paired(256) && muse_attn_paired(4096) && !muse_attn_paired(64) &&
+           !muse_attn_paired(16) && !muse_attn_paired(1),
+       "prompt rounds (256 rows) pair rows, decode rounds (1-64 rows) do not");
+    ok(muse_attn_paired(MUSE_ATTN_PAIR_ROWS) && MUSE_ATTN_PAIR_ROWS > MUSE_ATTN_WS_ROWS,
+       "the form goes by the round's rows, more than a row group's %d", MUSE_ATTN_WS_ROWS);
+
+    int bad_perm = 0, bad_bank = 0;
+    for (int r = 0; r < 64; r++) {
+        unsigned seen = 0;
+        for (int c = 0; c < 8; c++) seen |= 1u << muse_attn_swz(r, c);
+        bad_perm += seen != 0xFFu;
+    }
+    for (int r0 = 0; r0 < 64; r0 += 8)
+        for (int c = 0; c < 8; c++) {
+            unsigned seen = 0;
+            for (int r = r0; r < r0 + 8; r++) seen |= 1u << muse_attn_swz(r, c);
+            bad_bank += seen != 0xFFu;
+        }
+    ok(bad_perm == 0, "the swizzle permutes a key row's 8 pieces");
+    ok(bad_bank == 0, "8 rows at one piece (one ldmatrix) sit at 8 different pieces");
+}
+
+/* merging an empty tile is the identity and the empty start state takes a tile as it is, bit
+ * for bit (so a warp that stages tiles another row needs changes nothing of this row) */
+static void test_merge(void)
+{
+    long bad_id = 0, bad_start = 0;
+    for (int i = 0; i < 10000; i++) {
+        float m = (float)(urand() * 40), l = (float)(urand() + 1.5), a = (float)(urand() * 3);
+        float w1, w2, mx = muse_attn_merge(m, -INFINITY, &w1, &w2);
+        float l2 = muse_attn_mix(l, w1, 0.0f, w2), a2 = muse_attn_mix(a, w1, 0.0f, w2);
+        bad_id += mx != m || l2 != l || a2 != a;
+        mx = muse_attn_merge(-INFINITY, m, &w1, &w2);
+        l2 = muse_attn_mix(0.0f, w1, l, w2);
+        a2 = muse_attn_mix(0.0f, w1, a, w2);
+        bad_start += mx != m || l2 != l || a2 != a;
+    }
+    float w1, w2;
+    float mx = muse_attn_merge(-INFINITY, -INFINITY, &w1, &w2);
+    ok(bad_id == 0, "an empty tile merges as the identity, bit for bit");
+    ok(bad_start == 0, "the start state merged with a tile is the tile, bit for bit");
+    ok(mx == -INFINITY && w1 == 0.0f && w2 == 0.0f, "two empty partials stay empty, no NaN");
+}
+
+/* x as fp16 high part and the fp16 of the rest, as the kernel's am_split2 */
+static void split16(float x, float *hi, float *lo)
+{
+    *hi = muse_f16_to_f32(muse_f32_to_f16(x));
+    *lo = muse_f16_to_f32(muse_f32_to_f16(x - *hi));
+}
+
+/* The tensor-core split's arithmetic for one head over [lo, hi]: per 64-key tile, scores from
+ * q's fp16 high and low parts (each k-step's 16 products summed, then added in fp32), the tile's
+ * own max and p, the sum of p, O = p v from p's high and low parts, merged in tile order. */
+static void emulate_split_mma(const float *q, const uint16_t *k, const uint16_t *v, int64_t lo,
+                              int64_t hi, float scale_l2, partial *pt)
+{
+    float qh[HD], ql[HD];
+    for (int d = 0; d < HD; d++) split16(q[d], &qh[d], &ql[d]);
+    pt->m = -INFINITY;
+    pt->l = 0;
+    for (int d = 0; d < HD; d++) pt->acc[d] = 0;
+    for (int64_t base = lo / MUSE_ATTN_TILE * MUSE_ATTN_TILE; base <= hi; base += MUSE_ATTN_TILE) {
+        float s[MUSE_ATTN_TILE], mt = -INFINITY, lt = 0, o[HD];
+        for (int i = 0; i < MUSE_ATTN_TILE; i++) {
+            int64_t at = base + i;
+            float acc = 0;
+            for (int kk = 0; kk < HD / 16 && at >= lo && at <= hi; kk++)
+                for (int part = 0; part < 2; part++) {
+                    double sum = 0;
+                    for (int d = 16 * kk; d < 16 * kk + 16; d++)
+                        sum += (double)(part ? ql[d] : qh[d]) * muse_f16_to_f32(k[at * HD + d]);
+                    acc = (float)(acc + sum);
+                }
+            s[i] = at >= lo && at <= hi ? acc * scale_l2 : -INFINITY;
+            mt = fmaxf(mt, s[i]);
+        }
+        for (int i = 0; i < MUSE_ATTN_TILE; i++) lt += s[i] = muse_attn_rescale(s[i], mt);
+        for (int d = 0; d < HD; d++) {
+            float acc = 0;
+            for (int kk = 0; kk < MUSE_ATTN_TILE / 16; kk++)
+                for (int part = 0; part < 2; part++) {
+                    double sum = 0;
+                    for (int i = 16 * kk; i < 16 * kk + 16; i++) {
+                        int64_t at = base + i;
+                        float ph, pl;
+                        split16(s[i], &ph, &pl);
+                        if (at >= lo && at <= hi)
+                            sum += (double)(part ? pl : ph) * muse_f16_to_f32(v[at * HD + d]);
+                    }
+                    acc = (float)(acc + sum);
+                }
+            o[d] = acc;
+        }
+        float w1, w2;
+        pt->m = muse_attn_merge(pt->m, mt, &w1, &w2);
+        pt->l = muse_attn_mix(pt->l, w1, lt, w2);
+        for (int d = 0; d < HD; d++) pt->acc[d] = muse_attn_mix(pt->acc[d], w1, o[d], w2);
+    }
+}
+
 /* rel L2 of the emulated output (splits merged in ascending order) against double softmax */
-static double emulate_row(const float *q, const uint16_t *k, const uint16_t *v, int64_t p,
-                          int64_t window, int64_t cap, double scale, double *den_out)
+typedef void split_fn(const float *, const uint16_t *, const uint16_t *, int64_t, int64_t, float,
+                      partial *);
+
+static double emulate_row(split_fn *split, const float *q, const uint16_t *k, const uint16_t *v,
+                          int64_t p, int64_t window, int64_t cap, double scale, double *den_out)
 {
     int64_t first = muse_attn_first(p, window);
     int64_t c = muse_attn_chunk(first, p, cap), n = muse_attn_count(first, p, c);
@@ -146,7 +309,7 @@ static double emulate_row(const float *q, const uint16_t *k, const uint16_t *v, 
     for (int64_t s = 0; s < n; s++) {
         int64_t lo, hi;
         muse_attn_split_range(first, p, c, s, &lo, &hi);
-        emulate_split(q, k, v, lo, hi, scale_l2, &pt[s]);
+        split(q, k, v, lo, hi, scale_l2, &pt[s]);
     }
     float mx = -INFINITY;
     for (int64_t s = 0; s < n; s++) mx = fmaxf(mx, pt[s].m);
@@ -180,7 +343,7 @@ static double emulate_row(const float *q, const uint16_t *k, const uint16_t *v, 
     return sqrt(num / den);
 }
 
-static void test_emulation(void)
+static void test_emulation(split_fn *split, double bound, const char *what)
 {
     const int64_t n_pos = 20000;
     uint16_t *k = malloc((size_t)n_pos * HD * sizeof *k),
@@ -204,17 +367,15 @@ static void test_emulation(void)
             for (int g = 0; g < G; g++) {
                 float q[HD];
                 for (int d = 0; d < HD; d++)
-                    q[d] = muse_round_f16((float)(urand() * rows[r].q_scale));
-                double den,
-                    e = emulate_row(q, k, v, rows[r].p, rows[r].window, cap, 1.0 / sqrt(HD), &den);
+                    q[d] = (float)(urand() * rows[r].q_scale); /* fp32: the kernel's q */
+                double den, e = emulate_row(split, q, k, v, rows[r].p, rows[r].window, cap,
+                                            1.0 / sqrt(HD), &den);
                 if (!(e <= worst)) worst = e;
                 if (den < min_den) min_den = den;
             }
         }
-    ok(worst <= 2e-5,
-       "the chunked fp32 online softmax within rel L2 2e-5 of double at caps 64, 128 and 256 "
-       "(worst %.2e)",
-       worst);
+    ok(worst <= bound, "%s within rel L2 %.0e of double at caps 64, 128 and 256 (worst %.2e)", what,
+       bound, worst);
     ok(min_den > 1e-8, "the reference outputs are not zeros (smallest |o|^2 %.2e)", min_den);
     free(k);
     free(v);
@@ -227,6 +388,12 @@ int main(void)
     test_splits(256);
     test_split_sizes();
     test_rescale();
-    test_emulation();
+    test_pair(MUSE_ATTN_MAX_SPLITS);
+    test_pair(64);
+    test_mma_layout();
+    test_merge();
+    test_emulation(emulate_split, 2e-5, "the CUDA-core split: chunked fp32 online softmax");
+    test_emulation(emulate_split_mma, 2e-5,
+                   "the tensor-core split: fp16 high and low parts, tile partials merged");
     return done_testing();
 }

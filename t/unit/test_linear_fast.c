@@ -140,7 +140,10 @@ static void test_splits(void)
         }
     }
     ok(bad == 0, "splits cover k in order, sizes within bounds");
-    is_int(muse_fast_splits(6144, 4096, MUSE_FAST_SPLIT_TARGET), 9, "6144 x 4096: 9 splits");
+    is_int(muse_fast_splits(6144, 4096, MUSE_FAST_SPLIT_TARGET), 13, "6144 x 4096: 13 splits");
+    is_int(muse_fast_splits(4096, 6144, MUSE_FAST_SPLIT_TARGET), 9, "4096 x 6144: 9 splits");
+    is_int(muse_fast_splits(6144, 3072, MUSE_FAST_GROUP_TARGET / 8), 3,
+           "an expert's 6144 x 3072 at 8 a token: 3 splits (as at the plain target of 264)");
     is_int(muse_fast_splits(6144, 202112, MUSE_FAST_SPLIT_TARGET), 1, "the head: no split");
 }
 

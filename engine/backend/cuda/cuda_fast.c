@@ -266,9 +266,9 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
     muse_k_ctx pc = kctx(rk, P);
     const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
     long I = (long)shapes[0].n, H = (long)shapes[2].n;
-    /* the experts' k split: twice the plain target over the K pairs of a token (on the H200
-     * against 264 / K and 264: the same at one row, 7-19% faster from 4 rows) */
-    int target = 2 * MUSE_FAST_SPLIT_TARGET / (int)m->cfg.num_experts_per_tok; /* K >= 1: fits */
+    /* the experts' k split: 528 over the K pairs of a token (on the H200 against 264 / K and
+     * 264: the same at one row, 7-19% faster from 4 rows; 132 and 192 / K slower) */
+    int target = MUSE_FAST_GROUP_TARGET / (int)m->cfg.num_experts_per_tok; /* K >= 1: fits */
     muse_k_fast_groups g = {{ex, ex + E, ex + 2 * E},
                             rk->sel,
                             rk->pair_src,
