@@ -856,7 +856,6 @@ static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long 
                      long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
                      long rows, int pair, af_ws ws)
 {
-    static int attr[2];
     unsigned kvb = (unsigned)((hq + group - 1) / group);
     int gp = muse_attn_gp(group);
     if (!pair && am_coop_on())
@@ -866,12 +865,10 @@ static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long 
     size_t smem = (size_t)AM_WARPS * 2 * AM_TILE_HALVES * sizeof(__half);
     void (*fn)(muse_k_kv, const float *, long, int, int, long, float, const int32_t *,
                const int64_t *, long, af_ws) = pair ? k_attn_split_mma<1> : k_attn_split_mma<0>;
-    if (!attr[pair]) {
-        int err = (int)cudaFuncSetAttribute((const void *)fn,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (err) return err;
-        attr[pair] = 1;
-    }
+    /* each launch, as linear_fast.cu does: the attribute is the current device's */
+    int err = (int)cudaFuncSetAttribute((const void *)fn,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err) return err;
     dim3 grid = pair ? dim3((unsigned)ws.splits + 1, kvb, (unsigned)((rows + 2 * AM_WARPS - 1) /
                                                                      (2 * AM_WARPS)))
                      : dim3((unsigned)((ws.splits + AM_WARPS - 1) / AM_WARPS), kvb, (unsigned)rows);
