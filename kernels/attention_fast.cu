@@ -307,23 +307,6 @@ typedef struct {
     int n; /* slots */
 } am_set;
 
-/* Where position s of sequence seq starts in the layer's cache, as muse_kv_offset at column 0
- * (-1: its block not reserved), in 32-bit arithmetic for the position (positions and ring sizes
- * under 2^31: a 64-bit remainder is a long software sequence) */
-static_assert(MUSE_KV_BLOCK == 16, "am_kv_at shifts by 4");
-__device__ __forceinline__ int64_t am_kv_at(const muse_k_kv &kv, int seq, int64_t s)
-{
-    int64_t row;
-    if (kv.cap > 0) {
-        row = (int64_t)seq * kv.cap + (int64_t)((uint32_t)s % (uint32_t)kv.cap);
-    } else {
-        int32_t blk = kv.tables[(int64_t)seq * kv.blocks_per_seq + ((uint32_t)s >> 4)];
-        if (blk < 0) return -1;
-        row = (int64_t)blk * MUSE_KV_BLOCK + ((uint32_t)s & 15u);
-    }
-    return row * kv.kv_width;
-}
-
 /* Stage the 64 keys from base of KV head kh into kbuf / vbuf (cp.async, not waited for): lane
  * finds where keys lane and lane + 32 sit, then takes piece lane % 8 of keys lane / 8 + 4 i
  * (the key's place from its finder by a shuffle); zeros outside [lo, hi] and where the block is
@@ -336,7 +319,7 @@ __device__ __forceinline__ void am_stage(const muse_k_kv &kv, int seq, long kh, 
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         int64_t s = base + lane + 32 * i;
-        at2[i] = s >= lo && s <= hi ? am_kv_at(kv, seq, s) : -1;
+        at2[i] = s >= lo && s <= hi ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, kv.kv_width) : -1;
     }
 #pragma unroll
     for (int i = 0; i < AF_T / 4; i++) {
@@ -549,7 +532,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int key = 16 * warp + lane / 8 + 4 * i;
-            int64_t s = b + key, at = s >= lo && s <= hi ? am_kv_at(kv, seq, s) : -1;
+            int64_t s = b + key, at = s >= lo && s <= hi ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, kv.kv_width) : -1;
             bool ok = at >= 0;
             const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
             const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;

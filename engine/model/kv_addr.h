@@ -35,6 +35,23 @@ MUSE_HD int64_t muse_kv_offset(const int32_t *tables, int64_t blocks_per_seq, in
     return muse_kv_block_offset(tables, blocks_per_seq, seq, s, col, width);
 }
 
+/* muse_kv_offset at column 0 with the position's arithmetic in 32 bits (s and a ring's cap under
+ * 2^31; MUSE_KV_BLOCK a power of two): the fast attention stages keys by it, where a 64-bit
+ * remainder is a long software sequence on the GPU. */
+MUSE_HD int64_t muse_kv_offset32(const int32_t *tables, int64_t blocks_per_seq, int64_t cap,
+                                 int seq, int64_t s, int64_t width)
+{
+    int64_t row;
+    if (cap > 0) {
+        row = (int64_t)seq * cap + (int64_t)((uint32_t)s % (uint32_t)cap);
+    } else {
+        int32_t blk = tables[(int64_t)seq * blocks_per_seq + (uint32_t)s / MUSE_KV_BLOCK];
+        if (blk < 0) return -1;
+        row = (int64_t)blk * MUSE_KV_BLOCK + (uint32_t)s % MUSE_KV_BLOCK;
+    }
+    return row * width;
+}
+
 /* A sliding snapshot holds the last `window` positions before end_pos, ascending from this
  * one: position s is its row s - first. */
 MUSE_HD int64_t muse_kv_window_first(int64_t end_pos, int64_t window)

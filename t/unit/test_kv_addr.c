@@ -31,6 +31,8 @@ static void test_blocks(void)
                 int64_t got = muse_kv_block_offset(&tables[0][0], BPS, seq, s, col, WIDTH);
                 good &= got == want;
                 good &= muse_kv_offset(&tables[0][0], BPS, 0, seq, s, col, WIDTH) == want;
+                if (col == 0)
+                    good &= muse_kv_offset32(&tables[0][0], BPS, 0, seq, s, WIDTH) == want;
                 checked++;
             }
             if (++in_block == MUSE_KV_BLOCK) in_block = 0, b++;
@@ -60,6 +62,8 @@ static void test_rings(void)
                     int64_t want = (seq * cap + slot) * WIDTH + col;
                     good &= muse_kv_ring_offset(seq, s, col, cap, WIDTH) == want;
                     good &= muse_kv_offset(&tables[0][0], BPS, cap, seq, s, col, WIDTH) == want;
+                    if (col == 0)
+                        good &= muse_kv_offset32(&tables[0][0], BPS, cap, seq, s, WIDTH) == want;
                 }
                 if (++slot == cap) slot = 0;
             }
@@ -71,6 +75,23 @@ static void test_rings(void)
            "position cap reuses slot 0");
     is_int(muse_kv_ring_offset(2, 32, 4, 33, WIDTH), (2 * 33 + 32) * WIDTH + 4,
            "the ring's last slot");
+}
+
+/* the 32-bit form at positions toward 2^31 and rings of up to 2^31 - 1 slots, offsets past 2^32 */
+static void test_offset32_far(void)
+{
+    const int64_t caps[] = {4096, 131072, 1000003, 2147483647};
+    const int64_t pos[] = {0, 4095, 4096, 131071, 9999991, 2147483000, 2147483647};
+    int good = 1;
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++)
+        for (size_t p = 0; p < sizeof pos / sizeof *pos; p++)
+            for (int seq = 0; seq < 63; seq += 31)
+                good &= muse_kv_offset32(&tables[0][0], BPS, caps[c], seq, pos[p], 512) ==
+                        muse_kv_offset(&tables[0][0], BPS, caps[c], seq, pos[p], 0, 512);
+    ok(good, "the 32-bit form equals muse_kv_offset at positions to 2^31 - 1, rings to 2^31 - 1");
+    int32_t big[2] = {0, 100000000}; /* one sequence's blocks; the second far out */
+    is_int(muse_kv_offset32(big, 2, 0, 0, MUSE_KV_BLOCK + 3, 512),
+           ((int64_t)100000000 * MUSE_KV_BLOCK + 3) * 512, "a block offset past 2^32 halves");
 }
 
 static void test_window(void)
@@ -85,6 +106,7 @@ int main(void)
 {
     test_blocks();
     test_rings();
+    test_offset32_far();
     test_window();
     return done_testing();
 }
