@@ -16,6 +16,7 @@
 #include "attention_fast.h"
 #include "common.cuh"
 #include "model/kv_addr.h"
+#include "mma.cuh"
 #include "pdl.cuh"
 
 #define AF_THREADS 128
@@ -75,6 +76,21 @@ __device__ __forceinline__ void af_store(af_smem<HD, GM> *sm, const uint4 *rk, c
     }
 }
 
+/* Row r's sequence and the keys [lo, hi] of its split x; false where the row is padding or has
+ * no such split. */
+__device__ __forceinline__ bool af_row_split(const int32_t *seqs, const int64_t *positions,
+                                             long window, int cap, long r, int64_t x, int *seq,
+                                             int64_t *lo, int64_t *hi)
+{
+    *seq = seqs[r];
+    if (*seq < 0) return false;
+    int64_t p = positions[r], first = muse_attn_first(p, window);
+    int64_t chunk = muse_attn_chunk(first, p, cap);
+    if (x >= muse_attn_count(first, p, chunk)) return false;
+    muse_attn_split_range(first, p, chunk, x, lo, hi);
+    return true;
+}
+
 /* grid (splits, KV heads of the rank, rows); 128 threads. Block (s, b, r): query heads
  * [b * group, b * group + group) of row r over split s of its key range. GM: group <= GM (8:
  * about half the registers and 4 KB less shared memory than 16 for the heads' arrays; a head's
@@ -89,13 +105,9 @@ __global__ void __launch_bounds__(AF_THREADS)
     K_PDL_WAIT();
     int split = blockIdx.x, b = blockIdx.y, t = threadIdx.x;
     long r = blockIdx.z;
-    int seq = seqs[r];
-    if (seq < 0) return;
-    int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t chunk = muse_attn_chunk(first, p, ws.cap);
-    if (split >= muse_attn_count(first, p, chunk)) return;
+    int seq;
     int64_t lo, hi;
-    muse_attn_split_range(first, p, chunk, split, &lo, &hi);
+    if (!af_row_split(seqs, positions, window, ws.cap, r, split, &seq, &lo, &hi)) return;
     int G = group;
     long h0 = (long)b * G;
     for (int i = t; i < GM * HD; i += AF_THREADS) {
@@ -239,33 +251,6 @@ __global__ void __launch_bounds__(AF_THREADS)
 #define AM_HD    64
 #define AM_TILE_HALVES (AF_T * AM_HD) /* a staged K (or V) tile */
 
-__device__ __forceinline__ uint32_t am_smem(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void am_ldsm4(uint32_t r[4], const __half *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(am_smem(p)));
-}
-
-__device__ __forceinline__ void am_ldsm4t(uint32_t r[4], const __half *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(am_smem(p)));
-}
-
-__device__ __forceinline__ void am_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* x and y as fp16 high parts (hi, x in the low half) and the fp16 of what they leave (lo) */
 __device__ __forceinline__ void am_split2(float x, float y, uint32_t *hi, uint32_t *lo)
 {
@@ -300,6 +285,42 @@ __device__ __forceinline__ float am_quad_sum(float v)
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/* q's A fragments (k-steps of 16 dims, fp16 high and low parts) for the lane's two mma rows: row
+ * g from q0, row g + 8 from q1 (NULL: a dead row, zeros) */
+__device__ __forceinline__ void am_q_frags(const float *q0, const float *q1, int quad,
+                                           uint32_t qh[AM_HD / 16][4], uint32_t ql[AM_HD / 16][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < AM_HD / 16; kk++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* a0: row g, a1: row g + 8, a2/a3: the dims + 8 */
+            const float *q = j & 1 ? q1 : q0;
+            int d = 16 * kk + 2 * quad + 8 * (j >> 1);
+            float2 v = q ? *(const float2 *)&q[d] : make_float2(0.0f, 0.0f);
+            am_split2(v.x, v.y, &qh[kk][j], &ql[kk][j]);
+        }
+}
+
+/* A tile's partial (mt, lt, and NJ n-tiles of O) merged into the running one (m, l, acc) for the
+ * lane's two mma row halves: muse_attn_merge's weights on the SFU, muse_attn_mix a value. */
+template <int NJ>
+__device__ __forceinline__ void am_merge_tile(float m[2], float l[2], float acc[NJ][4],
+                                              const float mt[2], const float lt[2],
+                                              const float o[NJ][4])
+{
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = fmaxf(m[h], mt[h]), w1 = am_rescale(m[h], mx), w2 = am_rescale(mt[h], mx);
+        m[h] = mx;
+        l[h] = muse_attn_mix(l[h], w1, lt[h], w2);
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            acc[j][2 * h] = muse_attn_mix(acc[j][2 * h], w1, o[j][2 * h], w2);
+            acc[j][2 * h + 1] = muse_attn_mix(acc[j][2 * h + 1], w1, o[j][2 * h + 1], w2);
+        }
+    }
+}
+
 /* The rows a warp takes at once: up to 2 slots, each its row, split and keys [lo, hi]. */
 typedef struct {
     long r[2];
@@ -329,12 +350,10 @@ __device__ __forceinline__ void am_stage(const muse_k_kv &kv, int seq, long kh, 
         const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
         const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
         int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(kbuf + dst)),
-                     "l"(ks), "r"(ok ? 16 : 0));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(vbuf + dst)),
-                     "l"(vs), "r"(ok ? 16 : 0));
+        k_cp16(kbuf + dst, ks, ok);
+        k_cp16(vbuf + dst, vs, ok);
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    k_cp_commit();
 }
 
 /* One set over its split: the tiles staged by this warp into kbuf / vbuf, the partials of its
@@ -367,25 +386,16 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
         rlo[h] = !live[h] ? 1 : slot ? S.lo[1] : S.lo[0];
         rhi[h] = !live[h] ? 0 : slot ? S.hi[1] : S.hi[0]; /* a dead row: every key masked */
     }
-    /* q's A fragments, k-steps of 16 dims: fp16 high and low parts */
     uint32_t qh[AM_HD / 16][4], ql[AM_HD / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < AM_HD / 16; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) { /* a0: row g, a1: row g + 8, a2/a3: the dims + 8 */
-            int h = j & 1, d = 16 * kk + 2 * quad + 8 * (j >> 1);
-            float2 v = make_float2(0.0f, 0.0f);
-            if (live[h])
-                v = *(const float2 *)&qa[(row[h] * hq + h0 + head[h]) * AM_HD + d];
-            am_split2(v.x, v.y, &qh[kk][j], &ql[kk][j]);
-        }
+    am_q_frags(live[0] ? qa + (row[0] * hq + h0 + head[0]) * AM_HD : NULL,
+               live[1] ? qa + (row[1] * hq + h0 + head[1]) * AM_HD : NULL, quad, qh, ql);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[AM_HD / 8][4];
 #pragma unroll
     for (int j = 0; j < AM_HD / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
     for (;;) {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        k_cp_wait<0>();
         __syncwarp();
         /* S: 8 n-tiles of 8 keys, each a chain over the k-steps, high part then low */
         float s[AF_T / 8][4];
@@ -397,11 +407,11 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
             for (int kk = 0; kk < AM_HD / 16; kk += 2) {
                 uint32_t b[4]; /* keys 8j + lane % 8; pieces 2 kk + lane / 8 */
                 int key = 8 * j + (lane & 7);
-                am_ldsm4(b, kbuf + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
-                am_mma(s[j], qh[kk], b[0], b[1]);
-                am_mma(s[j], ql[kk], b[0], b[1]);
-                am_mma(s[j], qh[kk + 1], b[2], b[3]);
-                am_mma(s[j], ql[kk + 1], b[2], b[3]);
+                k_ldsm4(b, kbuf + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
+                k_mma16816(s[j], qh[kk], b[0], b[1]);
+                k_mma16816(s[j], ql[kk], b[0], b[1]);
+                k_mma16816(s[j], qh[kk + 1], b[2], b[3]);
+                k_mma16816(s[j], ql[kk + 1], b[2], b[3]);
             }
         }
         /* the tile's max, p and sum, per mma row (a quad's lanes hold a row's 64 keys); the mask
@@ -456,27 +466,17 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
             for (int jn = 0; jn < AM_HD / 8; jn += 2) {
                 uint32_t b[4]; /* keys 16 kk + lane % 8 (+ 8); pieces jn + lane / 16 */
                 int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
-                am_ldsm4t(b, vbuf + key * AM_HD + muse_attn_swz(key, jn + (lane >> 4)) * 8);
-                am_mma(o[jn], ph, b[0], b[1]);
-                am_mma(o[jn], pl, b[0], b[1]);
-                am_mma(o[jn + 1], ph, b[2], b[3]);
-                am_mma(o[jn + 1], pl, b[2], b[3]);
+                k_ldsm4t(b, vbuf + key * AM_HD + muse_attn_swz(key, jn + (lane >> 4)) * 8);
+                k_mma16816(o[jn], ph, b[0], b[1]);
+                k_mma16816(o[jn], pl, b[0], b[1]);
+                k_mma16816(o[jn + 1], ph, b[2], b[3]);
+                k_mma16816(o[jn + 1], pl, b[2], b[3]);
             }
         }
         __syncwarp(); /* every lane is done with the tile before the next one lands */
         bool more = base + AF_T <= hi_u;
         if (more) am_stage(kv, seq, kh, base + AF_T, lo_u, hi_u, kbuf, vbuf);
-#pragma unroll
-        for (int h = 0; h < 2; h++) { /* muse_attn_merge, on the SFU */
-            float mx = fmaxf(m[h], mt[h]), w1 = am_rescale(m[h], mx), w2 = am_rescale(mt[h], mx);
-            m[h] = mx;
-            l[h] = muse_attn_mix(l[h], w1, lt[h], w2);
-#pragma unroll
-            for (int j = 0; j < AM_HD / 8; j++) {
-                acc[j][2 * h] = muse_attn_mix(acc[j][2 * h], w1, o[j][2 * h], w2);
-                acc[j][2 * h + 1] = muse_attn_mix(acc[j][2 * h + 1], w1, o[j][2 * h + 1], w2);
-            }
-        }
+        am_merge_tile<AM_HD / 8>(m, l, acc, mt, lt, o);
         if (!more) break;
         base += AF_T;
     }
@@ -518,13 +518,9 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
     long kh = blockIdx.y, r = blockIdx.z, h0 = kh * group;
     int64_t x = blockIdx.x;
-    int seq = seqs[r];
-    if (seq < 0) return;
-    int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t chunk = muse_attn_chunk(first, p, ws.cap);
-    if (x >= muse_attn_count(first, p, chunk)) return;
+    int seq;
     int64_t lo, hi;
-    muse_attn_split_range(first, p, chunk, x, &lo, &hi);
+    if (!af_row_split(seqs, positions, window, ws.cap, r, x, &seq, &lo, &hi)) return;
     int64_t base = lo / AF_T * AF_T;
     /* stage keys 16 w + lane / 8 + 4 i of the tile at b (zeros outside [lo, hi], unreserved) */
     auto stage = [&](int64_t b) {
@@ -537,12 +533,10 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
             const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
             int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(sm.k + dst)),
-                         "l"(ks), "r"(ok ? 16 : 0));
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(am_smem(sm.v + dst)),
-                         "l"(vs), "r"(ok ? 16 : 0));
+            k_cp16(sm.k + dst, ks, ok);
+            k_cp16(sm.v + dst, vs, ok);
         }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        k_cp_commit();
     };
     stage(base);
     int head[2];
@@ -554,22 +548,15 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         live[h] = i / gp == 0 && head[h] < group && h0 + head[h] < hq;
     }
     uint32_t qh[AM_HD / 16][4], ql[AM_HD / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < AM_HD / 16; kk++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int h = j & 1, d = 16 * kk + 2 * quad + 8 * (j >> 1);
-            float2 v = make_float2(0.0f, 0.0f);
-            if (live[h]) v = *(const float2 *)&qa[(r * hq + h0 + head[h]) * AM_HD + d];
-            am_split2(v.x, v.y, &qh[kk][j], &ql[kk][j]);
-        }
+    am_q_frags(live[0] ? qa + (r * hq + h0 + head[0]) * AM_HD : NULL,
+               live[1] ? qa + (r * hq + h0 + head[1]) * AM_HD : NULL, quad, qh, ql);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[2][4];
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
     for (;;) {
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        k_cp_wait<0>();
         __syncthreads(); /* the tile landed, every warp's part */
         float s[2][4];
 #pragma unroll
@@ -581,11 +568,11 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             for (int kk = 0; kk < AM_HD / 16; kk += 2) {
                 uint32_t b[4];
                 int key = 8 * j + (lane & 7);
-                am_ldsm4(b, sm.k + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
-                am_mma(s[jj], qh[kk], b[0], b[1]);
-                am_mma(s[jj], ql[kk], b[0], b[1]);
-                am_mma(s[jj], qh[kk + 1], b[2], b[3]);
-                am_mma(s[jj], ql[kk + 1], b[2], b[3]);
+                k_ldsm4(b, sm.k + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
+                k_mma16816(s[jj], qh[kk], b[0], b[1]);
+                k_mma16816(s[jj], ql[kk], b[0], b[1]);
+                k_mma16816(s[jj], qh[kk + 1], b[2], b[3]);
+                k_mma16816(s[jj], ql[kk + 1], b[2], b[3]);
             }
         }
         float mt[2] = {-INFINITY, -INFINITY};
@@ -639,26 +626,16 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             const uint32_t ph[4] = {h4.x, h4.y, h4.z, h4.w}, pl[4] = {l4.x, l4.y, l4.z, l4.w};
             uint32_t b[4];
             int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
-            am_ldsm4t(b, sm.v + key * AM_HD + muse_attn_swz(key, 2 * warp + (lane >> 4)) * 8);
-            am_mma(o[0], ph, b[0], b[1]);
-            am_mma(o[0], pl, b[0], b[1]);
-            am_mma(o[1], ph, b[2], b[3]);
-            am_mma(o[1], pl, b[2], b[3]);
+            k_ldsm4t(b, sm.v + key * AM_HD + muse_attn_swz(key, 2 * warp + (lane >> 4)) * 8);
+            k_mma16816(o[0], ph, b[0], b[1]);
+            k_mma16816(o[0], pl, b[0], b[1]);
+            k_mma16816(o[1], ph, b[2], b[3]);
+            k_mma16816(o[1], pl, b[2], b[3]);
         }
         __syncthreads(); /* every warp is done with the tile and the p of this one */
         bool more = base + AF_T <= hi;
         if (more) stage(base + AF_T);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float mx = fmaxf(m[h], mt[h]), w1 = am_rescale(m[h], mx), w2 = am_rescale(mt[h], mx);
-            m[h] = mx;
-            l[h] = muse_attn_mix(l[h], w1, lt[h], w2);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                acc[j][2 * h] = muse_attn_mix(acc[j][2 * h], w1, o[j][2 * h], w2);
-                acc[j][2 * h + 1] = muse_attn_mix(acc[j][2 * h + 1], w1, o[j][2 * h + 1], w2);
-            }
-        }
+        am_merge_tile<2>(m, l, acc, mt, lt, o);
         if (!more) break;
         base += AF_T;
     }

@@ -17,6 +17,7 @@
 
 #include "linear_fast.h"
 #include "linear_fast_ends.cuh"
+#include "mma.cuh"
 #include "pdl.cuh"
 
 #define FB_WARPS 4
@@ -46,41 +47,6 @@ typedef struct {
     const int4 *groups;
     const int32_t *n_groups;
 } fast_prod;
-
-__device__ __forceinline__ uint32_t f_smem(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared, zero-filled where !valid (no global read then) */
-__device__ __forceinline__ void f_cp16(void *dst, const void *src, bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(f_smem(dst)), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void f_cp_commit(void)
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> __device__ __forceinline__ void f_cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void f_ldmatrix4(uint32_t r[4], const uint16_t *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(f_smem(p)));
-}
-
-__device__ __forceinline__ void f_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Two states to one .f16x2 B register (the first in the low half): the integer stage of
  * linear_fast.h, then one fp16 op for both (the fp16 stage it emulates on the host). */
@@ -256,7 +222,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
             if (MT == 1 && i > 0 && !more) break; /* a decode step: one pass has every row */
             if (MT == 1 && !(a_rows_ok >> i & 1)) continue;
             bool ok = (a_rows_ok >> i & 1) && a_k_ok;
-            f_cp16(as + a_dst + A_RP * i * FB_AROW, ok ? as_src + i * a_pass : a_dummy, ok);
+            k_cp16(as + a_dst + A_RP * i * FB_AROW, ok ? as_src + i * a_pass : a_dummy, ok);
         }
     };
     auto load_b = [&](int st, int boff, bool al) {
@@ -274,7 +240,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 #pragma unroll
             for (int i = 0; i < B_PER; i++) {
                 if (B_CH % 128 != 0 && th + 128 * i >= B_CH) break;
-                f_cp16(bs + b_dst[i], ok[i] ? src[i] : trellis, ok[i]);
+                k_cp16(bs + b_dst[i], ok[i] ? src[i] : trellis, ok[i]);
             }
         } else { /* a 2-byte aligned trellis: plain loads, visible after the stage's sync */
 #pragma unroll
@@ -308,12 +274,12 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
             if (L.descs) load_b(st, st * STAGE_BYTES, aligned);
             load_a(st, st * STAGE_BYTES);
         }
-        f_cp_commit();
+        k_cp_commit();
     }
     /* byte offsets of stage st's buffer (st % 3) and of stage st + 2's ((st + 2) % 3) */
     int cbuf = 0, lbuf = (FB_STAGES - 1) * STAGE_BYTES;
     for (int st = 0; st < nstages; st++) {
-        f_cp_wait<FB_STAGES - 2>();
+        k_cp_wait<FB_STAGES - 2>();
         __syncthreads(); /* stage st landed; every warp is done with stage st - 1's buffer */
         if (st + FB_STAGES - 1 < nstages) {
             const int lb = lbuf; /* stage st + 2's buffer: (st + 2) % 3, the one before st's */
@@ -329,7 +295,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
                 load_b(st + FB_STAGES - 1, lb, false);
             }
         }
-        f_cp_commit();
+        k_cp_commit();
         const unsigned char *base = f_sm + cbuf;
         lbuf = cbuf;
         cbuf = cbuf == (FB_STAGES - 1) * STAGE_BYTES ? 0 : cbuf + STAGE_BYTES;
@@ -347,11 +313,11 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
             for (int mt = 0; mt < MT; mt++) {
                 if (MT > 1 && mt >= mt_live) break; /* one m-tile: always live (m0 < rend) */
                 uint32_t af[4];
-                f_ldmatrix4(af, as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
+                k_ldsm4(af, as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
 #pragma unroll
                 for (int nt = 0; nt < NTW; nt++) {
-                    f_mma(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
-                    f_mma(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
+                    k_mma16816(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
+                    k_mma16816(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
                 }
             }
         };
@@ -362,7 +328,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
             for (int kk = 0; kk < nkt; kk++) ktile(kk);
         }
     }
-    f_cp_wait<0>();
+    k_cp_wait<0>();
 
     /* c0, c1: row lane/4, columns 2(lane%4) + {0,1}; c2, c3: row lane/4 + 8; a row's address
      * once, its n-tiles at constant offsets */
