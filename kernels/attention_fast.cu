@@ -28,6 +28,7 @@ typedef struct {
     float *m, *l, *acc;
     int splits; /* the grid's x: muse_attn_max_splits(max_len, cap) */
     int cap;    /* the process's split cap (muse_k_attention_fast_cap) */
+    int least;  /* and its least chunk (muse_k_attention_fast_least) */
 } af_ws;
 
 /* GM: the most query heads of a group the instance holds (8 or AF_G) */
@@ -79,13 +80,13 @@ __device__ __forceinline__ void af_store(af_smem<HD, GM> *sm, const uint4 *rk, c
 /* Row r's sequence and the keys [lo, hi] of its split x; false where the row is padding or has
  * no such split. */
 __device__ __forceinline__ bool af_row_split(const int32_t *seqs, const int64_t *positions,
-                                             long window, int cap, long r, int64_t x, int *seq,
-                                             int64_t *lo, int64_t *hi)
+                                             long window, const af_ws &ws, long r, int64_t x,
+                                             int *seq, int64_t *lo, int64_t *hi)
 {
     *seq = seqs[r];
     if (*seq < 0) return false;
     int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t chunk = muse_attn_chunk(first, p, cap);
+    int64_t chunk = muse_attn_chunk(first, p, ws.cap, ws.least);
     if (x >= muse_attn_count(first, p, chunk)) return false;
     muse_attn_split_range(first, p, chunk, x, lo, hi);
     return true;
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(AF_THREADS)
     long r = blockIdx.z;
     int seq;
     int64_t lo, hi;
-    if (!af_row_split(seqs, positions, window, ws.cap, r, split, &seq, &lo, &hi)) return;
+    if (!af_row_split(seqs, positions, window, ws, r, split, &seq, &lo, &hi)) return;
     int G = group;
     long h0 = (long)b * G;
     for (int i = t; i < GM * HD; i += AF_THREADS) {
@@ -247,8 +248,8 @@ __global__ void __launch_bounds__(AF_THREADS)
  * own mask, so it does not matter which row shares its warp, nor whether a warp takes one row or
  * two; decode launches spread each tile over four warps with the same arithmetic
  * (k_attn_split_coop). */
-#define AM_WARPS 4
-#define AM_HD    64
+#define AM_WARPS       4
+#define AM_HD          64
 #define AM_TILE_HALVES (AF_T * AM_HD) /* a staged K (or V) tile */
 
 /* x and y as fp16 high parts (hi, x in the low half) and the fp16 of what they leave (lo) */
@@ -340,7 +341,9 @@ __device__ __forceinline__ void am_stage(const muse_k_kv &kv, int seq, long kh, 
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         int64_t s = base + lane + 32 * i;
-        at2[i] = s >= lo && s <= hi ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, kv.kv_width) : -1;
+        at2[i] = s >= lo && s <= hi
+                     ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, kv.kv_width)
+                     : -1;
     }
 #pragma unroll
     for (int i = 0; i < AF_T / 4; i++) {
@@ -502,14 +505,15 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
  * to the others through shared memory and takes O's dims 16 w .. 16 w + 15 over all four. So a
  * decode row's bits are those of the same row in a prompt's pair. grid (splits, KV heads, rows). */
 typedef struct {
-    __half k[AM_TILE_HALVES], v[AM_TILE_HALVES];
+    __half k[2][AM_TILE_HALVES], v[2][AM_TILE_HALVES]; /* the tile, and the next one's loads */
     float mx[AM_WARPS][32][2], sum[AM_WARPS][32][2];
     uint32_t p[AM_WARPS][32][8]; /* warp w's k-step of p: high parts a0..a3, then low */
 } am_coop_sm;
 
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attn_split_coop(muse_k_kv kv, const float *qa, long hq, int group, int gp, long window,
-                      float scale_l2, const int32_t *seqs, const int64_t *positions, af_ws ws)
+                      float scale_l2, const int32_t *seqs, const int64_t *positions, af_ws ws,
+                      int ahead)
 {
     extern __shared__ __align__(16) unsigned char am_sm[];
     am_coop_sm &sm = *(am_coop_sm *)am_sm;
@@ -520,25 +524,31 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     int64_t x = blockIdx.x;
     int seq;
     int64_t lo, hi;
-    if (!af_row_split(seqs, positions, window, ws.cap, r, x, &seq, &lo, &hi)) return;
+    if (!af_row_split(seqs, positions, window, ws, r, x, &seq, &lo, &hi)) return;
     int64_t base = lo / AF_T * AF_T;
-    /* stage keys 16 w + lane / 8 + 4 i of the tile at b (zeros outside [lo, hi], unreserved) */
-    auto stage = [&](int64_t b) {
+    /* stage keys 16 w + lane / 8 + 4 i of the tile at b into buffer c (zeros outside [lo, hi],
+     * unreserved); ahead: the next tile's loads issued as soon as this one has landed, into the
+     * other buffer (whose readers passed the last barrier), else after the tile's work */
+    int cur = 0;
+    auto stage = [&](int64_t b, int c) {
         const int pc = lane % 8;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int key = 16 * warp + lane / 8 + 4 * i;
-            int64_t s = b + key, at = s >= lo && s <= hi ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, kv.kv_width) : -1;
+            int64_t s = b + key, at = s >= lo && s <= hi
+                                          ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap,
+                                                             seq, s, kv.kv_width)
+                                          : -1;
             bool ok = at >= 0;
             const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
             const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
             int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
-            k_cp16(sm.k + dst, ks, ok);
-            k_cp16(sm.v + dst, vs, ok);
+            k_cp16(sm.k[c] + dst, ks, ok);
+            k_cp16(sm.v[c] + dst, vs, ok);
         }
         k_cp_commit();
     };
-    stage(base);
+    stage(base, 0);
     int head[2];
     bool live[2];
 #pragma unroll
@@ -558,6 +568,9 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     for (;;) {
         k_cp_wait<0>();
         __syncthreads(); /* the tile landed, every warp's part */
+        bool more = base + AF_T <= hi;
+        if (ahead && more) stage(base + AF_T, cur ^ 1);
+        const __half *tk = sm.k[cur], *tv = sm.v[cur];
         float s[2][4];
 #pragma unroll
         for (int jj = 0; jj < 2; jj++) { /* S n-tile j = 2 w + jj, am_run's chain */
@@ -568,7 +581,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             for (int kk = 0; kk < AM_HD / 16; kk += 2) {
                 uint32_t b[4];
                 int key = 8 * j + (lane & 7);
-                k_ldsm4(b, sm.k + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
+                k_ldsm4(b, tk + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
                 k_mma16816(s[jj], qh[kk], b[0], b[1]);
                 k_mma16816(s[jj], ql[kk], b[0], b[1]);
                 k_mma16816(s[jj], qh[kk + 1], b[2], b[3]);
@@ -626,18 +639,18 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             const uint32_t ph[4] = {h4.x, h4.y, h4.z, h4.w}, pl[4] = {l4.x, l4.y, l4.z, l4.w};
             uint32_t b[4];
             int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
-            k_ldsm4t(b, sm.v + key * AM_HD + muse_attn_swz(key, 2 * warp + (lane >> 4)) * 8);
+            k_ldsm4t(b, tv + key * AM_HD + muse_attn_swz(key, 2 * warp + (lane >> 4)) * 8);
             k_mma16816(o[0], ph, b[0], b[1]);
             k_mma16816(o[0], pl, b[0], b[1]);
             k_mma16816(o[1], ph, b[2], b[3]);
             k_mma16816(o[1], pl, b[2], b[3]);
         }
         __syncthreads(); /* every warp is done with the tile and the p of this one */
-        bool more = base + AF_T <= hi;
-        if (more) stage(base + AF_T);
+        if (!ahead && more) stage(base + AF_T, cur);
         am_merge_tile<2>(m, l, acc, mt, lt, o);
         if (!more) break;
         base += AF_T;
+        cur ^= ahead;
     }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -687,14 +700,14 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     if (ra >= rows) return;
     int sa = seqs[ra];
     int64_t pa = positions[ra], fa = muse_attn_first(pa, window);
-    int64_t ca = muse_attn_chunk(fa, pa, ws.cap);
+    int64_t ca = muse_attn_chunk(fa, pa, ws.cap, ws.least);
     am_set S;
     long rb = PAIR && ra + 1 < rows ? ra + 1 : -1;
     if (rb >= 0) { /* a pair needs two slots of gp mma rows */
         int sb = seqs[rb];
         int64_t pb = positions[rb], fb = muse_attn_first(pb, window);
-        int64_t cb = muse_attn_chunk(fb, pb, ws.cap), xa, xb;
-        if (2 * gp <= 16 && muse_attn_pair(sa, fa, pa, sb, fb, pb, ws.cap, x, &xa, &xb)) {
+        int64_t cb = muse_attn_chunk(fb, pb, ws.cap, ws.least), xa, xb;
+        if (2 * gp <= 16 && muse_attn_pair(sa, fa, pa, sb, fb, pb, ws.cap, ws.least, x, &xa, &xb)) {
             am_set B;
             bool has_a = am_one(&S, ra, fa, pa, ca, xa), has_b = am_one(&B, rb, fb, pb, cb, xb);
             if (has_a && has_b) {
@@ -733,7 +746,7 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
         return;
     }
     int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap));
+    int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap, ws.least));
     if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
     size_t at = ((size_t)r * hq + h) * ws.splits;
     float mx = -INFINITY;
@@ -761,6 +774,18 @@ MUSE_K_API int muse_k_attention_fast_cap(void)
         return n >= 1 && n <= MUSE_ATTN_MOST_SPLITS ? n : MUSE_ATTN_MAX_SPLITS;
     }();
     return cap;
+}
+
+MUSE_K_API int muse_k_attention_fast_least(void)
+{
+    static const int least = [] {
+        const char *v = getenv("MUSE_ATTN_CHUNK");
+        int n = v && *v ? atoi(v) : 0;
+        return n >= MUSE_ATTN_TILE && n <= MUSE_ATTN_MOST_CHUNK && !(n & (n - 1))
+                   ? n
+                   : MUSE_ATTN_LEAST_CHUNK;
+    }();
+    return least;
 }
 
 MUSE_K_API size_t muse_k_attention_fast_workspace(long hq, long hd, int64_t max_len, long rows)
@@ -812,6 +837,17 @@ static int am_coop_on(void)
     return on;
 }
 
+/* Whether the decode form loads a tile's successor while it works on the tile (MUSE_ATTN_AHEAD=0
+ * from the environment: after, as before; read once a process). The bits are the same. */
+static int am_ahead_on(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_ATTN_AHEAD");
+        return !(v && v[0] == '0' && !v[1]);
+    }();
+    return on;
+}
+
 static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long hq, int group,
                      long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
                      long rows, int pair, af_ws ws)
@@ -821,7 +857,7 @@ static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long 
     if (!pair && am_coop_on())
         return k_launch(k_attn_split_coop, dim3((unsigned)ws.splits, kvb, (unsigned)rows),
                         AM_WARPS * 32, sizeof(am_coop_sm), st, kv, q, hq, group, gp, window,
-                        scale_l2, seqs, positions, ws);
+                        scale_l2, seqs, positions, ws, am_ahead_on());
     size_t smem = (size_t)AM_WARPS * 2 * AM_TILE_HALVES * sizeof(__half);
     void (*fn)(muse_k_kv, const float *, long, int, int, long, float, const int32_t *,
                const int64_t *, long, af_ws) = pair ? k_attn_split_mma<1> : k_attn_split_mma<0>;
@@ -829,8 +865,8 @@ static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long 
     int err = (int)cudaFuncSetAttribute((const void *)fn,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err) return err;
-    dim3 grid = pair ? dim3((unsigned)ws.splits + 1, kvb, (unsigned)((rows + 2 * AM_WARPS - 1) /
-                                                                     (2 * AM_WARPS)))
+    dim3 grid = pair ? dim3((unsigned)ws.splits + 1, kvb,
+                            (unsigned)((rows + 2 * AM_WARPS - 1) / (2 * AM_WARPS)))
                      : dim3((unsigned)((ws.splits + AM_WARPS - 1) / AM_WARPS), kvb, (unsigned)rows);
     return k_launch(fn, grid, AM_WARPS * 32, smem, st, kv, q, hq, group, gp, window, scale_l2, seqs,
                     positions, rows, ws);
@@ -854,6 +890,7 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
     af_ws w;
     w.splits = (int)muse_attn_max_splits(max_len, cap);
     w.cap = cap;
+    w.least = muse_k_attention_fast_least();
     size_t heads = (size_t)step * (size_t)hq * (size_t)w.splits;
     w.m = (float *)ws;
     w.l = w.m + heads;

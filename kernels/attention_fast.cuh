@@ -16,6 +16,9 @@ MUSE_K_API int muse_k_attention_fast_fits(long hd, long group);
  * MUSE_ATTN_MOST_SPLITS, read once a process, so every row of the process splits alike), else
  * MUSE_ATTN_MAX_SPLITS. The workspace below is sized with it. */
 MUSE_K_API int muse_k_attention_fast_cap(void);
+/* Its least chunk: MUSE_ATTN_CHUNK=N from the environment (tuning only: a tile * 2^j up to
+ * MUSE_ATTN_MOST_CHUNK, read once a process), else MUSE_ATTN_LEAST_CHUNK. */
+MUSE_K_API int muse_k_attention_fast_least(void);
 
 /* Bytes of workspace for hq query heads of hd at key ranges of at most max_len positions over
  * up to rows rows (a launch of more rows runs in row groups of what fits). */

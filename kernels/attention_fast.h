@@ -16,6 +16,10 @@
  * (docs/benchmarks.md). */
 #define MUSE_ATTN_MAX_SPLITS  128
 #define MUSE_ATTN_MOST_SPLITS 1024 /* the largest cap a process may take (MUSE_ATTN_SPLITS) */
+/* The least chunk (a tile; MUSE_ATTN_CHUNK=N for tuning, a tile * 2^j up to MUSE_ATTN_MOST_CHUNK,
+ * read once a process: other bits wherever it changes a row's chunks) */
+#define MUSE_ATTN_LEAST_CHUNK 64
+#define MUSE_ATTN_MOST_CHUNK  4096
 #define MUSE_ATTN_MAX_GROUP  16 /* query heads a block holds (a GQA group) */
 #define MUSE_ATTN_WS_ROWS    64 /* rows one launch's workspace covers (more: in row groups) */
 
@@ -31,12 +35,12 @@ MUSE_HD int64_t muse_attn_count(int64_t first, int64_t p, int64_t chunk)
     return p / chunk - first / chunk + 1;
 }
 
-/* The chunk size of the row with key range [first, p]: the smallest MUSE_ATTN_TILE * 2^k whose
- * aligned chunks number at most cap (the process's, fixed while it runs). A function of
- * (first, p) alone. */
-MUSE_HD int64_t muse_attn_chunk(int64_t first, int64_t p, int64_t cap)
+/* The chunk size of the row with key range [first, p]: the smallest least * 2^k whose aligned
+ * chunks number at most cap (least a MUSE_ATTN_TILE * 2^j and cap: the process's, fixed while it
+ * runs). A function of (first, p) alone. */
+MUSE_HD int64_t muse_attn_chunk(int64_t first, int64_t p, int64_t cap, int64_t least)
 {
-    int64_t c = MUSE_ATTN_TILE;
+    int64_t c = least;
     while (muse_attn_count(first, p, c) > cap) c *= 2;
     return c;
 }
@@ -88,9 +92,11 @@ MUSE_HD int muse_attn_gp(int group)
  * whether the rows pair; else the warp takes a's split x, then b's split x, one at a time. The
  * bits of a row are the same either way: its own mask, its own mma rows. */
 MUSE_HD int muse_attn_pair(int seq_a, int64_t first_a, int64_t p_a, int seq_b, int64_t first_b,
-                           int64_t p_b, int64_t cap, int64_t x, int64_t *sa, int64_t *sb)
+                           int64_t p_b, int64_t cap, int64_t least, int64_t x, int64_t *sa,
+                           int64_t *sb)
 {
-    int64_t ca = muse_attn_chunk(first_a, p_a, cap), cb = muse_attn_chunk(first_b, p_b, cap);
+    int64_t ca = muse_attn_chunk(first_a, p_a, cap, least);
+    int64_t cb = muse_attn_chunk(first_b, p_b, cap, least);
     *sa = x;
     *sb = x;
     if (seq_a < 0 || seq_a != seq_b || ca != cb) return 0;

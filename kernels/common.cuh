@@ -7,8 +7,26 @@
 
 #include <stdint.h>
 
+#include <cuda_fp16.h>
+
 #include "base/f16.h" /* the CPU's own conversions, compiled for the device too */
 #include "launch.h"
+
+/* The hardware's fp16 conversions, one instruction each: muse_f16_to_f32, muse_f32_to_f16 and
+ * muse_round_f16's bits for every value but a NaN (still a NaN, its payload the hardware's;
+ * exl3-fast-check holds them to base/f16.h over every fp16 and fp32). The fast path's kernels. */
+__device__ __forceinline__ float k_f16_to_f32_hw(uint16_t h)
+{
+    return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ uint16_t k_f32_to_f16_hw(float f)
+{
+    return __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ float k_round_f16_hw(float f)
+{
+    return __half2float(__float2half_rn(f));
+}
 
 /* An EXL3 linear's input-side scale of row i and output-side scale of column j: suh / svh, or
  * the legacy sign words su / sv (bit set: -1). Both EXL3 paths read them here. */

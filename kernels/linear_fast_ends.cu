@@ -2,12 +2,18 @@
  * the exact path's prepare and finish math (kernels/linear.cu k_exl3_prepare, k_exl3_finish),
  * written out again here with the same expressions, so `a` is bit for bit the exact path's and
  * the finish differs from it only by its input t (the fp32 split partials summed in split order
- * in double). Compiled with the Makefile's -fmad=false, like the exact path.
- * The finish spreads a 128-column block over warps, for latency (it is a chain at few rows):
- * a warp a group of a linear's splits (f_fin_groups), SWIGLU's up in warps of its own beside the
- * gate's; group sums and the up's floats meet in shared memory, where one warp adds the groups
- * in group order and goes on. Which warp does a part never changes an operation or its order. */
+ * in double). Compiled with the Makefile's -fmad=false, like the exact path; the fp16
+ * conversions are the hardware's (common.cuh: base/f16.h's bits but for a NaN's payload).
+ * Weights (scales, bias) are loaded before the wait for the kernel before, a round's
+ * activations after. The finish spreads a 128-column block over warps, for latency (it is a chain
+ * at few rows): a warp a group of a linear's splits (f_fin_groups), SWIGLU's up in warps of its own
+ * beside the gate's; group sums and the up's floats meet in shared memory, where one warp adds the
+ * groups in group order and goes on. Which warp does a part never changes an operation or its
+ * order. */
+#include <stdlib.h>
+
 #include "common.cuh"
+#include "fast_rows.cuh"
 #include "linear_fast_ends.cuh"
 #include "pdl.cuh"
 
@@ -40,47 +46,93 @@ __device__ __forceinline__ void f_hadamard_warp(double v[4], int lane)
     for (int q = 0; q < 4; q++) v[q] *= 0.08838834764831844055;
 }
 
-/* a_i[r]'s chunk at i0 = fp16(fp32(blockHad(x_r * suh_i))), lane l given x elements 4 l ..
- * 4 l + 3 of the chunk in x */
-__device__ __forceinline__ void f_prepare_vals(const muse_k_lin *d, const float x[4], uint16_t *ar,
-                                               int64_t i0, int lane)
+/* The scales of elements i .. i + 3 of a linear (i a multiple of 4; h, s: suh and su, or svh
+ * and sv): k_in_scale / k_out_scale's values, h's four halves in one 8-byte load where aligned,
+ * else the sign word's four bits. */
+__device__ __forceinline__ void f_scales4(const uint16_t *h, const uint16_t *s, int64_t i,
+                                          float o[4])
+{
+    if (!h) {
+        unsigned w = (unsigned)s[i >> 4] >> (i & 15); /* i % 16 is 0, 4, 8 or 12 */
+#pragma unroll
+        for (int q = 0; q < 4; q++) o[q] = (w >> q) & 1 ? -1.0f : 1.0f;
+        return;
+    }
+    const uint16_t *p = h + i;
+    uint32_t lo, hi;
+    if (((uintptr_t)p & 7) == 0) {
+        uint2 u = *(const uint2 *)p;
+        lo = u.x, hi = u.y;
+    } else {
+        lo = p[0] | (uint32_t)p[1] << 16, hi = p[2] | (uint32_t)p[3] << 16;
+    }
+    o[0] = k_f16_to_f32_hw((uint16_t)lo), o[1] = k_f16_to_f32_hw((uint16_t)(lo >> 16));
+    o[2] = k_f16_to_f32_hw((uint16_t)hi), o[3] = k_f16_to_f32_hw((uint16_t)(hi >> 16));
+}
+
+/* A chunk's a (ar: its first element) = fp16(fp32(blockHad(x * scale))), lane l given the x
+ * elements 4 l .. 4 l + 3 and their input scales sc; one 8-byte store a lane (ar is a row of
+ * the workspace's a, k a multiple of 128: 8-byte aligned). */
+__device__ __forceinline__ void f_prepare_vals(const float x[4], const float sc[4], uint16_t *ar,
+                                               int lane)
 {
     double v[4];
 #pragma unroll
-    for (int q = 0; q < 4; q++) v[q] = (double)__fmul_rn(x[q], k_in_scale(d, i0 + 4 * lane + q));
+    for (int q = 0; q < 4; q++) v[q] = (double)__fmul_rn(x[q], sc[q]);
     f_hadamard_warp(v, lane);
+    uint32_t h[4];
 #pragma unroll
-    for (int q = 0; q < 4; q++) ar[4 * lane + q] = muse_f32_to_f16((float)v[q]);
+    for (int q = 0; q < 4; q++) h[q] = k_f32_to_f16_hw((float)v[q]);
+    *(uint2 *)(ar + 4 * lane) = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
 }
 
-/* grid (ceil(k / 512), R, n_lin), 128 threads: warp w of block b prepares 128-chunk 4 b + w,
- * lane l the chunk elements 4 l .. 4 l + 3 (xr: the chunk's row) */
-__device__ __forceinline__ void f_prepare_chunk(const muse_k_lin *d, const float *xr, uint16_t *ar,
-                                                int64_t i0, int lane)
-{
-    float x[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) x[q] = xr[4 * lane + q];
-    f_prepare_vals(d, x, ar, i0, lane);
-}
-
+/* grid (ceil(k / 512), ceil(R / PR), n_lin), 128 threads: warp w of block (b, y) prepares
+ * 128-chunk 4 b + w of rows y PR .. y PR + PR - 1, lane l elements 4 l .. 4 l + 3 of it; every
+ * row's loads are issued before the first row's Hadamard (PR rows in flight), and a plain
+ * linear's scales (weights: no kernel of the round writes them) before the wait. */
+template <int PR>
 __global__ void __launch_bounds__(128)
-    k_fast_prepare(muse_fast_prep p, const float *x, long x_stride)
+    k_fast_prepare(muse_fast_prep p, const float *x, long x_stride, long R)
 {
     K_PDL_NEXT();
-    K_PDL_WAIT();
-    long r = blockIdx.y;
     int li = blockIdx.z, lane = threadIdx.x % 32;
-    int64_t i0 = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * HAD;
-    if (i0 >= p.k) return;
-    const muse_k_lin *d = &p.d[li];
-    long src = r;
+    int64_t i0 = ((int64_t)blockIdx.x * 4 + threadIdx.x / 32) * HAD, e = i0 + 4 * lane;
+    bool live = i0 < p.k;
+    float sc[PR][4], xv[PR][4];
+    if (live && !p.grouped) f_scales4(p.d[li].suh, p.d[li].su, e, sc[0]);
+    K_PDL_WAIT();
+    if (!live) return;
+    long r0 = (long)blockIdx.y * PR, src[PR];
+#pragma unroll
+    for (int i = 0; i < PR; i++) src[i] = r0 + i;
+    if (!p.grouped)
+#pragma unroll
+        for (int i = 1; i < PR; i++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) sc[i][q] = sc[0][q];
     if (p.grouped) { /* row r of a is pair perm[r]: its input row and its expert */
-        int32_t pair = p.g.perm[r];
-        d = p.g.descs[li] + p.g.sel[pair];
-        src = p.g.src ? p.g.src[pair] : pair;
+        int32_t pair[PR];
+#pragma unroll
+        for (int i = 0; i < PR; i++) pair[i] = r0 + i < R ? p.g.perm[r0 + i] : 0;
+#pragma unroll
+        for (int i = 0; i < PR; i++)
+            if (r0 + i < R) {
+                const muse_k_lin *d = p.g.descs[li] + p.g.sel[pair[i]];
+                f_scales4(d->suh, d->su, e, sc[i]);
+                src[i] = p.g.src ? p.g.src[pair[i]] : pair[i];
+            }
     }
-    f_prepare_chunk(d, x + src * x_stride + i0, p.a[li] + r * p.k + i0, i0, lane);
+#pragma unroll
+    for (int i = 0; i < PR; i++)
+        if (r0 + i < R) {
+            const float *xr = x + src[i] * x_stride + e;
+            float4 f =
+                k_fr_aligned(xr) ? *(const float4 *)xr : make_float4(xr[0], xr[1], xr[2], xr[3]);
+            xv[i][0] = f.x, xv[i][1] = f.y, xv[i][2] = f.z, xv[i][3] = f.w;
+        }
+#pragma unroll
+    for (int i = 0; i < PR; i++)
+        if (r0 + i < R) f_prepare_vals(xv[i], sc[i], p.a[li] + (r0 + i) * p.k + i0, lane);
 }
 
 /* The finish's sum of a column's S split partials: G groups (f_fin_groups), group g adding
@@ -121,18 +173,30 @@ __device__ __forceinline__ void f_group_sum(const muse_fast_fin &f, int li, long
 }
 
 /* Columns j0 + 4 lane .. + 3 after step 3 from their summed partials v, by one warp: the
- * Hadamard across the warp, the output scale and bias (d). */
-__device__ __forceinline__ void f_finish_vals(const muse_k_lin *d, double v[4], int64_t j0,
-                                              int lane, float out[4])
+ * Hadamard across the warp, the output scales sc and (has_bias) the bias bs. */
+__device__ __forceinline__ void f_finish_vals(double v[4], const float sc[4], const float bs[4],
+                                              bool has_bias, int lane, float out[4])
 {
     f_hadamard_warp(v, lane);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        int64_t j = j0 + 4 * lane + q;
-        double s = v[q] * (double)k_out_scale(d, j);
-        if (d->bias) s += (double)muse_f16_to_f32(d->bias[j]);
+        double s = v[q] * (double)sc[q];
+        if (has_bias) s += (double)bs[q];
         out[q] = (float)s;
     }
+}
+
+/* A finishing lane's per-column constants (weights, loaded before the partials): the output
+ * scales sc and bias bs (has_bias) of columns j .. j + 3 of a linear, and (next) the next
+ * linear's input scales nsc there. */
+__device__ __forceinline__ void f_load_consts(const uint16_t *svh, const uint16_t *sv,
+                                              const uint16_t *bias, const uint16_t *nsuh,
+                                              const uint16_t *nsu, bool next, int64_t j,
+                                              float sc[4], float bs[4], float nsc[4])
+{
+    f_scales4(svh, sv, j, sc);
+    if (bias) f_scales4(bias, NULL, j, bs); /* its halves, as the scales' */
+    if (next) f_scales4(nsuh, nsu, j, nsc);
 }
 
 /* grid (f.cta0[linears], R), 128 threads (256 where a block takes 8 units: SWIGLU at 16+
@@ -146,7 +210,6 @@ __device__ __forceinline__ void f_finish_vals(const muse_k_lin *d, double v[4], 
 __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
 {
     K_PDL_NEXT();
-    K_PDL_WAIT();
     /* dynamic, none where every linear's U is 1: a group's sums by the warp that made them
      * [warps][4][32], then (SWIGLU) the up's finished columns by block slot [4][4][32] */
     extern __shared__ double f_fin_sh[];
@@ -163,6 +226,24 @@ __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
     bool of_up = unit >= gg; /* this warp sums a group of the up's partials (SWIGLU) */
     int lp = of_up ? 1 : li, gi = of_up ? unit - gg : unit, G = of_up ? U - gg : gg;
     int64_t j0 = b * HAD;
+    bool lead = live && gi == 0, next = f.na && !of_up;
+    float sc[4], bs[4], nsc[4];
+    bool has_bias = false;
+    if (lead && !f.grouped) {
+        has_bias = f.d[lp].bias != NULL;
+        f_load_consts(f.d[lp].svh, f.d[lp].sv, f.d[lp].bias, f.nd.suh, f.nd.su, next, j0 + 4 * lane,
+                      sc, bs, nsc);
+    }
+    K_PDL_WAIT();
+    long out_row = r;
+    if (lead && f.grouped) { /* partial row r is pair perm[r]'s: its expert's scales, its row */
+        int32_t pair = f.g.perm[r], ex = f.g.sel[pair];
+        const muse_k_lin *d = f.g.descs[lp] + ex, *nd = next ? f.nd_descs + ex : NULL;
+        has_bias = d->bias != NULL;
+        f_load_consts(d->svh, d->sv, d->bias, nd ? nd->suh : NULL, nd ? nd->su : NULL, next,
+                      j0 + 4 * lane, sc, bs, nsc);
+        out_row = pair;
+    }
     double v[4];
     if (live) {
         f_group_sum(f, lp, r, gridDim.y, j0, lane, gi, G, v);
@@ -171,21 +252,13 @@ __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
             for (int q = 0; q < 4; q++) s_gs[w][q][lane] = v[q];
     }
     if (U > 1) __syncthreads(); /* U is the CTA's: its blocks are of one linear */
-    bool lead = live && gi == 0;
-    long out_row = r;
     float o[4];
     if (lead) {
         /* the groups in order: v = gs0, then v + gs1, ... (the lead's own sum is group 0) */
-        for (int k = 1; k < G; k++)
+        for (int g = 1; g < G; g++)
 #pragma unroll
-            for (int q = 0; q < 4; q++) v[q] = v[q] + s_gs[w + k][q][lane];
-        const muse_k_lin *d = &f.d[lp];
-        if (f.grouped) { /* partial row r is pair perm[r]'s: its expert's scales, its output row */
-            int32_t pair = f.g.perm[r];
-            d = f.g.descs[lp] + f.g.sel[pair];
-            out_row = pair;
-        }
-        f_finish_vals(d, v, j0, lane, o);
+            for (int q = 0; q < 4; q++) v[q] = v[q] + s_gs[w + g][q][lane];
+        f_finish_vals(v, sc, bs, has_bias, lane, o);
         if (of_up)
 #pragma unroll
             for (int q = 0; q < 4; q++) s_up[slot][q][lane] = o[q];
@@ -199,16 +272,19 @@ __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
         for (int q = 0; q < 4; q++) u[q] = s_up[slot][q][lane];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            double gv = muse_round_f16(o[q]);
-            float up = muse_round_f16(u[q]);
-            o[q] = muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up));
+            double gv = k_round_f16_hw(o[q]);
+            float up = k_round_f16_hw(u[q]);
+            o[q] = k_round_f16_hw(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up));
         }
     } else if (f.round16) {
 #pragma unroll
-        for (int q = 0; q < 4; q++) o[q] = muse_round_f16(o[q]);
+        for (int q = 0; q < 4; q++) o[q] = k_round_f16_hw(o[q]);
     }
+    if (k_fr_aligned(yr))
+        *(float4 *)yr = make_float4(o[0], o[1], o[2], o[3]);
+    else
 #pragma unroll
-    for (int q = 0; q < 4; q++) yr[q] = o[q];
+        for (int q = 0; q < 4; q++) yr[q] = o[q];
     if (f.sq) { /* the values written, squared in double: a fixed tree a row (fast_rows.cuh's) */
         double sq = (((double)o[0] * o[0] + (double)o[1] * o[1]) + (double)o[2] * o[2]) +
                     (double)o[3] * o[3];
@@ -216,16 +292,31 @@ __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
         if (lane == 0) f.sq[out_row * f.blk0[1] + b] = sq;
     }
     if (f.na) /* the next linear's row r: for a pair, its expert's (row r of a is perm[r]'s) */
-        f_prepare_vals(f.grouped ? f.nd_descs + f.g.sel[out_row] : &f.nd, o,
-                       f.na + r * f.nk + j0, j0, lane);
+        f_prepare_vals(o, nsc, f.na + r * f.nk + j0, lane);
+}
+
+/* Rows a warp of the prepare takes: MUSE_FAST_PREP_ROWS (tuning: 1, 4 or 8; read once a
+ * process), else 4 from 64 rows on (more loads in flight a warp), else 1. The bits are the same. */
+static int f_prep_rows(long rows)
+{
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("MUSE_FAST_PREP_ROWS");
+        int v = e ? atoi(e) : 0;
+        forced = v == 1 || v == 4 || v == 8 ? v : 0;
+    }
+    return forced ? forced : rows >= 64 ? 4 : 1;
 }
 
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,
                                    long rows, cudaStream_t st)
 {
-    unsigned chunks = (unsigned)(p->k / HAD);
-    return k_launch(k_fast_prepare, dim3((chunks + 3) / 4, (unsigned)rows, (unsigned)p->n_lin), 128,
-                    0, st, *p, x, x_stride);
+    unsigned chunks = (unsigned)(p->k / HAD), gx = (chunks + 3) / 4, nz = (unsigned)p->n_lin;
+    int pr = f_prep_rows(rows);
+    dim3 grid(gx, (unsigned)((rows + pr - 1) / pr), nz);
+    if (pr == 8) return k_launch(k_fast_prepare<8>, grid, 128, 0, st, *p, x, x_stride, rows);
+    if (pr == 4) return k_launch(k_fast_prepare<4>, grid, 128, 0, st, *p, x, x_stride, rows);
+    return k_launch(k_fast_prepare<1>, grid, 128, 0, st, *p, x, x_stride, rows);
 }
 
 MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_t st)
@@ -243,6 +334,6 @@ MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_
         long per = warps / f_fin_units(h, i), nb = h.blk0[i + 1] - h.blk0[i];
         h.cta0[i + 1] = h.cta0[i] + (nb + per - 1) / per;
     }
-    return k_launch(k_fast_finish, dim3((unsigned)h.cta0[nl], (unsigned)rows), 32 * warps, smem,
-                    st, h);
+    return k_launch(k_fast_finish, dim3((unsigned)h.cta0[nl], (unsigned)rows), 32 * warps, smem, st,
+                    h);
 }

@@ -1,9 +1,9 @@
-/* moe_fast: the fast path's router (a block an expert and 8 rows, not a thread a logit), the
- * selection (a warp a row; up to 4 rows, a thread a (row, expert)) and the plan that groups a
- * MoE's (row, slot) pairs by expert for the grouped product, one launch for both up to 4
- * rows. The grouping is a counting sort done by one block in a fixed order: pair p's place
- * depends on sel alone, and its bits on its own row and expert alone (the product's chain),
- * never on its group. */
+/* moe_fast: the fast path's router (a block an expert and 8 rows, 4 experts past 8 rows; not a
+ * thread a logit), the selection (a warp a row; up to 4 rows, a thread a (row, expert)) and the
+ * plan that groups a MoE's (row, slot) pairs by expert for the grouped product, one launch for
+ * both up to 4 rows. The grouping is a counting sort done by one block in a fixed order: pair
+ * p's place depends on sel alone, and its bits on its own row and expert alone (the product's
+ * chain), never on its group. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,6 +126,72 @@ __global__ void __launch_bounds__(RT_THREADS)
         }
     }
     d_router_sum(acc, nr, logits + r0 * E + x, E);
+}
+
+/* k_router_vec for many rows, RT_EXPERTS experts a block: the block's 8 rows of b read once for
+ * its experts, not once an expert. Thread t takes the chunks k_router_vec's thread t takes, each
+ * (row, expert) sum in that kernel's order, chunk then element, from zero; an fma where that
+ * kernel multiplies then adds is the same double (a product of two floats is exact in double);
+ * then d_router_sum's tree an expert. So a row's bits are k_router_vec's.
+ * grid (ceil(E / RT_EXPERTS), ceil(R / RT_ROWS)), RT_THREADS threads. */
+#define RT_EXPERTS 4
+__global__ void __launch_bounds__(RT_THREADS)
+    k_router_rows(const float *b, long H, long R, const void *router, int dtype, long E,
+                  float *logits)
+{
+    K_PDL_NEXT();
+    __shared__ double part[RT_THREADS / 32][RT_ROWS][RT_EXPERTS];
+    long x0 = (long)blockIdx.x * RT_EXPERTS, r0 = (long)blockIdx.y * RT_ROWS, chunks = H / 8;
+    int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    int nr = R - r0 < RT_ROWS ? (int)(R - r0) : RT_ROWS;
+    int nx = E - x0 < RT_EXPERTS ? (int)(E - x0) : RT_EXPERTS;
+    size_t es = dtype == MUSE_K_F32 ? 4 : 2;
+    const unsigned char *rows = (const unsigned char *)router + (size_t)x0 * (size_t)H * es;
+    K_PDL_WAIT(); /* b comes from the kernel before */
+    double acc[RT_ROWS][RT_EXPERTS];
+#pragma unroll
+    for (int r = 0; r < RT_ROWS; r++)
+#pragma unroll
+        for (int x = 0; x < RT_EXPERTS; x++) acc[r][x] = 0;
+#pragma unroll
+    for (int j = 0; j < RT_CHUNKS; j++) {
+        long c = t + (long)j * RT_THREADS;
+        if (c >= chunks) break;
+        float w[RT_EXPERTS][8];
+#pragma unroll
+        for (int x = 0; x < RT_EXPERTS; x++)
+            if (x < nx) d_router_chunk(rows + (size_t)x * (size_t)H * es, dtype, c, w[x]);
+#pragma unroll
+        for (int r = 0; r < RT_ROWS; r++) {
+            if (r >= nr) continue;
+            const float4 *br = (const float4 *)(b + (r0 + r) * H);
+            float4 p = br[2 * c], q = br[2 * c + 1];
+            float bv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int x = 0; x < RT_EXPERTS; x++)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    acc[r][x] = __fma_rn((double)bv[e], (double)w[x][e], acc[r][x]);
+        }
+    }
+    /* d_router_sum's tree for each expert: lanes by butterfly, warps in warp order */
+#pragma unroll
+    for (int r = 0; r < RT_ROWS; r++)
+#pragma unroll
+        for (int x = 0; x < RT_EXPERTS; x++) {
+            double v = acc[r][x];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) part[warp][r][x] = v;
+        }
+    __syncthreads();
+    if (t < RT_ROWS * RT_EXPERTS) {
+        int r = t / RT_EXPERTS, x = t % RT_EXPERTS;
+        if (r >= nr || x >= nx) return;
+        double sum = part[0][r][x];
+        for (int w = 1; w < RT_THREADS / 32; w++) sum += part[w][r][x];
+        logits[(r0 + r) * E + x0 + x] = (float)sum;
+    }
 }
 
 /* Row r's selection by one warp, kernels/moe.cu k_select's result bit for bit (key, taken:
@@ -351,8 +417,8 @@ __global__ void __launch_bounds__(128)
             d_select_row(logits, wi, E, K, bias, norm_topk, scaling, sel, w, key + (size_t)wi * E,
                          (unsigned char *)(key + 4 * E) + (size_t)wi * E, t % 32);
         __syncthreads(); /* every row's sel, written by its warp, seen by the block */
-        d_group_small(sel, (int)(R * K), E, group_rows, max_groups, perm, groups, n_groups,
-                      sg_sh, sg_sh + 128);
+        d_group_small(sel, (int)(R * K), E, group_rows, max_groups, perm, groups, n_groups, sg_sh,
+                      sg_sh + 128);
         return;
     }
     for (long i = t; i < R * E; i += 128) { /* place: the keys before it, key desc, expert asc */
@@ -403,9 +469,14 @@ MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H,
     if (rows <= 0) return 0;
     dim3 grid((unsigned)E, (unsigned)((rows + RT_ROWS - 1) / RT_ROWS));
     if (f_router_vec() && H % 8 == 0 && H <= 8L * RT_THREADS * RT_CHUNKS &&
-        (uintptr_t)b % 16 == 0 && (uintptr_t)router % 16 == 0)
+        (uintptr_t)b % 16 == 0 && (uintptr_t)router % 16 == 0) {
+        if (rows > RT_ROWS) /* many rows: the rows of b read once for RT_EXPERTS experts */
+            return k_launch(k_router_rows,
+                            dim3((unsigned)((E + RT_EXPERTS - 1) / RT_EXPERTS), grid.y), RT_THREADS,
+                            0, ctx->st, b, H, rows, router, dtype, E, logits);
         return k_launch(k_router_vec, grid, RT_THREADS, 0, ctx->st, b, H, rows, router, dtype, E,
                         logits);
+    }
     return k_launch(k_router_fast, grid, RT_THREADS, 0, ctx->st, b, H, rows, router, dtype, E,
                     logits);
 }
@@ -418,8 +489,8 @@ MUSE_K_API int muse_k_select_fast(const muse_k_ctx *ctx, const float *logits, lo
     if (rows <= 0) return 0;
     size_t shared = (size_t)4 * E * (sizeof(float) + 1);
     if (shared > 48 * 1024 || K > E || K < 1) return (int)cudaErrorInvalidValue;
-    return k_launch(k_select_fast, (unsigned)((rows + 3) / 4), 128, shared, ctx->st, logits, rows, E,
-                    K, bias, norm_topk, scaling, sel, w);
+    return k_launch(k_select_fast, (unsigned)((rows + 3) / 4), 128, shared, ctx->st, logits, rows,
+                    E, K, bias, norm_topk, scaling, sel, w);
 }
 
 MUSE_K_API int muse_k_select_group_fast(const muse_k_ctx *ctx, const float *logits, long E, long K,

@@ -54,11 +54,11 @@ typedef struct {
 } decode_flags;
 
 static const char *const decode_cols[] = {
-    "model",           "backend",          "streams",
-    "vocab",           "threads",          "prompt tok/s (64-row)",
-    "decode tok/s",    "tok/s per stream", "decode p50 ms",
-    "decode p99 ms",   "step MB",          "floor ms",
-    "% of floor (p50)"};
+    "model",         "backend",          "streams",
+    "vocab",         "threads",          "prompt tok/s (64-row)",
+    "decode tok/s",  "tok/s per stream", "decode p50 ms",
+    "decode p99 ms", "first round ms",   "step MB",
+    "floor ms",      "% of floor (p50)"};
 static const char *const decode_keys[] = {"model", "backend", "streams"};
 
 /* The model of one pack dir (NULL: the synthetic weights) on the backend, for every row. */
@@ -70,11 +70,12 @@ static int decode_open(bench_engine *c, const decode_flags *f, const char *dir, 
     if (bench_weights_load(&w, f->backend, &c->model, e)) return -1;
     long rows = f->max_streams > 64 ? (long)f->max_streams : 64;
     return bench_engine_start(c, f->backend, f->path, rows, (int)f->max_streams,
-                              f->prompt + f->tokens + 1, (int)f->threads, e);
+                              f->prompt + f->tokens + 2, (int)f->threads, e);
 }
 
-/* One row of S streams: each sequence's prompt in rounds of 64 rows, then the decode rounds of
- * one row a stream; -1 on error. */
+/* One row of S streams: each sequence's prompt in rounds of 64 rows, then a first decode round
+ * timed alone (where a backend captures the row bucket's graph, once a process, as
+ * llama-bench's warm-up run), then the timed decode rounds of one row a stream; -1 on error. */
 static int decode_row(bench_table *t, bench_engine *c, const decode_flags *f, const char *name,
                       int S, double bw)
 {
@@ -83,9 +84,11 @@ static int decode_row(bench_table *t, bench_engine *c, const decode_flags *f, co
     for (int q = 0; q < S && s >= 0; q++)
         for (int64_t pos = 0; pos < f->prompt && s >= 0; pos += 64)
             tp += s = bench_engine_chunk(c, q, pos, 64, pos + 64 >= f->prompt);
+    double first = s >= 0 ? bench_engine_decode(c, S, f->prompt) : -1;
     double *v = MUSE_MALLOC((size_t)f->tokens * sizeof *v), td = 0;
+    s = first;
     for (long i = 0; i < f->tokens && s >= 0; i++)
-        td += v[i] = s = bench_engine_decode(c, S, f->prompt + i);
+        td += v[i] = s = bench_engine_decode(c, S, f->prompt + 1 + i);
     if (s < 0) {
         free(v);
         return -1;
@@ -108,6 +111,7 @@ static int decode_row(bench_table *t, bench_engine *c, const decode_flags *f, co
                            bench_fmt("%.2f", (double)f->tokens / td),
                            bench_fmt("%.3f", p50 * 1e3),
                            bench_fmt("%.3f", p99 * 1e3),
+                           bench_fmt("%.3f", first * 1e3),
                            bench_fmt("%.3f", bytes / 1e6),
                            bench_fmt("%.3f", floor_s * 1e3),
                            bench_fmt("%.1f", 100.0 * floor_s / p50)};
@@ -160,12 +164,12 @@ int bench_cmd_decode(int argc, char **argv)
     if (!ndirs) ndirs = 1; /* the synthetic weights: one model */
     f.prompt = f.prompt / 64 * 64;
     snprintf(title, sizeof title,
-             "Forward on %s: %lld prompt tokens a stream in rows of 64, then %lld decode rounds "
-             "of one row a stream",
+             "Forward on %s: %lld prompt tokens a stream in rows of 64, a first decode round, "
+             "then %lld decode rounds of one row a stream",
              f.backend, f.prompt, f.tokens);
     int as_json = f.json && !strcmp(f.json, "-");
     bench_table t;
-    bench_table_open(&t, "decode", title, decode_cols, 13, as_json);
+    bench_table_open(&t, "decode", title, decode_cols, 14, as_json);
     bench_table_io io = {f.json, f.baseline, decode_keys, 3, "decode p50 ms", argc, argv};
     if (bench_table_io_setup(&t, &io, why, sizeof why)) {
         fprintf(stderr, "muse-bench decode: %s\n", why);
@@ -189,7 +193,8 @@ int bench_cmd_decode(int argc, char **argv)
                              "the middle decode position) / copy bandwidth");
             bench_table_head(&t, "tok/s",
                              "decode tok/s: streams x rounds / their time (aggregate); per "
-                             "stream: rounds / their time; p50, p99: of a round");
+                             "stream: rounds / their time; p50, p99: of a round; the first "
+                             "decode round (a row bucket's graph capture on cuda) apart");
             bench_table_header(&t);
         }
         for (int i = 0; i < f.nstreams && !rc; i++)

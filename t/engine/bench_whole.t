@@ -50,7 +50,7 @@ my ($rc, $out) = run($BENCH, 'decode', @W, '--streams', '1,2,4', '--tokens', '3'
                      '--json', "$dir/decode.json");
 is($rc, 0, 'decode --streams 1,2,4 exits 0') or diag($out);
 header_has($out, 'decode', 'model', 'backend', 'streams', 'vocab', 'threads', 'prompt tok/s (64-row)',
-           'decode tok/s', 'tok/s per stream', 'decode p50 ms', 'decode p99 ms', 'step MB',
+           'decode tok/s', 'tok/s per stream', 'decode p50 ms', 'decode p99 ms', 'first round ms', 'step MB',
            'floor ms', '% of floor (p50)');
 my $d = read_json("$dir/decode.json");
 is($d->{bench}, 'decode', 'decode JSON: bench decode');
@@ -60,6 +60,7 @@ for my $r (@{ $d->{rows} }) {
     ok($agg > 0 && abs($agg - $s * $per) <= 0.02 * $agg + 0.05 * $s,
        "decode $s streams: aggregate $agg = streams x per stream $per");
     ok(($r->{'decode p99 ms'} // 0) >= ($r->{'decode p50 ms'} // 1e9), "decode $s streams: p99 >= p50");
+    ok(($r->{'first round ms'} // 0) > 0, "decode $s streams: the first round timed apart");
 }
 my @mb = map { $_->{'step MB'} // 0 } @{ $d->{rows} };
 ok($mb[0] > 0 && $mb[1] > $mb[0] && $mb[2] > $mb[1], "decode: a round's bytes grow with the streams (@mb)");

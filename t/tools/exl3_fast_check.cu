@@ -11,6 +11,7 @@
 extern "C" {
 #include "pack/exl3.h"
 }
+#include "kernels/common.cuh"
 #include "kernels/linear.cuh"
 #include "kernels/moe.cuh"
 #include "kernels/linear_fast.cuh"
@@ -362,7 +363,8 @@ static void check_multi(int cb, int bits)
         muse_k_ctx mc = {0};
         mc.rows = Rf;
         CK(muse_k_linear_fast_mlp(&mc, sh, NULL, x, k, mid, 384, z, k, wsp, need));
-        same_m += same_bits(dl(mid, Rf * 384), dl(mid2, Rf * 384)) + same_bits(dl(z, Rf * k), dl(z2, Rf * k));
+        same_m += same_bits(dl(mid, Rf * 384), dl(mid2, Rf * 384)) +
+                  same_bits(dl(z, Rf * k), dl(z2, Rf * k));
         for (float *q : {mid, mid2, z, z2}) CK(cudaFree(q));
     }
     snprintf(what, sizeof what, "%s %d bits: gate/up then down in one call == two calls %ld/4",
@@ -474,7 +476,7 @@ static void run_grouped(const experts *x, const moe_plan *pl, const float *b, lo
     long ys[2] = {(long)I, (long)I};
     CK(muse_k_linear_fast_grouped(&pc, shapes, 2, &g, b, H, 1, y, ys, MUSE_K_EPI_SWIGLU, wsp,
                                   need));
-    muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL,   perm,        groups,
+    muse_k_fast_groups gd = {{x->table + 2 * E}, pl->sel, NULL,   perm,         groups,
                              n_groups,           pl->mg,  pl->gr, GROUP_TARGET, row_sq};
     float *yd[1] = {z};
     long yds[1] = {(long)H};
@@ -606,6 +608,47 @@ static void check_grouped(int cb, int bits)
  * top 8, logits of few distinct values (many ties), with and without a selection bias; row 2
  * partly NaN (fast and fused alike; the exact kernel's own order among NaNs is not the fast
  * one's). */
+/* The hardware's fp16 conversions (kernels/common.cuh) against base/f16.h: every fp16 to fp32,
+ * every fp32 to fp16 and back; a NaN only as a NaN. bad[0..2]: the three's mismatches. */
+__device__ void conv_check_one(uint32_t u, unsigned long long *bad)
+{
+    float f = muse_bits_to_f32(u);
+    bool nan = f != f;
+    uint16_t a = k_f32_to_f16_hw(f), b = muse_f32_to_f16(f);
+    float ra = k_round_f16_hw(f), rb = muse_round_f16(f);
+    if (nan ? (a & 0x7FFF) <= 0x7C00 : a != b) atomicAdd(bad + 1, 1ull);
+    if (nan ? ra == ra : muse_f32_to_bits(ra) != muse_f32_to_bits(rb)) atomicAdd(bad + 2, 1ull);
+    if (u < 65536) {
+        uint16_t h = (uint16_t)u;
+        float x = k_f16_to_f32_hw(h), y = muse_f16_to_f32(h);
+        bool hn = (h & 0x7C00) == 0x7C00 && (h & 0x3FF);
+        if (hn ? x == x : muse_f32_to_bits(x) != muse_f32_to_bits(y)) atomicAdd(bad, 1ull);
+    }
+}
+
+/* 2^24 threads, 256 values each: every fp32 bit pattern once */
+__global__ void k_conv_check(unsigned long long *bad)
+{
+    uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    for (uint32_t i = 0; i < 256; i++) conv_check_one(i << 24 | t, bad);
+}
+
+static void check_conversions(void)
+{
+    unsigned long long *bad, h[3];
+    CK(cudaMalloc(&bad, sizeof h));
+    CK(cudaMemset(bad, 0, sizeof h));
+    k_conv_check<<<65536, 256>>>(bad);
+    CK(cudaMemcpy(h, bad, sizeof h, cudaMemcpyDeviceToHost));
+    CK(cudaFree(bad));
+    char what[200];
+    snprintf(what, sizeof what,
+             "hardware fp16 conversions == base/f16.h: fp16->fp32 %llu of 65536 differ, "
+             "fp32->fp16 %llu and round %llu of 2^32 (NaN as NaN)",
+             h[0], h[1], h[2]);
+    verdict(!h[0] && !h[1] && !h[2], what);
+}
+
 static void check_select(void)
 {
     const long K = 8;
@@ -741,40 +784,44 @@ static void check_group(void)
 
 static void check_router(void)
 {
-    const long E = 96, H = 6144, R = 9;
+    const long H = 6144;
     long diff = 0;
     double worst = 0;
-    for (int dtype : {MUSE_K_BF16, MUSE_K_F32}) {
-        std::vector<uint16_t> w16(E * H);
-        std::vector<float> w32(E * H), x(R * H);
-        for (long i = 0; i < E * H; i++) {
-            w32[i] = 0.05f * rng_unit();
-            w16[i] = muse_f32_to_bf16(w32[i]);
-        }
-        for (auto &v : x) v = rng_unit();
-        void *d_w = dtype == MUSE_K_BF16 ? upload(w16.data(), w16.size() * 2)
-                                         : upload(w32.data(), w32.size() * 4);
-        float *d_x = (float *)upload(x.data(), x.size() * 4), *lf = dalloc(R * E),
-              *le = dalloc(R * E), *l1 = dalloc(E);
-        poison(lf, R * E);
-        muse_k_ctx kc = {0};
-        kc.rows = R;
-        CK(muse_k_router_fast(&kc, d_x, H, d_w, dtype, E, lf));
-        CK(muse_k_router(&kc, d_x, H, d_w, dtype, E, le));
-        std::vector<float> all = dl(lf, R * E);
-        worst = std::max(worst, rel_l2(all, dl(le, R * E)));
-        kc.rows = 1;
-        for (long r = 0; r < R; r++) {
-            poison(l1, E);
-            CK(muse_k_router_fast(&kc, d_x + r * H, H, d_w, dtype, E, l1));
-            diff += memcmp(dl(l1, E).data(), all.data() + r * E, E * 4) != 0;
-        }
-        for (void *p : {d_w, (void *)d_x, (void *)lf, (void *)le, (void *)l1}) CK(cudaFree(p));
-    }
+    for (long E : {96L, 13L})    /* 13: a block of k_router_rows with fewer experts than it holds */
+        for (long R : {9L, 40L}) /* rows past 8: k_router_rows; each alone: k_router_vec */
+            for (int dtype : {MUSE_K_BF16, MUSE_K_F32}) {
+                std::vector<uint16_t> w16(E * H);
+                std::vector<float> w32(E * H), x(R * H);
+                for (long i = 0; i < E * H; i++) {
+                    w32[i] = 0.05f * rng_unit();
+                    w16[i] = muse_f32_to_bf16(w32[i]);
+                }
+                for (auto &v : x) v = rng_unit();
+                void *d_w = dtype == MUSE_K_BF16 ? upload(w16.data(), w16.size() * 2)
+                                                 : upload(w32.data(), w32.size() * 4);
+                float *d_x = (float *)upload(x.data(), x.size() * 4), *lf = dalloc(R * E),
+                      *le = dalloc(R * E), *l1 = dalloc(E);
+                poison(lf, R * E);
+                muse_k_ctx kc = {0};
+                kc.rows = R;
+                CK(muse_k_router_fast(&kc, d_x, H, d_w, dtype, E, lf));
+                CK(muse_k_router(&kc, d_x, H, d_w, dtype, E, le));
+                std::vector<float> all = dl(lf, R * E);
+                worst = std::max(worst, rel_l2(all, dl(le, R * E)));
+                kc.rows = 1;
+                for (long r = 0; r < R; r++) {
+                    poison(l1, E);
+                    CK(muse_k_router_fast(&kc, d_x + r * H, H, d_w, dtype, E, l1));
+                    diff += memcmp(dl(l1, E).data(), all.data() + r * E, E * 4) != 0;
+                }
+                for (void *p : {d_w, (void *)d_x, (void *)lf, (void *)le, (void *)l1})
+                    CK(cudaFree(p));
+            }
     char what[200];
     snprintf(what, sizeof what,
-             "router: 9 rows equal to each row alone (%ld differ), rel L2 vs exact %.3g", diff,
-             worst);
+             "router: 9 and 40 rows of 96 and 13 experts equal to each row alone (%ld differ), "
+             "rel L2 vs exact %.3g",
+             diff, worst);
     verdict(diff == 0 && worst <= 1e-6, what);
 }
 
@@ -971,8 +1018,8 @@ static void time_many(void)
     const long E = 96, K = 8;
     experts x;
     experts_make(&x, E, 6144, 3072, 2, 1);
-    printf("%-24s %5s %5s %10s %8s %8s\n", "moe experts (8 of 96)", "M", "group", "fast_us",
-           "Tw/s", "TFLOP/s");
+    printf("%-24s %5s %5s %10s %8s %8s\n", "moe experts (8 of 96)", "M", "group", "fast_us", "Tw/s",
+           "TFLOP/s");
     for (long M : {64L, 256L, 1024L}) {
         int gr;
         double w, t = time_experts(&x, M, K, 10, &gr, &w);
@@ -1041,6 +1088,7 @@ int main(int argc, char **argv)
         check_grouped(cb, 2);
     }
     check_grouped(1, 3);
+    check_conversions();
     check_select();
     check_group();
     check_router();

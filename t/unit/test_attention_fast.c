@@ -22,9 +22,10 @@ static double urand(void) /* [-1, 1) */
     return (double)((z ^ (z >> 31)) >> 11) / 4503599627370496.0 - 1.0;
 }
 
-/* every (p, window) under cap: chunks a power-of-two multiple of the tile, aligned, contiguous,
- * ascending, non-empty, the fewest that fit cap, within the grid of the longest range */
-static void test_splits(int64_t cap)
+/* every (p, window) under cap and least chunk: chunks a power-of-two multiple of least,
+ * aligned, contiguous, ascending, non-empty, the fewest that fit cap, within the grid of the
+ * longest range */
+static void test_splits(int64_t cap, int64_t least)
 {
     const int64_t windows[] = {0, 1, 5, 8, 64, 100, 1024, 4096};
     const int64_t max_ctx = 140000;
@@ -34,13 +35,13 @@ static void test_splits(int64_t cap)
         int64_t max_len = win > 0 ? win : max_ctx;
         for (int64_t p = 0; p < max_ctx; p += p < 9000 ? 1 : 997) {
             int64_t first = muse_attn_first(p, win);
-            int64_t c = muse_attn_chunk(first, p, cap), n = muse_attn_count(first, p, c);
+            int64_t c = muse_attn_chunk(first, p, cap, least), n = muse_attn_count(first, p, c);
             rows++;
             bad_cover += first < 0 || first > p || (win > 0 && p - first + 1 > win) ||
                          (win == 0 && first != 0) || (win > 0 && p >= win && p - first + 1 != win);
-            bad_align += c < MUSE_ATTN_TILE || c % MUSE_ATTN_TILE || (c & (c - 1)) != 0;
+            bad_align += c < least || c % least || (c & (c - 1)) != 0;
             bad_count += n < 1 || n > cap;
-            bad_min += c > MUSE_ATTN_TILE && muse_attn_count(first, p, c / 2) <= cap;
+            bad_min += c > least && muse_attn_count(first, p, c / 2) <= cap;
             bad_grid += n > muse_attn_max_splits(max_len, cap);
             int64_t next = first;
             for (int64_t s = 0; s < n; s++) {
@@ -54,10 +55,10 @@ static void test_splits(int64_t cap)
             bad_cover += next != p + 1;
         }
     }
-    ok(bad_cover == 0, "cap %lld, %ld rows: the splits cover [first, p] in order, none empty",
-       (long long)cap, rows);
-    ok(bad_align == 0, "cap %lld: chunks are 64 * 2^k, every boundary on an absolute multiple",
-       (long long)cap);
+    ok(bad_cover == 0, "cap %lld, least %lld, %ld rows: the splits cover [first, p] in order",
+       (long long)cap, (long long)least, rows);
+    ok(bad_align == 0, "cap %lld: chunks are %lld * 2^k, every boundary on an absolute multiple",
+       (long long)cap, (long long)least);
     ok(bad_count == 0, "cap %lld: 1 to %lld splits a row", (long long)cap, (long long)cap);
     ok(bad_min == 0, "cap %lld: the smallest chunk that fits, never coarser than it must",
        (long long)cap);
@@ -67,15 +68,23 @@ static void test_splits(int64_t cap)
 
 static void test_split_sizes(void)
 {
-    const int64_t cap = MUSE_ATTN_MAX_SPLITS;
-    is_int(muse_attn_chunk(0, 4095, cap), 64, "context 4096: chunks of 64");
+    const int64_t cap = MUSE_ATTN_MAX_SPLITS, t = MUSE_ATTN_TILE;
+    is_int(muse_attn_chunk(0, 4095, cap, t), 64, "context 4096: chunks of 64");
     is_int(muse_attn_count(0, 4095, 64), 64, "context 4096: 64 splits");
-    is_int(muse_attn_chunk(0, 32767, cap), 256, "context 32768: chunks of 256");
-    is_int(muse_attn_chunk(0, 131071, cap), 1024, "context 131072: chunks of 1024");
+    is_int(muse_attn_chunk(0, 32767, cap, t), 256, "context 32768: chunks of 256");
+    is_int(muse_attn_chunk(0, 131071, cap, t), 1024, "context 131072: chunks of 1024");
     is_int(muse_attn_count(0, 131071, 1024), 128, "context 131072: 128 splits");
-    is_int(muse_attn_chunk(0, 131071, 64), 2048, "cap 64, context 131072: chunks of 2048");
-    is_int(muse_attn_chunk(0, 131071, 256), 512, "cap 256, context 131072: chunks of 512");
-    is_int(muse_attn_chunk(0, 4095, 256), 64, "cap 256, context 4096: the tile still the least");
+    is_int(muse_attn_chunk(0, 131071, 64, t), 2048, "cap 64, context 131072: chunks of 2048");
+    is_int(muse_attn_chunk(0, 131071, 256, t), 512, "cap 256, context 131072: chunks of 512");
+    is_int(muse_attn_chunk(0, 4095, 256, t), 64, "cap 256, context 4096: the tile still the least");
+    is_int(muse_attn_chunk(0, 4095, cap, 256), 256, "least 256, context 4096: chunks of 256");
+    is_int(muse_attn_chunk(0, 100, cap, 256), 256, "least 256, context 101: one chunk of 256");
+    is_int(muse_attn_chunk(0, 32767, cap, 256), 256, "least 256, context 32768: as least 64");
+    is_int(muse_attn_chunk(0, 131071, cap, 256), 1024, "least 256, context 131072: as least 64");
+    is_int(muse_attn_chunk(0, MUSE_ATTN_LEAST_CHUNK - 1, cap, MUSE_ATTN_LEAST_CHUNK),
+           MUSE_ATTN_LEAST_CHUNK, "the default least chunk is a chunk");
+    ok(MUSE_ATTN_LEAST_CHUNK % MUSE_ATTN_TILE == 0 && MUSE_ATTN_MOST_CHUNK % MUSE_ATTN_TILE == 0,
+       "the least and most chunks are whole tiles");
     is_int(muse_attn_max_splits(8, cap), 2, "window 8: a range spans at most 2 chunks");
     is_int(muse_attn_max_splits(1 << 20, cap), cap, "long contexts: the cap");
     is_int(muse_attn_max_splits(1 << 20, 256), 256, "long contexts: a larger cap");
@@ -139,7 +148,7 @@ static void emulate_split(const float *q, const uint16_t *k, const uint16_t *v, 
 /* Two consecutive rows of one sequence paired at every grid column x of [0, splits + 1): each
  * (row, split) taken exactly once, and where both rows take a split at one x it is the same
  * absolute chunk (so one staged tile range serves both). Rows that may not pair are refused. */
-static void test_pair(int64_t cap)
+static void test_pair(int64_t cap, int64_t least)
 {
     const int64_t windows[] = {0, 8, 64, 100, 4096};
     long bad_once = 0, bad_chunk = 0, bad_refuse = 0, pairs = 0;
@@ -148,10 +157,11 @@ static void test_pair(int64_t cap)
         int64_t grid = muse_attn_max_splits(max_len, cap) + 1;
         for (int64_t p = 0; p < 140000; p += p < 9000 ? 1 : 611) {
             int64_t fa = muse_attn_first(p, win), fb = muse_attn_first(p + 1, win);
-            int64_t ca = muse_attn_chunk(fa, p, cap), cb = muse_attn_chunk(fb, p + 1, cap);
+            int64_t ca = muse_attn_chunk(fa, p, cap, least);
+            int64_t cb = muse_attn_chunk(fb, p + 1, cap, least);
             int64_t na = muse_attn_count(fa, p, ca), nb = muse_attn_count(fb, p + 1, cb);
             int64_t xa, xb;
-            if (!muse_attn_pair(3, fa, p, 3, fb, p + 1, cap, 0, &xa, &xb)) {
+            if (!muse_attn_pair(3, fa, p, 3, fb, p + 1, cap, least, 0, &xa, &xb)) {
                 bad_refuse += ca == cb;
                 continue;
             }
@@ -161,7 +171,7 @@ static void test_pair(int64_t cap)
             memset(seen_a, 0, (size_t)na);
             memset(seen_b, 0, (size_t)nb);
             for (int64_t x = 0; x < grid; x++) {
-                muse_attn_pair(3, fa, p, 3, fb, p + 1, cap, x, &xa, &xb);
+                muse_attn_pair(3, fa, p, 3, fb, p + 1, cap, least, x, &xa, &xb);
                 int in_a = xa >= 0 && xa < na, in_b = xb >= 0 && xb < nb;
                 if (in_a) seen_a[xa]++;
                 if (in_b) seen_b[xb]++;
@@ -183,8 +193,8 @@ static void test_pair(int64_t cap)
     ok(bad_refuse == 0, "cap %lld: rows pair exactly where their chunk sizes agree",
        (long long)cap);
     int64_t xa, xb;
-    ok(!muse_attn_pair(3, 0, 10, 4, 0, 11, cap, 0, &xa, &xb) &&
-           !muse_attn_pair(-1, 0, 10, -1, 0, 11, cap, 0, &xa, &xb),
+    ok(!muse_attn_pair(3, 0, 10, 4, 0, 11, cap, MUSE_ATTN_TILE, 0, &xa, &xb) &&
+           !muse_attn_pair(-1, 0, 10, -1, 0, 11, cap, MUSE_ATTN_TILE, 0, &xa, &xb),
        "rows of two sequences, or padding rows, never pair");
 }
 
@@ -300,10 +310,11 @@ typedef void split_fn(const float *, const uint16_t *, const uint16_t *, int64_t
                       partial *);
 
 static double emulate_row(split_fn *split, const float *q, const uint16_t *k, const uint16_t *v,
-                          int64_t p, int64_t window, int64_t cap, double scale, double *den_out)
+                          int64_t p, int64_t window, int64_t cap, int64_t least, double scale,
+                          double *den_out)
 {
     int64_t first = muse_attn_first(p, window);
-    int64_t c = muse_attn_chunk(first, p, cap), n = muse_attn_count(first, p, c);
+    int64_t c = muse_attn_chunk(first, p, cap, least), n = muse_attn_count(first, p, c);
     static partial pt[MUSE_ATTN_MOST_SPLITS];
     float scale_l2 = (float)(scale * 1.4426950408889634);
     for (int64_t s = 0; s < n; s++) {
@@ -359,23 +370,26 @@ static void test_emulation(split_fn *split, double bound, const char *what)
                 {64, 0, 1},    {200, 0, 4},     {4095, 0, 1},     {4096, 0, 8},
                 {9999, 0, 2},  {19999, 0, 1},   {19999, 0, 16},   {10, 8, 1},
                 {700, 100, 4}, {5000, 4096, 1}, {19999, 4096, 8}, {129, 64, 16}};
-    const int64_t caps[] = {64, MUSE_ATTN_MAX_SPLITS, 256}; /* fewer and more than the default */
+    /* caps fewer and more than the default; the last: the default's with chunks of 4 tiles */
+    const int64_t caps[] = {64, MUSE_ATTN_MAX_SPLITS, 256, MUSE_ATTN_MAX_SPLITS};
+    const int64_t leasts[] = {MUSE_ATTN_TILE, MUSE_ATTN_TILE, MUSE_ATTN_TILE, 4 * MUSE_ATTN_TILE};
     double worst = 0, min_den = INFINITY;
     for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++)
         for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
-            int64_t cap = caps[ci];
+            int64_t cap = caps[ci], least = leasts[ci];
             for (int g = 0; g < G; g++) {
                 float q[HD];
                 for (int d = 0; d < HD; d++)
                     q[d] = (float)(urand() * rows[r].q_scale); /* fp32: the kernel's q */
-                double den, e = emulate_row(split, q, k, v, rows[r].p, rows[r].window, cap,
+                double den, e = emulate_row(split, q, k, v, rows[r].p, rows[r].window, cap, least,
                                             1.0 / sqrt(HD), &den);
                 if (!(e <= worst)) worst = e;
                 if (den < min_den) min_den = den;
             }
         }
-    ok(worst <= bound, "%s within rel L2 %.0e of double at caps 64, 128 and 256 (worst %.2e)", what,
-       bound, worst);
+    ok(worst <= bound,
+       "%s within rel L2 %.0e of double at caps 64, 128, 256, least 256 (worst %.2e)", what, bound,
+       worst);
     ok(min_den > 1e-8, "the reference outputs are not zeros (smallest |o|^2 %.2e)", min_den);
     free(k);
     free(v);
@@ -383,13 +397,16 @@ static void test_emulation(split_fn *split, double bound, const char *what)
 
 int main(void)
 {
-    test_splits(64);
-    test_splits(MUSE_ATTN_MAX_SPLITS);
-    test_splits(256);
+    test_splits(64, MUSE_ATTN_TILE);
+    test_splits(MUSE_ATTN_MAX_SPLITS, MUSE_ATTN_TILE);
+    test_splits(256, MUSE_ATTN_TILE);
+    test_splits(MUSE_ATTN_MAX_SPLITS, 4 * MUSE_ATTN_TILE);
+    test_splits(MUSE_ATTN_MAX_SPLITS, MUSE_ATTN_LEAST_CHUNK);
     test_split_sizes();
     test_rescale();
-    test_pair(MUSE_ATTN_MAX_SPLITS);
-    test_pair(64);
+    test_pair(MUSE_ATTN_MAX_SPLITS, MUSE_ATTN_TILE);
+    test_pair(64, MUSE_ATTN_TILE);
+    test_pair(MUSE_ATTN_MAX_SPLITS, 4 * MUSE_ATTN_TILE);
     test_mma_layout();
     test_merge();
     test_emulation(emulate_split, 2e-5, "the CUDA-core split: chunked fp32 online softmax");
