@@ -302,6 +302,27 @@ __device__ __forceinline__ void am_q_frags(const float *q0, const float *q1, int
         }
 }
 
+/* S n-tile j of a staged K tile (keys 8 j .. 8 j + 7) for the lane's two mma rows: from zero,
+ * a chain over the k-steps, q's high part then its low part each; every form runs this chain, so
+ * a row's scores are the same bits whichever form and warp computes them */
+__device__ __forceinline__ void am_s_ntile(float s[4], const uint32_t qh[AM_HD / 16][4],
+                                           const uint32_t ql[AM_HD / 16][4], const __half *tk,
+                                           int j, int lane)
+{
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < AM_HD / 16; kk += 2) {
+        uint32_t b[4]; /* keys 8 j + lane % 8; pieces 2 kk + lane / 8 */
+        int key = 8 * j + (lane & 7);
+        k_ldsm4(b, tk + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
+        k_mma16816(s, qh[kk], b[0], b[1]);
+        k_mma16816(s, ql[kk], b[0], b[1]);
+        k_mma16816(s, qh[kk + 1], b[2], b[3]);
+        k_mma16816(s, ql[kk + 1], b[2], b[3]);
+    }
+}
+
 /* A tile's partial (mt, lt, and NJ n-tiles of O) merged into the running one (m, l, acc) for the
  * lane's two mma row halves: muse_attn_merge's weights on the SFU, muse_attn_mix a value. */
 template <int NJ>
@@ -403,20 +424,7 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
         /* S: 8 n-tiles of 8 keys, each a chain over the k-steps, high part then low */
         float s[AF_T / 8][4];
 #pragma unroll
-        for (int j = 0; j < AF_T / 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[j][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < AM_HD / 16; kk += 2) {
-                uint32_t b[4]; /* keys 8j + lane % 8; pieces 2 kk + lane / 8 */
-                int key = 8 * j + (lane & 7);
-                k_ldsm4(b, kbuf + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
-                k_mma16816(s[j], qh[kk], b[0], b[1]);
-                k_mma16816(s[j], ql[kk], b[0], b[1]);
-                k_mma16816(s[j], qh[kk + 1], b[2], b[3]);
-                k_mma16816(s[j], ql[kk + 1], b[2], b[3]);
-            }
-        }
+        for (int j = 0; j < AF_T / 8; j++) am_s_ntile(s[j], qh, ql, kbuf, j, lane);
         /* the tile's max, p and sum, per mma row (a quad's lanes hold a row's 64 keys); the mask
          * as key offsets in the tile [klo, khi] */
         int klo[2], khi[2];
@@ -573,21 +581,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
         const __half *tk = sm.k[cur], *tv = sm.v[cur];
         float s[2][4];
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++) { /* S n-tile j = 2 w + jj, am_run's chain */
-            int j = 2 * warp + jj;
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[jj][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < AM_HD / 16; kk += 2) {
-                uint32_t b[4];
-                int key = 8 * j + (lane & 7);
-                k_ldsm4(b, tk + key * AM_HD + muse_attn_swz(key, 2 * kk + (lane >> 3)) * 8);
-                k_mma16816(s[jj], qh[kk], b[0], b[1]);
-                k_mma16816(s[jj], ql[kk], b[0], b[1]);
-                k_mma16816(s[jj], qh[kk + 1], b[2], b[3]);
-                k_mma16816(s[jj], ql[kk + 1], b[2], b[3]);
-            }
-        }
+        for (int jj = 0; jj < 2; jj++) am_s_ntile(s[jj], qh, ql, tk, 2 * warp + jj, lane);
         float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int jj = 0; jj < 2; jj++)
