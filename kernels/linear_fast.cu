@@ -1,5 +1,6 @@
 /* linear_fast: the fast EXL3 product y = x W (linear_fast.cuh). Step 1 and 3 (prepare, finish)
- * are the exact path's math (linear_fast_ends.cu); step 2 here: t = a Wq on tensor cores.
+ * are the exact path's math (linear_fast_ends.cu); step 2 here: t = a Wq on tensor cores by
+ * mma.sync, or for blocks of 64 rows and more by wgmma (linear_fast_wg.cu, the same bits).
  * A block is 4 warps x NTW n-tiles (128 or 64 columns) x MT m-tiles (16 rows each; rows >= R
  * read as zero and are never written) x one k split. The trellis and the A rows of KC k-tiles
  * a stage go to shared memory by cp.async (3 stages in flight); each lane decodes its 8 states
@@ -17,6 +18,7 @@
 
 #include "linear_fast.h"
 #include "linear_fast_ends.cuh"
+#include "linear_fast_prod.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
 
@@ -27,71 +29,6 @@
 /* m-tiles a block MT: 1 up to 16 rows, else 2, 4 or 8 (muse_fast_block_mt). k-tiles a
  * pipeline stage, KC: 8 at 1 and 2 m-tiles (half the stage's loads, barrier and waits a
  * k-tile), 4 at 4 and 8 (three stages of 128 rows stay in shared memory 3 blocks an SM) */
-
-typedef struct {
-    const uint16_t *trellis;
-    int64_t tiles_ld, k, n;
-    const uint16_t *a;       /* [R][k] fp16 */
-    float *part;             /* [splits][R][n] */
-    const muse_k_lin *descs; /* grouped: the experts' device descriptors [E]; else NULL */
-    long blk0;               /* first block of this linear in the launch */
-    int splits, nblk, aligned;
-} fast_lin;
-
-/* Grouped (the MoE): m-group g is the rows [x.y, x.y + x.z) of groups[g] (rows in group
- * order, each group one expert x.x), groups from n_groups on are empty blocks. */
-typedef struct {
-    fast_lin l[MUSE_K_FAST_MAX_LIN];
-    int n_lin, mgroups;
-    long R;
-    const int4 *groups;
-    const int32_t *n_groups;
-} fast_prod;
-
-/* Two states to one .f16x2 B register (the first in the low half): the integer stage of
- * linear_fast.h, then one fp16 op for both (the fp16 stage it emulates on the host). */
-/* (3inst/mcg: each state's two halves added on the FMA pipe, then one PRMT packs the pair;
- * measured 6% faster than two PRMTs and one HADD2, the same bits) */
-template <int CB> __device__ __forceinline__ uint32_t f_decode2(uint32_t sa, uint32_t sb)
-{
-    uint32_t va = muse_fast_int_stage(CB, sa), vb = muse_fast_int_stage(CB, sb);
-    __half2 r;
-    if (CB == MUSE_FAST_CB_MUL1) {
-        uint32_t s = __byte_perm(va, vb, 0x5410);
-        __half2 sh = *reinterpret_cast<__half2 *>(&s);
-        const __half2 kinv = __halves2half2(__ushort_as_half(0x1EEE), __ushort_as_half(0x1EEE));
-        const __half2 kbias = __halves2half2(__ushort_as_half(0xC931), __ushort_as_half(0xC931));
-        r = __hfma2(sh, kinv, kbias);
-    } else {
-        __half2 ha = *reinterpret_cast<__half2 *>(&va), hb = *reinterpret_cast<__half2 *>(&vb);
-        r = __halves2half2(__hadd(__low2half(ha), __high2half(ha)),
-                           __hadd(__low2half(hb), __high2half(hb)));
-    }
-    return *reinterpret_cast<uint32_t *>(&r);
-}
-
-/* lane's B fragments of one tile (words: its 8 * BITS words): b[0], b[1] the first n8
- * (columns 0..7), b[2], b[3] the second */
-template <int CB, int BITS>
-__device__ __forceinline__ void f_tile_frag(const uint32_t *words, int lane, uint32_t b[4])
-{
-    uint32_t st[8];
-    muse_fast_lane_states(words, BITS, muse_fast_nwords(BITS), muse_fast_nwin(BITS), lane, st);
-#pragma unroll
-    for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
-}
-
-/* the same with the lane's word places and shift set once (muse_fast_lane_words) */
-template <int CB, int BITS>
-__device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int widx[3], int sh,
-                                               uint32_t b[4])
-{
-    uint32_t st[8];
-    muse_fast_lane_states_at(words, widx, sh, BITS, muse_fast_nwords(BITS), muse_fast_nwin(BITS),
-                             st);
-#pragma unroll
-    for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
-}
 
 /* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads; MB:
  * the blocks an SM its registers are capped for (0: none, the PTX of __launch_bounds__(128)) */
@@ -516,6 +453,33 @@ static int f_many_forced(void)
     return forced;
 }
 
+/* The wgmma form (linear_fast_wg.cu: blocks of 64 or 128 rows, the bits of the mma.sync form's,
+ * sm_90a only) for a plain product from 65 rows (128-row blocks from 128) and a grouped one whose
+ * groups hold 64 or 128 rows (H200: 6144x4096 at 4096 rows 1163 us against 1265, a 4096-token
+ * prompt 3.2% faster in 2048-row rounds). MUSE_FAST_WG=0 from the environment (tuning only, read
+ * once a process): never; =64 or =128: a plain product's blocks of that many rows. Returns the
+ * block's 64-row halves, or 0 for mma.sync. */
+#define F_WG_DEFAULT 1
+static int f_wg_set = -1; /* muse_k_linear_fast_wg_force: checks only */
+static int f_wg_halves(long rows, int grouped)
+{
+    static const int env = [] {
+        const char *v = getenv("MUSE_FAST_WG");
+        return v && *v ? atoi(v) : F_WG_DEFAULT;
+    }();
+    int mode = f_wg_set >= 0 ? f_wg_set : env;
+    if (mode != 1 && mode != 64 && mode != 128) return 0;
+    if (!muse_k_linear_fast_wg()) return 0;
+    if (grouped) return rows >= 64 ? (int)(rows / 64 > 2 ? 2 : rows / 64) : 0;
+    if (rows <= 64) return 0;
+    return mode > 1 ? mode / 64 : rows >= 128 ? 2 : 1;
+}
+
+MUSE_K_API void muse_k_linear_fast_wg_force(int mode)
+{
+    f_wg_set = mode;
+}
+
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts)
 {
     return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
@@ -562,6 +526,8 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
 
     /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
     int mt = g ? g->group_rows / 16 : muse_fast_block_mt(rows, f_many_forced());
+    int mh = f_wg_halves(g ? g->group_rows : rows, g != NULL); /* 0: the mma.sync form */
+    if (mh && !g) mt = 4 * mh;
     int cb = shapes[0].codebook;
     int mgroups = g ? g->max_groups : (int)((rows + 16 * mt - 1) / (16 * mt));
     int done[MUSE_K_FAST_MAX_LIN] = {0};
@@ -580,7 +546,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             if (!done[j] && shapes[j].bits == shapes[i].bits)
                 wide += (long)(shapes[j].n / MUSE_FAST_BLOCK_COLS) *
                         muse_fast_splits(shapes[j].k, shapes[j].n, target) * mgroups;
-        int shape = mt == 8 ? 1 : mt == 4 ? 3 : mt == 2 ? 4 : wide < f_narrow_below() ? 2 : 0;
+        int shape = mh || mt == 8 ? 1 : mt == 4 ? 3 : mt == 2 ? 4 : wide < f_narrow_below() ? 2 : 0;
         int64_t cols = shape == 2 ? MUSE_FAST_BLOCK_COLS / 2 : MUSE_FAST_BLOCK_COLS;
         long blocks = 0;
         for (int j = i; j < n_lin; j++) {
@@ -600,6 +566,11 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             L->aligned = (uintptr_t)s->trellis % 16 == 0; /* tile rows are 32 * bits bytes */
             L->blk0 = blocks;
             blocks += (long)L->nblk * L->splits * mgroups;
+        }
+        if (mh) { /* the wgmma form: 128 columns a block, as shape 0's */
+            if (!(skip & 2)) err = muse_k_fast_product_wg(&p, mh, cb, shapes[i].bits, blocks, st);
+            if (err) return err;
+            continue;
         }
         int bi = shapes[i].bits - 1;
         prod_fn fn = f_prod[shape][cb][bi];

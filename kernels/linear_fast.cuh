@@ -63,6 +63,13 @@ MUSE_K_API int muse_k_linear_fast_mlp(const muse_k_ctx *ctx, const muse_k_lin sh
                                       float *mid, long mid_stride, float *y, long y_stride,
                                       void *ws, size_t ws_bytes);
 MUSE_K_API size_t muse_k_linear_fast_mlp_workspace(const muse_k_lin shapes[3], long max_rows);
+/* 1 where the loaded GPU code has the product's wgmma form (sm_90a: blocks of 64 rows and more
+ * may take it, MUSE_FAST_WG; the same bits), asked of the device once a process: call it first
+ * outside a graph capture (the engine does at its plan). */
+MUSE_K_API int muse_k_linear_fast_wg(void);
+/* Checks only (exl3-fast-check): the wgmma form off (0), on (1) or on with plain blocks of 64 or
+ * 128 rows, in place of MUSE_FAST_WG (-1: back to it). The bits do not change. */
+MUSE_K_API void muse_k_linear_fast_wg_force(int mode);
 /* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 

@@ -191,6 +191,24 @@ MUSE_HD void muse_fast_lane_element(int lane, int j, int *r, int *c)
     *c = lane / 4 + 8 * (j >> 2);
 }
 
+/* The wgmma form's shared memory (linear_fast_wg.cu): a stage's A rows and decoded B columns
+ * (4 k-tiles, 64 k) as K-major rows of 128 bytes in the 128-byte swizzle, the 16-byte chunk c
+ * (k 8c .. 8c + 7) of row r at r * 128 + (c ^ r % 8) * 16, so the 8 rows a tensor core reads at
+ * once sit in 8 bank groups (unswizzled they shared one: H200 ncu, shared memory 83% busy).
+ * Byte offset of row r's chunk c: */
+MUSE_HD int muse_fast_wg_off(int r, int c)
+{
+    return r * 128 + ((c ^ (r % 8)) * 16);
+}
+
+/* Byte offset of lane's B fragment word q (muse_fast_lane_element's states 2q, 2q + 1: k and
+ * k + 1 of one column) of tile t of the block's 8 (columns 16 t ..), k-tile kk of the stage:
+ * the two fp16 in place. */
+MUSE_HD int muse_fast_wg_b_off(int t, int q, int lane, int kk)
+{
+    return muse_fast_wg_off(16 * t + lane / 4 + 8 * (q >> 1), 2 * kk + (q & 1)) + (lane % 4) * 4;
+}
+
 /* The integer stage of the decode. 3INST/MCG: the word whose two fp16 halves add to the
  * weight. MUL1: the fp16 bits of s = 1024 + byte sum, an integer in [1024, 2044], which is the
  * fp16 0x6400 + (s - 1024): so one dp4a with 0x6400 as its addend gives the bits directly. */

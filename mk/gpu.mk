@@ -14,6 +14,7 @@ gpu-carry: all
 	cp $(BUILD)/t/muse-engine-test $(BUILD)/t/muse-test-engine $(GPU_CARRY)/t/
 	if [ -x $(BUILD)/t/exl3-fast-check ]; then cp $(BUILD)/t/exl3-fast-check $(GPU_CARRY)/t/; fi
 	if [ -x $(BUILD)/t/synth-check ]; then cp $(BUILD)/t/synth-check $(GPU_CARRY)/t/; fi
+	if [ -x $(BUILD)/t/mma-probe ]; then cp $(BUILD)/t/mma-probe $(GPU_CARRY)/t/; fi
 	mkdir -p $(GPU_CARRY)/obj && cp $(BUILD)/obj/kernels/linear_fast.o $(GPU_CARRY)/obj/ 2>/dev/null || true
 	cp $(BUILD)/nginx/ngx_muse_module.so $(GPU_CARRY)/nginx/
 	$(MAKE) --no-print-directory $(DEMO_TOK) && gzip -9c $(DEMO_TOK) >$(GPU_CARRY)/o200k-tokenizer.json.gz

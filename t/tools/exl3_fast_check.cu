@@ -236,7 +236,8 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                  tol);
         verdict(e <= tol, what);
     }
-    /* 3: batch invariance: rows at R = 1..256 at two places, and with other rows changed */
+    /* 3: batch invariance: rows at R = 1..256 at two places, and with other rows changed (from 65
+     * rows also the wgmma form where the GPU code has it: its bits against mma.sync's) */
     std::vector<float> ref = dl(yf, RB * n); /* round16 run at R = 256 */
     uint64_t h = 0xCBF29CE484222325ull; /* a digest of it: variants of one binary compare equal */
     for (float v : ref) {
@@ -246,7 +247,7 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
     }
     printf("# digest %lldx%lld %d bits %s%s: %016llx\n", (long long)k, (long long)n, bits,
            cb_name[cb], tag, (unsigned long long)h);
-    static const long Rs[] = {1, 4, 16, 17, 64, 256};
+    static const long Rs[] = {1, 4, 16, 17, 64, 100, 200, 256};
     float *xo = rand_x(RB, k);
     long diff = 0;
     for (long R : Rs)
@@ -267,6 +268,16 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                 got_y = dl(yf, R * n);
                 diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
             }
+            /* the wgmma form where the GPU code has it (blocks of 64 and 128 rows) */
+            for (int mode : {64, 128}) {
+                if (R <= 64 || !muse_k_linear_fast_wg()) break;
+                muse_k_linear_fast_wg_force(mode);
+                poison(yf, RB * n);
+                run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
+                muse_k_linear_fast_wg_force(-1);
+                got_y = dl(yf, R * n);
+                diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
+            }
             /* the same rows among other rows: a batch of 2R with R foreign rows first */
             if (2 * R <= RB) {
                 CK(cudaMemcpy(xo + R * k, x + place * k, (size_t)R * k * 4,
@@ -279,7 +290,7 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
             }
         }
     snprintf(what, sizeof what,
-             "%lldx%lld %d bits %s%s: batch invariant at R 1..256, both block widths (%ld differ)",
+             "%lldx%lld %d bits %s%s: batch invariant, R 1..256, block widths, wgmma (%ld differ)",
              (long long)k, (long long)n, bits, cb_name[cb], tag, diff);
     verdict(diff == 0, what);
     for (float *p : {x, ye, yf, xo}) CK(cudaFree(p));
@@ -1003,15 +1014,16 @@ static void time_moe(void)
 static void time_many(void)
 {
     measure_copy();
-    const char *f = getenv("MUSE_FAST_MANY_MT");
-    printf("# MUSE_FAST_MANY_MT=%s\n", f && *f ? f : "(unset)");
+    const char *f = getenv("MUSE_FAST_MANY_MT"), *wg = getenv("MUSE_FAST_WG");
+    printf("# MUSE_FAST_MANY_MT=%s MUSE_FAST_WG=%s (wgmma form loaded: %d)\n",
+           f && *f ? f : "(unset)", wg && *wg ? wg : "(unset)", muse_k_linear_fast_wg());
     printf("%-24s %5s %4s %-5s %10s %10s %8s %6s %8s\n", "shape", "M", "bits", "cb", "fast_us", "",
            "Tw/s", "%bw", "TFLOP/s");
     weight a, b;
     weight_make(&a, 6144, 4096, 2, 1, 0, 0);
     weight_make(&b, 6144, 3072, 2, 1, 0, 0);
     weight *pa = &a, *pb = &b;
-    for (long M : {32L, 64L, 128L, 256L, 1024L}) time_row(&pa, 1, M, false, "6144x4096");
+    for (long M : {32L, 64L, 128L, 256L, 1024L, 4096L}) time_row(&pa, 1, M, false, "6144x4096");
     for (long M : {32L, 64L, 256L}) time_row(&pb, 1, M, false, "6144x3072");
     weight_free(&a);
     weight_free(&b);
@@ -1020,7 +1032,7 @@ static void time_many(void)
     experts_make(&x, E, 6144, 3072, 2, 1);
     printf("%-24s %5s %5s %10s %8s %8s\n", "moe experts (8 of 96)", "M", "group", "fast_us", "Tw/s",
            "TFLOP/s");
-    for (long M : {64L, 256L, 1024L}) {
+    for (long M : {64L, 256L, 1024L, 2048L}) {
         int gr;
         double w, t = time_experts(&x, M, K, 10, &gr, &w);
         printf("%-24s %5ld %5d %10.1f %8.3f %8.1f\n", "moe experts", M, gr, t,
@@ -1088,6 +1100,12 @@ int main(int argc, char **argv)
         check_grouped(cb, 2);
     }
     check_grouped(1, 3);
+    if (muse_k_linear_fast_wg()) { /* its groups of 64 and 128 rows on wgmma, each pair alone not */
+        printf("# the grouped checks again with the wgmma form on\n");
+        muse_k_linear_fast_wg_force(1);
+        for (int cb = 0; cb < 3; cb++) check_grouped(cb, 2);
+        muse_k_linear_fast_wg_force(-1);
+    }
     check_conversions();
     check_select();
     check_group();

@@ -21,7 +21,8 @@
 # wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS), promptvar (its
 # prompt under them), many (the product at many rows under each of GPU_CHECK_MANY_VARIANTS),
 # ncuprodmany (the product at 256 rows under ncu), kprofprompt (each kernel of a prompt round),
-# oldnew (this build's fast logits against an earlier build's carried as build/gpu/old),
+# oldnew (this build's fast logits against an earlier build's carried as build/gpu/old), probe
+# (wgmma against mma.sync: bits and rates),
 # attnsplits (the fast attention's kernel-check under its split cap and switches).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
@@ -127,6 +128,11 @@ if want fastcheck && [ "$B" = cuda ]; then
     command -v cuobjdump >/dev/null && [ -f build/obj/kernels/linear_fast.o ] &&
         cuobjdump --dump-sass build/obj/kernels/linear_fast.o >"$logs/linear_fast.sass" 2>&1
 fi
+# wgmma against mma.sync on this GPU: equal bits or not, and each one's rate (t/tools/mma_probe.cu)
+if want probe && [ "$B" = cuda ] && [ -x build/t/mma-probe ]; then
+    step probe 60 build/t/mma-probe
+    cat "$logs/probe.txt" >>"$sum"
+fi
 # every kernel of a decode round by its own device time (ncu, one metric, each kernel node of the
 # round's graphs, caches left warm as in a served round): the demo pack, the 4-layer cut, the
 # whole one-GPU shape, without the fill kernels (k_synth_fill left out by name); the CSVs come
@@ -163,10 +169,11 @@ if want kprofprompt && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     gzip -c "$logs/kprof-prompt.csv" >"$out/kprof-prompt.csv.gz"
     python3 t/tools/kprof.py "$logs/kprof-prompt.csv" 2>&1 | head -40 | tee -a "$sum"
 fi
-# the product at 256 rows (6144x4096, 8192x28672, the routed experts 8 of 96) under ncu
+# the product at GPU_CHECK_NCUPROD_ROWS rows (256; 6144x4096, 8192x28672, the routed experts 8 of
+# 96) under ncu
 if want ncuprodmany && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     step ncuprodmany 150 ncu --clock-control none --set full --import-source no -k regex:k_fast_product \
-        -c 12 -o "$logs/prodmany" build/t/exl3-fast-check --prof 256
+        -c "${GPU_CHECK_NCUPROD_COUNT:-12}" -o "$logs/prodmany" build/t/exl3-fast-check --prof "${GPU_CHECK_NCUPROD_ROWS:-256}"
     ncu --import "$logs/prodmany.ncu-rep" >"$out/ncuprodmany.txt" 2>&1
     rm -f "$logs/prodmany.ncu-rep"
 fi
@@ -207,10 +214,12 @@ fi
 # and of this one, bit for bit (a change meant to keep every bit), on the 4-layer cut and the
 # tiny shape (2 bits mcg, synthetic weights), the prompt whole and a row a round; this build's
 # under each of GPU_CHECK_OLDNEW_VARIANTS ("NAME=VALUE"), its bits against the earlier build's.
+# GPU_CHECK_OLDNEW_TOKENS: the tokens (48; from 65 the prompt whole takes the product's wgmma form)
 if want oldnew && [ "$B" = cuda ] && [ -x build/gpu/old/muse-engine ]; then
-    ids=$(seq -s, 1 48)
+    ntok=${GPU_CHECK_OLDNEW_TOKENS:-48}
+    ids=$(seq -s, 1 "$ntok")
     for shape in muse-spark-open-1gpu-4l tiny; do
-        for chunk in 48 1; do
+        for chunk in "$ntok" 1; do
             for bin in build/gpu/old/muse-engine build/muse-engine; do
                 tag=$shape-$chunk-$([ "$bin" = build/muse-engine ] && echo new || echo old)
                 step "oldnew-$tag" 90 "$bin" logits --synthetic-weights 3 --config "conf/packs/$shape.json" \

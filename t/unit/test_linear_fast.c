@@ -209,6 +209,36 @@ static void test_unrounded_sum(void)
     }
 }
 
+/* The wgmma form's places: every fp16 of a stage's A (128 rows) and B (8 tiles) of 4 k-tiles
+ * lands once, at row * 128 + (k / 8 ^ row % 8) * 16 + k % 8 * 2 (the 128-byte swizzle) */
+static void test_wg_layout(void)
+{
+    static unsigned char seen[16384];
+    int bad = 0;
+    memset(seen, 0, sizeof seen);
+    for (int r = 0; r < 128; r++)
+        for (int k = 0; k < 64; k++) {
+            int off = muse_fast_wg_off(r, k / 8) + 2 * (k % 8);
+            bad += off != r * 128 + (((k / 8) ^ (r % 8)) * 16) + (k % 8) * 2;
+            bad += off < 0 || off >= 16384 || seen[off]++;
+        }
+    ok(bad == 0, "wgmma A: 128 rows x 64 k in 128-byte swizzled rows, each fp16 once");
+    memset(seen, 0, sizeof seen);
+    bad = 0;
+    for (int kk = 0; kk < 4; kk++)
+        for (int t = 0; t < 8; t++)
+            for (int lane = 0; lane < 32; lane++)
+                for (int j = 0; j < 8; j++) {
+                    int r, c;
+                    muse_fast_lane_element(lane, j, &r, &c);
+                    int n = 16 * t + c, k = 16 * kk + r;
+                    int off = muse_fast_wg_b_off(t, j / 2, lane, kk) + 2 * (j & 1);
+                    bad += off != n * 128 + (((k / 8) ^ (n % 8)) * 16) + (k % 8) * 2;
+                    bad += off < 0 || off >= 16384 || seen[off]++;
+                }
+    ok(bad == 0, "wgmma B: the lanes' fragment words of 4 k-tiles x 8 tiles, swizzled, each once");
+}
+
 int main(void)
 {
     test_lane_states();
@@ -218,5 +248,6 @@ int main(void)
     test_splits();
     test_block_mt();
     test_unrounded_sum();
+    test_wg_layout();
     return done_testing();
 }

@@ -1,0 +1,85 @@
+/* linear_fast_prod.cuh: what both forms of the fast product's step 2 share (linear_fast.cu on
+ * mma.sync, linear_fast_wg.cu on wgmma): the launch's arguments and a lane's decode of its 8
+ * trellis states of a 16x16 tile into fp16 pairs, laid out as the mma B fragment. */
+#ifndef MUSE_K_LINEAR_FAST_PROD_CUH
+#define MUSE_K_LINEAR_FAST_PROD_CUH
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "launch.h"
+#include "linear_fast.cuh"
+#include "linear_fast.h"
+
+typedef struct {
+    const uint16_t *trellis;
+    int64_t tiles_ld, k, n;
+    const uint16_t *a;       /* [R][k] fp16 */
+    float *part;             /* [splits][R][n] */
+    const muse_k_lin *descs; /* grouped: the experts' device descriptors [E]; else NULL */
+    long blk0;               /* first block of this linear in the launch */
+    int splits, nblk, aligned;
+} fast_lin;
+
+/* Grouped (the MoE): m-group g is the rows [x.y, x.y + x.z) of groups[g] (rows in group
+ * order, each group one expert x.x), groups from n_groups on are empty blocks. */
+typedef struct {
+    fast_lin l[MUSE_K_FAST_MAX_LIN];
+    int n_lin, mgroups;
+    long R;
+    const int4 *groups;
+    const int32_t *n_groups;
+} fast_prod;
+
+/* Two states to one .f16x2 B register (the first in the low half): the integer stage of
+ * linear_fast.h, then one fp16 op for both (the fp16 stage it emulates on the host). */
+/* (3inst/mcg: each state's two halves added on the FMA pipe, then one PRMT packs the pair;
+ * measured 6% faster than two PRMTs and one HADD2, the same bits) */
+template <int CB> __device__ __forceinline__ uint32_t f_decode2(uint32_t sa, uint32_t sb)
+{
+    uint32_t va = muse_fast_int_stage(CB, sa), vb = muse_fast_int_stage(CB, sb);
+    __half2 r;
+    if (CB == MUSE_FAST_CB_MUL1) {
+        uint32_t s = __byte_perm(va, vb, 0x5410);
+        __half2 sh = *reinterpret_cast<__half2 *>(&s);
+        const __half2 kinv = __halves2half2(__ushort_as_half(0x1EEE), __ushort_as_half(0x1EEE));
+        const __half2 kbias = __halves2half2(__ushort_as_half(0xC931), __ushort_as_half(0xC931));
+        r = __hfma2(sh, kinv, kbias);
+    } else {
+        __half2 ha = *reinterpret_cast<__half2 *>(&va), hb = *reinterpret_cast<__half2 *>(&vb);
+        r = __halves2half2(__hadd(__low2half(ha), __high2half(ha)),
+                           __hadd(__low2half(hb), __high2half(hb)));
+    }
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* lane's B fragments of one tile (words: its 8 * BITS words): b[0], b[1] the first n8
+ * (columns 0..7), b[2], b[3] the second */
+template <int CB, int BITS>
+__device__ __forceinline__ void f_tile_frag(const uint32_t *words, int lane, uint32_t b[4])
+{
+    uint32_t st[8];
+    muse_fast_lane_states(words, BITS, muse_fast_nwords(BITS), muse_fast_nwin(BITS), lane, st);
+#pragma unroll
+    for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
+}
+
+/* the same with the lane's word places and shift set once (muse_fast_lane_words) */
+template <int CB, int BITS>
+__device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int widx[3], int sh,
+                                               uint32_t b[4])
+{
+    uint32_t st[8];
+    muse_fast_lane_states_at(words, widx, sh, BITS, muse_fast_nwords(BITS), muse_fast_nwin(BITS),
+                             st);
+#pragma unroll
+    for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
+}
+
+/* The wgmma form's launch (linear_fast_wg.cu): blocks of 64 * mh rows (mh 1 or 2) and 128
+ * columns, the bits of k_fast_product's. Returns the CUDA error; cudaErrorNotSupported where
+ * the GPU code has no wgmma (not sm_90a). */
+int muse_k_fast_product_wg(const fast_prod *p, int mh, int cb, int bits, long blocks,
+                           cudaStream_t st);
+
+#endif
