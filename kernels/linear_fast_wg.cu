@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
 {
 #ifdef WG_ON
     constexpr int ROWS = 64 * MH;
-        constexpr int A_ST = MH * WG_HALF;  /* a stage's A: ROWS x 64 fp16 */
+    constexpr int A_ST = MH * WG_HALF;  /* a stage's A: ROWS x 64 fp16 */
     constexpr int T_KT = 8 * 32 * BITS; /* a k-tile's trellis: 8 tiles of 32 * BITS bytes */
     constexpr int ST_BYTES = A_ST + WG_KC * T_KT; /* a multiple of 1024 */
     extern __shared__ __align__(128) unsigned char w_raw[];
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
     const int th = threadIdx.x, warp = th / 32, lane = th % 32;
     const int kt_n = (int)(kt1 - kt0), nstages = (kt_n + WG_KC - 1) / WG_KC;
 
-        /* A: thread th stages chunk th % 8 (k 8 (th % 8) ..) of rows th / 8 + 16 i (row % 8 the
+    /* A: thread th stages chunk th % 8 (k 8 (th % 8) ..) of rows th / 8 + 16 i (row % 8 the
      * same for every i); its shared places and row validity set once */
     constexpr int A_PER = ROWS / 16;
     const int a_ch = th % 8, a_row = th / 8;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
         for (int i = 0; i < A_PER; i++) {
             bool ok = (a_ok >> i & 1) && k_ok;
             const uint16_t *src = a_src + (int64_t)st * WG_KC * 16 + (int64_t)16 * i * L.k;
-                        k_cp16(as + a_dst + 16 * 128 * i, ok ? src : L.a, ok);
+            k_cp16(as + a_dst + 16 * 128 * i, ok ? src : L.a, ok);
         }
     };
     auto load_b = [&](int st) {
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
     muse_fast_lane_words(BITS, muse_fast_nwords(BITS), lane, l_widx, &l_sh);
 #pragma unroll
     for (int i = 0; i < 3; i++) l_wo[i] = warp * 2 * 8 * BITS + l_widx[i];
-        int s_off[4]; /* the lane's decoded words at k-tile 0 of its warp's first tile: the second
+    int s_off[4]; /* the lane's decoded words at k-tile 0 of its warp's first tile: the second
                    * tile 16 rows (2048 bytes) on, k-tile kk at chunk ^ 2 kk (row % 8 the same) */
 #pragma unroll
     for (int q = 0; q < 4; q++) s_off[q] = muse_fast_wg_b_off(2 * warp, q, lane, 0);
@@ -222,9 +222,9 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
     const uint32_t sm0 = k_smem(w_sm), bd0 = k_smem(bdec);
     int st = 0, kk = 0;
     for (int kt = 0; kt < kt_n; kt++) {
-                if (kk == 0) {
+        if (kk == 0) {
             k_cp_wait<1>();
-            __syncthreads(); /* stage st landed for every thread */
+            __syncthreads();  /* stage st landed for every thread */
         } else if (kk == 2) { /* stage st - 1's buffer: its last wgmma (kt - 3) done in every
                                  warp (the wait and the barrier of k-tile kt - 1) */
             if (st + 2 < nstages) {
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
 #pragma unroll
         for (int t = 0; t < 2; t++)
             f_tile_frag_at<CB, BITS>((const uint32_t *)ts + t * 8 * BITS, l_wo, l_sh, bf[t]);
-                wg_wait<1>(); /* this warp's wgmma of k-tile kt - 2 done */
+        wg_wait<1>(); /* this warp's wgmma of k-tile kt - 2 done */
         /* stage st's decoded B buffer last held stage st - 2's, long read */
         unsigned char *bd = bdec + (st % WG_BDEC) * WG_B_ST;
 #pragma unroll
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
         wg_fence_smem();
         __syncthreads(); /* every warp's part of k-tile kt written; k-tile kt - 2's wgmma done */
         wg_fence();
-                const uint32_t a_at = sm0 + (st % WG_BUF) * ST_BYTES + 32 * kk;
+        const uint32_t a_at = sm0 + (st % WG_BUF) * ST_BYTES + 32 * kk;
         const uint64_t db = wg_desc(bd0 + (st % WG_BDEC) * WG_B_ST + 32 * kk);
         wg_mma(acc[0], wg_desc(a_at), db);
         /* the second 64 rows even where they hold none: a wgmma under a branch made ptxas fence
@@ -295,7 +295,7 @@ static const wg_fn wg_prod[2][3][8] = {WG_CBS(1), WG_CBS(2)};
 
 static int wg_smem(int mh, int bits)
 {
-        return WG_BUF * (mh * WG_HALF + WG_KC * 8 * 32 * bits) + WG_BDEC * WG_B_ST + 1024;
+    return WG_BUF * (mh * WG_HALF + WG_KC * 8 * 32 * bits) + WG_BDEC * WG_B_ST + 1024;
 }
 
 MUSE_K_API int muse_k_linear_fast_wg(void)
