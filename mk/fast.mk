@@ -1,5 +1,6 @@
-# The fast EXL3 product (kernels/linear_fast.cu, its wgmma form linear_fast_wg.cu) builds without -fmad=false: its only float
-# arithmetic is mma and explicit fp16 intrinsics (see its opening comment). The fast attention
+# The fast EXL3 product (kernels/linear_fast.cu, its wgmma form linear_fast_wg.cu) builds without
+# -fmad=false: its only float arithmetic is mma/wgmma and explicit fp16 intrinsics (see the
+# files' opening comments). The fast attention
 # (kernels/attention_fast.cu) too: its fp32 sums contract to FMA, one code path for every row.
 # build/t/exl3-fast-check: the standalone GPU check-and-time tool for the product
 # (t/tools/exl3_fast_check.cu), run on a GPU machine.
