@@ -1,6 +1,7 @@
 /* linear_fast: the fast EXL3 product y = x W (linear_fast.cuh). Step 1 and 3 (prepare, finish)
  * are the exact path's math (linear_fast_ends.cu); step 2 here: t = a Wq on tensor cores by
- * mma.sync, or for blocks of 64 rows and more by wgmma (linear_fast_wg.cu, the same bits).
+ * mma.sync, or for blocks of 64 rows and more by wgmma (linear_fast_wg.cu; linear_fast_ws.cu
+ * with the warps specialized), the same bits.
  * A block is 4 warps x NTW n-tiles (128 or 64 columns) x MT m-tiles (16 rows each; rows >= R
  * read as zero and are never written) x one k split. The trellis and the A rows of KC k-tiles
  * a stage go to shared memory by cp.async (3 stages in flight); each lane decodes its 8 states
@@ -480,6 +481,26 @@ MUSE_K_API void muse_k_linear_fast_wg_force(int mode)
     f_wg_set = mode;
 }
 
+/* The wgmma form's kernel: one warpgroup a block (linear_fast_wg.cu), or warp-specialized
+ * (linear_fast_ws.cu: 6-12% slower on the H200 at 128 to 4096 rows, 2026-12-03), the same bits.
+ * MUSE_FAST_WS=0 or 1 from the environment (tuning only, read once a process), else
+ * F_WS_DEFAULT. */
+#define F_WS_DEFAULT 0
+static int f_ws_set = -1; /* muse_k_linear_fast_ws_force: checks only */
+static int f_ws_on(void)
+{
+    static const int env = [] {
+        const char *v = getenv("MUSE_FAST_WS");
+        return v && *v ? atoi(v) != 0 : F_WS_DEFAULT;
+    }();
+    return f_ws_set >= 0 ? f_ws_set : env;
+}
+
+MUSE_K_API void muse_k_linear_fast_ws_force(int on)
+{
+    f_ws_set = on;
+}
+
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts)
 {
     return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
@@ -568,7 +589,9 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             blocks += (long)L->nblk * L->splits * mgroups;
         }
         if (mh) { /* the wgmma form: 128 columns a block, as shape 0's */
-            if (!(skip & 2)) err = muse_k_fast_product_wg(&p, mh, cb, shapes[i].bits, blocks, st);
+            if (!(skip & 2))
+                err = f_ws_on() ? muse_k_fast_product_ws(&p, mh, cb, shapes[i].bits, blocks, st)
+                                : muse_k_fast_product_wg(&p, mh, cb, shapes[i].bits, blocks, st);
             if (err) return err;
             continue;
         }

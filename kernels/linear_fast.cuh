@@ -70,6 +70,9 @@ MUSE_K_API int muse_k_linear_fast_wg(void);
 /* Checks only (exl3-fast-check): the wgmma form off (0), on (1) or on with plain blocks of 64 or
  * 128 rows, in place of MUSE_FAST_WG (-1: back to it). The bits do not change. */
 MUSE_K_API void muse_k_linear_fast_wg_force(int mode);
+/* Checks only: the wgmma form's warp-specialized kernel (linear_fast_ws.cu) off (0) or on (1) in
+ * place of MUSE_FAST_WS (-1: back to it). The bits do not change. */
+MUSE_K_API void muse_k_linear_fast_ws_force(int on);
 /* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 

@@ -1,6 +1,7 @@
-/* linear_fast_prod.cuh: what both forms of the fast product's step 2 share (linear_fast.cu on
- * mma.sync, linear_fast_wg.cu on wgmma): the launch's arguments and a lane's decode of its 8
- * trellis states of a 16x16 tile into fp16 pairs, laid out as the mma B fragment. */
+/* linear_fast_prod.cuh: what the forms of the fast product's step 2 share (linear_fast.cu on
+ * mma.sync, linear_fast_wg.cu and linear_fast_ws.cu on wgmma): the launch's arguments and a
+ * lane's decode of its 8 trellis states of a 16x16 tile into fp16 pairs, laid out as the mma B
+ * fragment. */
 #ifndef MUSE_K_LINEAR_FAST_PROD_CUH
 #define MUSE_K_LINEAR_FAST_PROD_CUH
 
@@ -81,5 +82,12 @@ __device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int 
  * the GPU code has no wgmma (not sm_90a). */
 int muse_k_fast_product_wg(const fast_prod *p, int mh, int cb, int bits, long blocks,
                            cudaStream_t st);
+/* The same blocks and bits with the warps specialized (linear_fast_ws.cu): one persistent block
+ * of 384 threads an SM taking the blocks in turn, decode warps handing stages to a multiplying
+ * warpgroup by mbarriers. */
+int muse_k_fast_product_ws(const fast_prod *p, int mh, int cb, int bits, long blocks,
+                           cudaStream_t st);
+/* The device's SMs, asked once a process (first outside a graph capture: muse_k_linear_fast_wg) */
+int muse_k_fast_ws_sms(void);
 
 #endif

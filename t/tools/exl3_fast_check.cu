@@ -268,16 +268,20 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                 got_y = dl(yf, R * n);
                 diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
             }
-            /* the wgmma form where the GPU code has it (blocks of 64 and 128 rows) */
-            for (int mode : {64, 128}) {
-                if (R <= 64 || !muse_k_linear_fast_wg()) break;
-                muse_k_linear_fast_wg_force(mode);
-                poison(yf, RB * n);
-                run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
-                muse_k_linear_fast_wg_force(-1);
-                got_y = dl(yf, R * n);
-                diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
-            }
+            /* the wgmma form where the GPU code has it (blocks of 64 and 128 rows), in both its
+             * kernels (one warpgroup; warps specialized) */
+            for (int mode : {64, 128})
+                for (int ws : {0, 1}) {
+                    if (R <= 64 || !muse_k_linear_fast_wg()) break;
+                    muse_k_linear_fast_wg_force(mode);
+                    muse_k_linear_fast_ws_force(ws);
+                    poison(yf, RB * n);
+                    run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
+                    muse_k_linear_fast_wg_force(-1);
+                    muse_k_linear_fast_ws_force(-1);
+                    got_y = dl(yf, R * n);
+                    diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
+                }
             /* the same rows among other rows: a batch of 2R with R foreign rows first */
             if (2 * R <= RB) {
                 CK(cudaMemcpy(xo + R * k, x + place * k, (size_t)R * k * 4,
@@ -1014,9 +1018,11 @@ static void time_moe(void)
 static void time_many(void)
 {
     measure_copy();
-    const char *f = getenv("MUSE_FAST_MANY_MT"), *wg = getenv("MUSE_FAST_WG");
-    printf("# MUSE_FAST_MANY_MT=%s MUSE_FAST_WG=%s (wgmma form loaded: %d)\n",
-           f && *f ? f : "(unset)", wg && *wg ? wg : "(unset)", muse_k_linear_fast_wg());
+    const char *f = getenv("MUSE_FAST_MANY_MT"), *wg = getenv("MUSE_FAST_WG"),
+               *ws = getenv("MUSE_FAST_WS");
+    printf("# MUSE_FAST_MANY_MT=%s MUSE_FAST_WG=%s MUSE_FAST_WS=%s (wgmma form loaded: %d)\n",
+           f && *f ? f : "(unset)", wg && *wg ? wg : "(unset)", ws && *ws ? ws : "(unset)",
+           muse_k_linear_fast_wg());
     printf("%-24s %5s %4s %-5s %10s %10s %8s %6s %8s\n", "shape", "M", "bits", "cb", "fast_us", "",
            "Tw/s", "%bw", "TFLOP/s");
     weight a, b;
@@ -1100,12 +1106,17 @@ int main(int argc, char **argv)
         check_grouped(cb, 2);
     }
     check_grouped(1, 3);
-    if (muse_k_linear_fast_wg()) { /* its groups of 64 and 128 rows on wgmma, each pair alone not */
-        printf("# the grouped checks again with the wgmma form on\n");
-        muse_k_linear_fast_wg_force(1);
-        for (int cb = 0; cb < 3; cb++) check_grouped(cb, 2);
-        muse_k_linear_fast_wg_force(-1);
-    }
+    check_one(2048, 4096, 2, 1, 0, 0); /* splits of 9 and 10 k-tiles: a stage with a tail */
+    if (muse_k_linear_fast_wg()) /* its groups of 64 and 128 rows on wgmma, each pair alone not */
+        for (int ws : {0, 1}) {
+            printf("# the grouped checks again with the wgmma form on (%s)\n",
+                   ws ? "warps specialized" : "one warpgroup a block");
+            muse_k_linear_fast_wg_force(1);
+            muse_k_linear_fast_ws_force(ws);
+            for (int cb = 0; cb < 3; cb++) check_grouped(cb, 2);
+            muse_k_linear_fast_wg_force(-1);
+            muse_k_linear_fast_ws_force(-1);
+        }
     check_conversions();
     check_select();
     check_group();
