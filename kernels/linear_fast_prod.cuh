@@ -77,6 +77,17 @@ __device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int 
     for (int q = 0; q < 4; q++) b[q] = f_decode2<CB>(st[2 * q], st[2 * q + 1]);
 }
 
+/* The table of a wgmma form's kernel K<CB, BITS, MH> at one MH: [codebook][bits - 1] */
+#define F_WG_BITS(K, CB, MH)                                                                       \
+    {                                                                                              \
+        K<CB, 1, MH>, K<CB, 2, MH>, K<CB, 3, MH>, K<CB, 4, MH>, K<CB, 5, MH>, K<CB, 6, MH>,        \
+            K<CB, 7, MH>, K<CB, 8, MH>                                                             \
+    }
+#define F_WG_TABLE(K, MH)                                                                          \
+    {                                                                                              \
+        F_WG_BITS(K, 0, MH), F_WG_BITS(K, 1, MH), F_WG_BITS(K, 2, MH)                              \
+    }
+
 /* The wgmma form's launch (linear_fast_wg.cu): blocks of 64 * mh rows (mh 1 or 2) and 128
  * columns, the bits of k_fast_product's. Returns the CUDA error; cudaErrorNotSupported where
  * the GPU code has no wgmma (not sm_90a). */

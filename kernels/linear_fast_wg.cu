@@ -217,18 +217,8 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
 }
 
 typedef void (*wg_fn)(fast_prod);
-#define WG_BITS(CB, MH)                                                                            \
-    {                                                                                              \
-        k_fast_product_wg<CB, 1, MH>, k_fast_product_wg<CB, 2, MH>, k_fast_product_wg<CB, 3, MH>,  \
-            k_fast_product_wg<CB, 4, MH>, k_fast_product_wg<CB, 5, MH>,                            \
-            k_fast_product_wg<CB, 6, MH>, k_fast_product_wg<CB, 7, MH>,                            \
-            k_fast_product_wg<CB, 8, MH>                                                           \
-    }
-#define WG_CBS(MH)                                                                                 \
-    {                                                                                              \
-        WG_BITS(0, MH), WG_BITS(1, MH), WG_BITS(2, MH)                                             \
-    }
-static const wg_fn wg_prod[2][3][8] = {WG_CBS(1), WG_CBS(2)};
+static const wg_fn wg_prod[2][3][8] = {F_WG_TABLE(k_fast_product_wg, 1),
+                                       F_WG_TABLE(k_fast_product_wg, 2)};
 
 static int wg_smem(int mh, int bits)
 {

@@ -351,18 +351,8 @@ static int ws_ahead(void)
 }
 
 typedef void (*ws_fn)(fast_prod, long, int);
-#define WS_BITS(CB, MH)                                                                            \
-    {                                                                                              \
-        k_fast_product_ws<CB, 1, MH>, k_fast_product_ws<CB, 2, MH>, k_fast_product_ws<CB, 3, MH>,  \
-            k_fast_product_ws<CB, 4, MH>, k_fast_product_ws<CB, 5, MH>,                            \
-            k_fast_product_ws<CB, 6, MH>, k_fast_product_ws<CB, 7, MH>,                            \
-            k_fast_product_ws<CB, 8, MH>                                                           \
-    }
-#define WS_CBS(MH)                                                                                 \
-    {                                                                                              \
-        WS_BITS(0, MH), WS_BITS(1, MH), WS_BITS(2, MH)                                             \
-    }
-static const ws_fn ws_prod[2][3][8] = {WS_CBS(1), WS_CBS(2)};
+static const ws_fn ws_prod[2][3][8] = {F_WG_TABLE(k_fast_product_ws, 1),
+                                       F_WG_TABLE(k_fast_product_ws, 2)};
 
 int muse_k_fast_product_ws(const fast_prod *p, int mh, int cb, int bits, long blocks,
                            cudaStream_t st)
