@@ -44,14 +44,9 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
     constexpr int B_WORDS = FB_KC * FB_NT * 8 * BITS;
     constexpr int STAGE_BYTES = A_HALVES * 2 + B_WORDS * 4;
     K_PDL_NEXT();
-    long b = blockIdx.x;
-    int li = 0;
-    while (li + 1 < p.n_lin && b >= p.l[li + 1].blk0) li++;
+    int li, mg, sp, nb;
+    f_place(p, blockIdx.x, li, mg, sp, nb);
     const fast_lin &L = p.l[li];
-    long local = b - L.blk0;
-    int mg = (int)(local % p.mgroups);
-    long rest = local / p.mgroups;
-    int sp = (int)(rest % L.splits), nb = (int)(rest / L.splits);
     int64_t kt_all = L.k / 16, ntiles = L.n / 16;
     int64_t kt0 = muse_fast_split_begin(kt_all, L.splits, sp);
     int64_t kt1 = muse_fast_split_begin(kt_all, L.splits, sp + 1);

@@ -32,6 +32,19 @@ typedef struct {
     const int32_t *n_groups;
 } fast_prod;
 
+/* Block b of a launch's grid (an item of the persistent form's): its linear li, its m-group mg,
+ * its k split sp and its 128-column block nb; the grid runs m-groups fastest, then splits */
+__device__ __forceinline__ void f_place(const fast_prod &p, long b, int &li, int &mg, int &sp,
+                                        int &nb)
+{
+    li = 0;
+    while (li + 1 < p.n_lin && b >= p.l[li + 1].blk0) li++;
+    long local = b - p.l[li].blk0;
+    mg = (int)(local % p.mgroups);
+    long rest = local / p.mgroups;
+    sp = (int)(rest % p.l[li].splits), nb = (int)(rest / p.l[li].splits);
+}
+
 /* Two states to one .f16x2 B register (the first in the low half): the integer stage of
  * linear_fast.h, then one fp16 op for both (the fp16 stage it emulates on the host). */
 /* (3inst/mcg: each state's two halves added on the FMA pipe, then one PRMT packs the pair;
@@ -88,6 +101,9 @@ __device__ __forceinline__ void f_tile_frag_at(const uint32_t *words, const int 
         F_WG_BITS(K, 0, MH), F_WG_BITS(K, 1, MH), F_WG_BITS(K, 2, MH)                              \
     }
 
+/* What both wgmma kernels' launches check first: the arguments (else cudaErrorInvalidValue)
+ * and wgmma in the loaded GPU code (else cudaErrorNotSupported); 0 where both hold */
+int muse_k_fast_wg_check(int mh, int cb, int bits);
 /* The wgmma form's launch (linear_fast_wg.cu): blocks of 64 * mh rows (mh 1 or 2) and 128
  * columns, the bits of k_fast_product's. Returns the CUDA error; cudaErrorNotSupported where
  * the GPU code has no wgmma (not sm_90a). */

@@ -43,14 +43,9 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
     unsigned char *const w_sm = w_raw + ((1024 - k_smem(w_raw) % 1024) % 1024);
     unsigned char *const bdec = w_sm + WG_BUF * ST_BYTES;
     K_PDL_NEXT();
-    long b = blockIdx.x;
-    int li = 0;
-    while (li + 1 < p.n_lin && b >= p.l[li + 1].blk0) li++;
+    int li, mg, sp, nb;
+    f_place(p, blockIdx.x, li, mg, sp, nb);
     const fast_lin &L = p.l[li];
-    long local = b - L.blk0;
-    int mg = (int)(local % p.mgroups);
-    long rest = local / p.mgroups;
-    int sp = (int)(rest % L.splits), nb = (int)(rest / L.splits);
     int64_t kt_all = L.k / 16, ntiles = L.n / 16;
     int64_t kt0 = muse_fast_split_begin(kt_all, L.splits, sp);
     int64_t kt1 = muse_fast_split_begin(kt_all, L.splits, sp + 1);
@@ -235,16 +230,22 @@ MUSE_K_API int muse_k_linear_fast_wg(void)
     return ok;
 }
 
-int muse_k_fast_product_wg(const fast_prod *p, int mh, int cb, int bits, long blocks,
-                           cudaStream_t st)
+int muse_k_fast_wg_check(int mh, int cb, int bits)
 {
     if (mh < 1 || mh > 2 || cb < 0 || cb > 2 || bits < 1 || bits > 8)
         return (int)cudaErrorInvalidValue;
-    if (!muse_k_linear_fast_wg()) return (int)cudaErrorNotSupported;
+    return muse_k_linear_fast_wg() ? 0 : (int)cudaErrorNotSupported;
+}
+
+int muse_k_fast_product_wg(const fast_prod *p, int mh, int cb, int bits, long blocks,
+                           cudaStream_t st)
+{
+    int err = muse_k_fast_wg_check(mh, cb, bits);
+    if (err) return err;
     wg_fn fn = wg_prod[mh - 1][cb][bits - 1];
     int smem = wg_smem(mh, bits);
-    int err = (int)cudaFuncSetAttribute((const void *)fn,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    err = (int)cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem);
     if (err) return err;
     return k_launch(fn, (unsigned)blocks, 128, (size_t)smem, st, *p);
 }

@@ -54,13 +54,9 @@ typedef struct {
 template <int ROWS>
 __device__ __forceinline__ bool ws_take(const fast_prod &p, long b, int n_groups, ws_item &it)
 {
-    int li = 0;
-    while (li + 1 < p.n_lin && b >= p.l[li + 1].blk0) li++;
+    int li, mg, sp, nb;
+    f_place(p, b, li, mg, sp, nb);
     const fast_lin &L = p.l[li];
-    long local = b - L.blk0;
-    int mg = (int)(local % p.mgroups);
-    long rest = local / p.mgroups;
-    int sp = (int)(rest % L.splits), nb = (int)(rest / L.splits);
     int64_t kt_all = L.k / 16;
     it.li = li;
     it.sp = sp;
@@ -357,13 +353,12 @@ static const ws_fn ws_prod[2][3][8] = {F_WG_TABLE(k_fast_product_ws, 1),
 int muse_k_fast_product_ws(const fast_prod *p, int mh, int cb, int bits, long blocks,
                            cudaStream_t st)
 {
-    if (mh < 1 || mh > 2 || cb < 0 || cb > 2 || bits < 1 || bits > 8)
-        return (int)cudaErrorInvalidValue;
-    if (!muse_k_linear_fast_wg()) return (int)cudaErrorNotSupported;
+    int err = muse_k_fast_wg_check(mh, cb, bits);
+    if (err) return err;
     ws_fn fn = ws_prod[mh - 1][cb][bits - 1];
     int smem = ws_smem(mh, bits);
-    int err = (int)cudaFuncSetAttribute((const void *)fn,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    err = (int)cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem);
     if (err) return err;
     long grid = blocks < muse_k_fast_ws_sms() ? blocks : muse_k_fast_ws_sms();
     return k_launch(fn, (unsigned)grid, WS_THREADS, (size_t)smem, st, *p, blocks, ws_ahead());
