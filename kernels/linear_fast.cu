@@ -424,7 +424,7 @@ static int f_skip_steps;
 
 MUSE_K_API void muse_k_linear_fast_skip(int steps)
 {
-    f_skip_steps = steps & 7;
+    f_skip_steps = steps & 15;
 }
 
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue)
@@ -496,6 +496,70 @@ MUSE_K_API void muse_k_linear_fast_ws_force(int on)
     f_ws_set = on;
 }
 
+/* The wgmma form with the weights as the register operand (linear_fast_wr.cu), the same bits, in
+ * place of the two above where on (H200, 2026-12-03: 6144x4096 at 4096 rows 1027-1041 us
+ * against 1160, a 4096-token prompt in 2048-row rounds 1767-1865 tok/s against 1547-1598):
+ * MUSE_FAST_WR=0 or 1 from the environment (tuning only, read once a process), else
+ * F_WR_DEFAULT. Its blocks: a group's rows; a plain product's 256 rows past 256
+ * (MUSE_FAST_WR_ROWS=128 or 256: that many), 128 up to 256, or muse_k_linear_fast_wg_force's 64
+ * or 128. Returns the block's 64-row units, or 0 where the form is off. */
+#define F_WR_DEFAULT 1
+static int f_wr_set = -1; /* muse_k_linear_fast_wr_force: checks only */
+static int f_wr_units(long rows, int grouped, int mh)
+{
+    static const int env = [] {
+        const char *v = getenv("MUSE_FAST_WR");
+        return v && *v ? atoi(v) != 0 : F_WR_DEFAULT;
+    }();
+    static const int env_rows = [] {
+        const char *v = getenv("MUSE_FAST_WR_ROWS");
+        int r = v && *v ? atoi(v) : 0;
+        return r == 128 || r == 256 ? r / 64 : 0;
+    }();
+    if (!(f_wr_set >= 0 ? f_wr_set : env) || !mh) return 0;
+    if (grouped || f_wg_set == 64 || f_wg_set == 128) return mh;
+    if (env_rows) return env_rows;
+    return rows > 256 ? 4 : 2;
+}
+
+MUSE_K_API void muse_k_linear_fast_wr_force(int on)
+{
+    f_wr_set = on;
+}
+
+/* The register form's fused splits (a block runs every split of its columns and sums them as
+ * the finish would: no partials out and back; the same bits) for a launch of at least this many
+ * such blocks, 128 rows each: MUSE_FAST_FUSE_MIN=N from the environment (tuning only, read once
+ * a process), else F_FUSE_MIN_DEFAULT; 0: never. Off by default: on the H200 (2026-12-03) the
+ * fused blocks, one an SM by their group sums' 128 KB of shared memory, took 1311 us for
+ * 6144x4096 at 4096 rows against 1027 unfused, a 4096-token prompt 1622 tok/s against 1812. */
+#define F_FUSE_MIN_DEFAULT 0
+static long f_fuse_set = -1; /* muse_k_linear_fast_fuse_force: checks only */
+static long f_fuse_min(void)
+{
+    static const long env = [] {
+        const char *v = getenv("MUSE_FAST_FUSE_MIN");
+        return v && *v ? atol(v) : F_FUSE_MIN_DEFAULT;
+    }();
+    return f_fuse_set >= 0 ? f_fuse_set : env;
+}
+
+/* A plain product's rows a block where its splits may be fused: MUSE_FAST_FUSE_ROWS=64 from the
+ * environment (tuning only, read once a process), else 128 */
+static int f_fuse_rows(void)
+{
+    static const int rows = [] {
+        const char *v = getenv("MUSE_FAST_FUSE_ROWS");
+        return v && atoi(v) == 64 ? 64 : 128;
+    }();
+    return rows;
+}
+
+MUSE_K_API void muse_k_linear_fast_fuse_force(long min_blocks)
+{
+    f_fuse_set = min_blocks;
+}
+
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts)
 {
     return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
@@ -543,10 +607,13 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
     int mt = g ? g->group_rows / 16 : muse_fast_block_mt(rows, f_many_forced());
     int mh = f_wg_halves(g ? g->group_rows : rows, g != NULL); /* 0: the mma.sync form */
-    if (mh && !g) mt = 4 * mh;
+    int nh = f_wr_units(rows, g != NULL, mh);                  /* 0: not the register form */
+    long fuse_min = f_fuse_min();
+    if (nh == 4 && fuse_min > 0) nh = f_fuse_rows() / 64; /* unfused 256 rows ran as fast */
+    if (mh && !g) mt = 4 * (nh ? nh : mh);
     int cb = shapes[0].codebook;
     int mgroups = g ? g->max_groups : (int)((rows + 16 * mt - 1) / (16 * mt));
-    int done[MUSE_K_FAST_MAX_LIN] = {0};
+    int done[MUSE_K_FAST_MAX_LIN] = {0}, fused[MUSE_K_FAST_MAX_LIN] = {0};
     for (int i = 0; i < n_lin; i++) {
         if (done[i]) continue;
         fast_prod p;
@@ -555,6 +622,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         p.R = rows;
         p.groups = g ? (const int4 *)g->groups : NULL;
         p.n_groups = g ? g->n_groups : NULL;
+        p.skip_store = (skip & 8) != 0;
         /* the block shape: 64 columns where 128 would leave the launch under the narrow
          * threshold of blocks (more warps in flight at few rows); the bits are the same */
         long wide = 0;
@@ -564,10 +632,17 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
                         muse_fast_splits(shapes[j].k, shapes[j].n, target) * mgroups;
         int shape = mh || mt == 8 ? 1 : mt == 4 ? 3 : mt == 2 ? 4 : wide < f_narrow_below() ? 2 : 0;
         int64_t cols = shape == 2 ? MUSE_FAST_BLOCK_COLS / 2 : MUSE_FAST_BLOCK_COLS;
+        /* the register form's splits fused where its blocks without them are enough */
+        long unsplit = 0;
+        for (int j = i; j < n_lin; j++)
+            if (!done[j] && shapes[j].bits == shapes[i].bits)
+                unsplit += (long)(shapes[j].n / MUSE_FAST_BLOCK_COLS) * mgroups;
+        int fuse = nh && nh <= 2 && fuse_min > 0 && unsplit >= fuse_min;
         long blocks = 0;
         for (int j = i; j < n_lin; j++) {
             if (done[j] || shapes[j].bits != shapes[i].bits) continue;
             done[j] = 1;
+            fused[j] = fuse && muse_fast_splits(shapes[j].k, shapes[j].n, target) > 1;
             const muse_k_lin *s = shapes + j;
             fast_lin *L = &p.l[p.n_lin++];
             L->trellis = s->trellis;
@@ -581,12 +656,13 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             L->nblk = (int)((s->n + cols - 1) / cols);
             L->aligned = (uintptr_t)s->trellis % 16 == 0; /* tile rows are 32 * bits bytes */
             L->blk0 = blocks;
-            blocks += (long)L->nblk * L->splits * mgroups;
+            blocks += (long)L->nblk * (fuse ? 1 : L->splits) * mgroups;
         }
         if (mh) { /* the wgmma form: 128 columns a block, as shape 0's */
             if (!(skip & 2))
-                err = f_ws_on() ? muse_k_fast_product_ws(&p, mh, cb, shapes[i].bits, blocks, st)
-                                : muse_k_fast_product_wg(&p, mh, cb, shapes[i].bits, blocks, st);
+                err = nh ? muse_k_fast_product_wr(&p, nh, fuse, cb, shapes[i].bits, blocks, st)
+                      : f_ws_on() ? muse_k_fast_product_ws(&p, mh, cb, shapes[i].bits, blocks, st)
+                                  : muse_k_fast_product_wg(&p, mh, cb, shapes[i].bits, blocks, st);
             if (err) return err;
             continue;
         }
@@ -613,7 +689,8 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     for (int i = 0; i < n_lin; i++) {
         f.d[i] = shapes[i];
         f.part[i] = part[i];
-        f.splits[i] = muse_fast_splits(shapes[i].k, shapes[i].n, target);
+        f.splits[i] = fused[i] ? 1 : muse_fast_splits(shapes[i].k, shapes[i].n, target);
+        f.dsum[i] = fused[i] ? (const double *)part[i] : NULL; /* 2 splits or more: room */
         f.n[i] = shapes[i].n;
         f.y[i] = y[i];
         f.y_stride[i] = y_stride[i];

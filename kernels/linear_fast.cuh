@@ -73,6 +73,12 @@ MUSE_K_API void muse_k_linear_fast_wg_force(int mode);
 /* Checks only: the wgmma form's warp-specialized kernel (linear_fast_ws.cu) off (0) or on (1) in
  * place of MUSE_FAST_WS (-1: back to it). The bits do not change. */
 MUSE_K_API void muse_k_linear_fast_ws_force(int on);
+/* Checks only: the wgmma form with the weights as the register operand (linear_fast_wr.cu) off
+ * (0) or on (1) in place of MUSE_FAST_WR (-1: back to it). The bits do not change. */
+MUSE_K_API void muse_k_linear_fast_wr_force(int on);
+/* Checks only: the register form's splits fused from launches of this many unsplit blocks on (0:
+ * never) in place of MUSE_FAST_FUSE_MIN (-1: back to it). The bits do not change. */
+MUSE_K_API void muse_k_linear_fast_fuse_force(long min_blocks);
 /* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 
@@ -81,7 +87,8 @@ MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int 
 MUSE_K_API int muse_k_linear_fast_decode(const muse_k_lin *shape, uint16_t *w, cudaStream_t st);
 
 /* Timing only (exl3-fast-check's MUSE_FAST_SKIP): leave out steps, a bitmask of 1 prepare,
- * 2 product, 4 finish; the results are then wrong. 0 (the default): every step. */
+ * 2 product, 4 finish, 8 the register form's partial stores (linear_fast_wr.cu); the results
+ * are then wrong. 0 (the default): every step. */
 MUSE_K_API void muse_k_linear_fast_skip(int steps);
 
 /* Checks only (exl3-fast-check): launches of fewer 128-column blocks than below take 64-column

@@ -209,6 +209,41 @@ MUSE_HD int muse_fast_wg_b_off(int t, int q, int lane, int kk)
     return muse_fast_wg_off(16 * t + lane / 4 + 8 * (q >> 1), 2 * kk + (q & 1)) + (lane % 4) * 4;
 }
 
+/* The register form (linear_fast_wr.cu) computes t^T = Wq^T a^T on wgmma: A register a of a
+ * lane (the m16n8k16 A fragment of its warp's 16 rows: row lane / 4 + 8 (a & 1), k 2 (lane % 4)
+ * + 8 (a >> 1) and the next) holds Wq^T there, which is the lane's B fragment register
+ * muse_fast_wr_breg(a) of the same tile (muse_fast_lane_element's states 2q, 2q + 1). */
+MUSE_HD int muse_fast_wr_breg(int a)
+{
+    return (a & 1) << 1 | a >> 1;
+}
+
+/* The finish sums a column's S split partials in G groups (double): group g adds the partials
+ * of splits [g S / G, (g + 1) S / G) in split order from 0, then the groups' sums are added in
+ * group order. A fixed order that depends on the shape alone; the register form's fused splits
+ * (linear_fast_wr.cu) follow it. */
+MUSE_HD int muse_fast_fin_groups(int splits)
+{
+    return splits >= 16 ? 4 : splits >= 8 ? 2 : 1;
+}
+/* The group of split s of S, and whether s is its group's first / last split. */
+MUSE_HD int muse_fast_fin_group_of(int splits, int s)
+{
+    int G = muse_fast_fin_groups(splits), g = 0;
+    while (g + 1 < G && s >= splits * (g + 1) / G) g++;
+    return g;
+}
+MUSE_HD int muse_fast_fin_first(int splits, int s)
+{
+    int G = muse_fast_fin_groups(splits), g = muse_fast_fin_group_of(splits, s);
+    return s == splits * g / G;
+}
+MUSE_HD int muse_fast_fin_last(int splits, int s)
+{
+    int G = muse_fast_fin_groups(splits), g = muse_fast_fin_group_of(splits, s);
+    return s == splits * (g + 1) / G - 1;
+}
+
 /* The integer stage of the decode. 3INST/MCG: the word whose two fp16 halves add to the
  * weight. MUL1: the fp16 bits of s = 1024 + byte sum, an integer in [1024, 2044], which is the
  * fp16 0x6400 + (s - 1024): so one dp4a with 0x6400 as its addend gives the bits directly. */

@@ -14,6 +14,7 @@
 
 #include "common.cuh"
 #include "fast_rows.cuh"
+#include "linear_fast.h"
 #include "linear_fast_ends.cuh"
 #include "pdl.cuh"
 
@@ -135,12 +136,10 @@ __global__ void __launch_bounds__(128)
         if (r0 + i < R) f_prepare_vals(xv[i], sc[i], p.a[li] + (r0 + i) * p.k + i0, lane);
 }
 
-/* The finish's sum of a column's S split partials: G groups (f_fin_groups), group g adding
- * the partials of splits [g S / G, (g + 1) S / G) in split order from 0, then the groups' sums
- * in group order, in double: a fixed order that depends on the shape alone. */
+/* The finish's sum of a column's S split partials: muse_fast_fin_groups's groups, in double */
 __host__ __device__ __forceinline__ int f_fin_groups(int splits)
 {
-    return splits >= 16 ? 4 : splits >= 8 ? 2 : 1;
+    return muse_fast_fin_groups(splits);
 }
 
 /* The warps (units) a 128-column block of linear li takes in the finish: one a group of its
@@ -159,6 +158,12 @@ __device__ __forceinline__ void f_group_sum(const muse_fast_fin &f, int li, long
 {
     int64_t n = f.n[li];
     int S = f.splits[li];
+    if (f.dsum[li]) { /* summed by the product (G is 1) */
+        const double *ds = f.dsum[li] + r * n + j0 + 4 * lane;
+        double2 a = *(const double2 *)ds, b = *(const double2 *)(ds + 2);
+        gs[0] = a.x, gs[1] = a.y, gs[2] = b.x, gs[3] = b.y;
+        return;
+    }
     const float *pr = f.part[li] + r * n + j0 + 4 * lane;
 #pragma unroll
     for (int q = 0; q < 4; q++) gs[q] = 0;

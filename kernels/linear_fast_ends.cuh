@@ -19,6 +19,9 @@ typedef struct {
 typedef struct {
     muse_k_lin d[MUSE_K_FAST_MAX_LIN];      /* host copies (their pointers are the device's) */
     const float *part[MUSE_K_FAST_MAX_LIN]; /* [splits][R][n] */
+    /* set: the partials already summed in the finish's order (linear_fast_wr.cu's fused splits,
+     * [R][n] double), splits then 1 */
+    const double *dsum[MUSE_K_FAST_MAX_LIN];
     int splits[MUSE_K_FAST_MAX_LIN];
     int64_t n[MUSE_K_FAST_MAX_LIN];
     float *y[MUSE_K_FAST_MAX_LIN];

@@ -1,7 +1,7 @@
 /* linear_fast_prod.cuh: what the forms of the fast product's step 2 share (linear_fast.cu on
- * mma.sync, linear_fast_wg.cu and linear_fast_ws.cu on wgmma): the launch's arguments and a
- * lane's decode of its 8 trellis states of a 16x16 tile into fp16 pairs, laid out as the mma B
- * fragment. */
+ * mma.sync, linear_fast_wg.cu, linear_fast_ws.cu and linear_fast_wr.cu on wgmma): the launch's
+ * arguments and a lane's decode of its 8 trellis states of a 16x16 tile into fp16 pairs, laid out
+ * as the mma B fragment. */
 #ifndef MUSE_K_LINEAR_FAST_PROD_CUH
 #define MUSE_K_LINEAR_FAST_PROD_CUH
 
@@ -30,6 +30,7 @@ typedef struct {
     long R;
     const int4 *groups;
     const int32_t *n_groups;
+    int skip_store; /* timing only (muse_k_linear_fast_skip's 8): linear_fast_wr.cu's partials */
 } fast_prod;
 
 /* Block b of a launch's grid (an item of the persistent form's): its linear li, its m-group mg,
@@ -113,6 +114,13 @@ int muse_k_fast_product_wg(const fast_prod *p, int mh, int cb, int bits, long bl
  * of 384 threads an SM taking the blocks in turn, decode warps handing stages to a multiplying
  * warpgroup by mbarriers. */
 int muse_k_fast_product_ws(const fast_prod *p, int mh, int cb, int bits, long blocks,
+                           cudaStream_t st);
+/* The same bits with the weights as wgmma's register operand (linear_fast_wr.cu): blocks of 64 *
+ * nh rows (nh 1, 2 or 4) and 128 columns, two warpgroups, no shared memory for the decoded
+ * weights. fused (nh 1 or 2): the grid has no split (each linear's blocks nblk * mgroups from
+ * its blk0) and a block runs every split, leaving a linear of 2 splits or more summed as the
+ * finish's muse_fast_fin.dsum. */
+int muse_k_fast_product_wr(const fast_prod *p, int nh, int fused, int cb, int bits, long blocks,
                            cudaStream_t st);
 /* The device's SMs, asked once a process (first outside a graph capture: muse_k_linear_fast_wg) */
 int muse_k_fast_ws_sms(void);

@@ -1,7 +1,8 @@
 /* wgmma.cuh: the warpgroup-level instructions (sm_90a) the fast product's wgmma forms share, as
- * inline PTX: the shared-memory descriptor, the m64n128k16 fp16 mma into fp32 accumulators, its
- * fences, commit and wait, the async-proxy fence, and the mbarriers that hand stages between the
- * warp-specialized form's decode warps and its multiplying warpgroup. Where the GPU code is not
+ * inline PTX: the shared-memory descriptor, the m64n128k16 fp16 mma into fp32 accumulators (A
+ * from shared memory or from registers; m64n64k16 with A from registers), its fences, commit and
+ * wait, the async-proxy fence, and the mbarriers that hand stages between the warp-specialized
+ * form's decode warps and its multiplying warpgroup. Where the GPU code is not
  * sm_90a (WG_ON unset) each is empty: the launches refuse before any such kernel runs. */
 #ifndef MUSE_K_WGMMA_CUH
 #define MUSE_K_WGMMA_CUH
@@ -45,6 +46,39 @@ __device__ __forceinline__ void wg_mma(float d[64], uint64_t da, uint64_t db)
                  "%62,%63}, %64, %65, 1, 1, 1, 0, 0;\n"
                  : WG_D64(d)
                  : "l"(da), "l"(db));
+#endif
+}
+
+#define WG_D32(d)                                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+/* d += A B, m64n128k16, A from registers (the m16n8k16 A fragment of the warp's 16 rows), B from
+ * shared memory by descriptor: the form whose A is decoded in registers (linear_fast_wr.cu) */
+__device__ __forceinline__ void wg_mma_rs(float d[64], const uint32_t a[4], uint64_t db)
+{
+#ifdef WG_ON
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
+                 "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,"
+                 "%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,"
+                 "%62,%63}, {%64,%65,%66,%67}, %68, 1, 1, 1, 0;\n"
+                 : WG_D64(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+#endif
+}
+/* the same at m64n64k16 */
+__device__ __forceinline__ void wg_mma_rs64(float d[32], const uint32_t a[4], uint64_t db)
+{
+#ifdef WG_ON
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
+                 "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
+                 : WG_D32(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 #endif
 }
 

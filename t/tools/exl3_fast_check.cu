@@ -192,6 +192,7 @@ static float *rand_x(long R, int64_t k)
 }
 
 /* decoded weights bit for bit, y against the exact path, batch invariance */
+static int wr_outer = -1; /* the register form's setting around a check_one call */
 static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bias)
 {
     char what[200];
@@ -268,19 +269,32 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                 got_y = dl(yf, R * n);
                 diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
             }
-            /* the wgmma form where the GPU code has it (blocks of 64 and 128 rows), in both its
-             * kernels (one warpgroup; warps specialized) */
-            for (int mode : {64, 128})
-                for (int ws : {0, 1}) {
+            /* the wgmma form where the GPU code has it (blocks of 64 and 128 rows; 256 from
+             * the register form's default, mode 1), in its three kernels (one warpgroup; warps
+             * specialized; the weights as the register operand) */
+            /* kernel 3: the register form with its splits fused wherever it can */
+            for (int mode : {64, 128, 1})
+                for (int kern : {0, 1, 2, 3}) {
                     if (R <= 64 || !muse_k_linear_fast_wg()) break;
+                    if (mode == 1 && kern < 2) continue;
                     muse_k_linear_fast_wg_force(mode);
-                    muse_k_linear_fast_ws_force(ws);
+                    muse_k_linear_fast_ws_force(kern == 1);
+                    muse_k_linear_fast_wr_force(kern >= 2);
+                    muse_k_linear_fast_fuse_force(kern == 3 ? 1 : 0);
                     poison(yf, RB * n);
                     run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
                     muse_k_linear_fast_wg_force(-1);
                     muse_k_linear_fast_ws_force(-1);
+                    muse_k_linear_fast_fuse_force(-1);
+                    muse_k_linear_fast_wr_force(wr_outer);
                     got_y = dl(yf, R * n);
-                    diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
+                    long d = 0;
+                    for (long e = 0; e < R * n; e++)
+                        d += memcmp(&got_y[e], &ref[place * n + e], 4) != 0;
+                    if (d)
+                        printf("# R %ld at %ld, wgmma mode %d kernel %d: %ld of %ld differ\n", R,
+                               place, mode, kern, d, R * n);
+                    diff += d != 0;
                 }
             /* the same rows among other rows: a batch of 2R with R foreign rows first */
             if (2 * R <= RB) {
@@ -1019,10 +1033,12 @@ static void time_many(void)
 {
     measure_copy();
     const char *f = getenv("MUSE_FAST_MANY_MT"), *wg = getenv("MUSE_FAST_WG"),
-               *ws = getenv("MUSE_FAST_WS");
-    printf("# MUSE_FAST_MANY_MT=%s MUSE_FAST_WG=%s MUSE_FAST_WS=%s (wgmma form loaded: %d)\n",
+               *ws = getenv("MUSE_FAST_WS"), *wr = getenv("MUSE_FAST_WR"),
+               *wrr = getenv("MUSE_FAST_WR_ROWS");
+    printf("# MUSE_FAST_MANY_MT=%s MUSE_FAST_WG=%s MUSE_FAST_WS=%s MUSE_FAST_WR=%s "
+           "MUSE_FAST_WR_ROWS=%s (wgmma form loaded: %d)\n",
            f && *f ? f : "(unset)", wg && *wg ? wg : "(unset)", ws && *ws ? ws : "(unset)",
-           muse_k_linear_fast_wg());
+           wr && *wr ? wr : "(unset)", wrr && *wrr ? wrr : "(unset)", muse_k_linear_fast_wg());
     printf("%-24s %5s %4s %-5s %10s %10s %8s %6s %8s\n", "shape", "M", "bits", "cb", "fast_us", "",
            "Tw/s", "%bw", "TFLOP/s");
     weight a, b;
@@ -1108,15 +1124,34 @@ int main(int argc, char **argv)
     check_grouped(1, 3);
     check_one(2048, 4096, 2, 1, 0, 0); /* splits of 9 and 10 k-tiles: a stage with a tail */
     if (muse_k_linear_fast_wg()) /* its groups of 64 and 128 rows on wgmma, each pair alone not */
-        for (int ws : {0, 1}) {
-            printf("# the grouped checks again with the wgmma form on (%s)\n",
-                   ws ? "warps specialized" : "one warpgroup a block");
+        for (int kern : {0, 1, 2, 3}) {
+            static const char *name[4] = {"one warpgroup a block", "warps specialized",
+                                          "the weights as the register operand",
+                                          "the register operand, splits fused"};
+            printf("# the grouped checks again with the wgmma form on (%s)\n", name[kern]);
             muse_k_linear_fast_wg_force(1);
-            muse_k_linear_fast_ws_force(ws);
+            muse_k_linear_fast_ws_force(kern == 1);
+            muse_k_linear_fast_wr_force(kern >= 2);
+            muse_k_linear_fast_fuse_force(kern == 3 ? 1 : 0);
             for (int cb = 0; cb < 3; cb++) check_grouped(cb, 2);
+            check_grouped(1, 3);
             muse_k_linear_fast_wg_force(-1);
             muse_k_linear_fast_ws_force(-1);
+            muse_k_linear_fast_wr_force(-1);
+            muse_k_linear_fast_fuse_force(-1);
         }
+    /* the register form on a split with a part stage (9 and 10 k-tiles) and at 256-row blocks */
+    if (muse_k_linear_fast_wg()) {
+        muse_k_linear_fast_wr_force(wr_outer = 1);
+        muse_k_linear_fast_fuse_force(0);
+        check_one(2048, 4096, 2, 1, 0, 0);
+        check_one(256, 384, 5, 2, 0, 1);
+        muse_k_linear_fast_fuse_force(1); /* and its splits fused: 13 of 6144x4096 in 2 groups */
+        check_one(2048, 4096, 2, 1, 0, 0);
+        check_one(6144, 4096, 3, 0, 0, 0);
+        muse_k_linear_fast_fuse_force(-1);
+        muse_k_linear_fast_wr_force(wr_outer = -1);
+    }
     check_conversions();
     check_select();
     check_group();

@@ -239,6 +239,53 @@ static void test_wg_layout(void)
     ok(bad == 0, "wgmma B: the lanes' fragment words of 4 k-tiles x 8 tiles, swizzled, each once");
 }
 
+/* The register form: wgmma's A fragment (PTX ISA, the m64nNk16 A layout: a warp's 16 rows as
+ * the m16n8k16 A fragment, register a at row lane/4 + 8 (a & 1), k 2 (lane%4) + 8 (a >> 1) + h)
+ * of Wq^T is B fragment register muse_fast_wr_breg(a) of the lane's decode: its two states'
+ * elements (r, c) are the A element's (k, row) */
+static void test_wr_fragment(void)
+{
+    int bad = 0, seen[4] = {0, 0, 0, 0};
+    for (int lane = 0; lane < 32; lane++)
+        for (int a = 0; a < 4; a++) {
+            int q = muse_fast_wr_breg(a);
+            bad += q < 0 || q > 3;
+            if (lane == 0) seen[q & 3]++;
+            for (int h = 0; h < 2; h++) {
+                int row = lane / 4 + 8 * (a & 1), k = 2 * (lane % 4) + 8 * (a >> 1) + h, r, c;
+                muse_fast_lane_element(lane, 2 * q + h, &r, &c);
+                bad += r != k || c != row;
+            }
+        }
+    for (int q = 0; q < 4; q++) bad += seen[q] != 1;
+    ok(bad == 0, "register form: A registers 0..3 are the B registers 0, 2, 1, 3, transposed");
+}
+
+/* The finish's groups and the fused splits' walk over them: every split in one group, groups in
+ * order, each group's first and last split where the finish starts and ends its sum */
+static void test_fin_groups(void)
+{
+    int bad = 0;
+    for (int S = 1; S <= MUSE_FAST_MAX_SPLITS; S++) {
+        int G = muse_fast_fin_groups(S), prev = 0;
+        bad += G != (S >= 16 ? 4 : S >= 8 ? 2 : 1);
+        for (int s = 0; s < S; s++) {
+            int g = muse_fast_fin_group_of(S, s);
+            bad += g < prev || g > prev + 1 || g >= G;
+            bad += s < S * g / G || s >= S * (g + 1) / G;
+            bad += muse_fast_fin_first(S, s) != (s == 0 || muse_fast_fin_group_of(S, s - 1) != g);
+            bad +=
+                muse_fast_fin_last(S, s) != (s == S - 1 || muse_fast_fin_group_of(S, s + 1) != g);
+            prev = g;
+        }
+        bad += prev != G - 1;
+    }
+    ok(bad == 0, "finish groups: 1, 2 or 4 by splits 1..32, each split in one, first and last");
+    ok(muse_fast_fin_group_of(13, 5) == 0 && muse_fast_fin_group_of(13, 6) == 1 &&
+           muse_fast_fin_last(13, 5) && muse_fast_fin_first(13, 6),
+       "13 splits: groups [0, 6) and [6, 13)");
+}
+
 int main(void)
 {
     test_lane_states();
@@ -249,5 +296,7 @@ int main(void)
     test_block_mt();
     test_unrounded_sum();
     test_wg_layout();
+    test_wr_fragment();
+    test_fin_groups();
     return done_testing();
 }
