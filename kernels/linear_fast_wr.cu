@@ -4,7 +4,8 @@
  * never goes through shared memory, and the rows of `a` are its B operand (K-major rows in the
  * 128-byte swizzle of linear_fast.h). A block is two warpgroups, 128 columns (warp w decodes the
  * block's tile w, as the mma.sync form's warps do) x 64 * NH rows x one k split (the split, the
- * block's place and the partials are linear_fast.cu's). Stages of 4 k-tiles (rows and trellis)
+ * block's place and the partials are linear_fast.cu's), or every split in turn (FUSED, off by
+ * default: slower on the H200). Stages of 4 k-tiles (rows and trellis)
  * come by cp.async two ahead in four buffers, with one barrier a stage; each k-tile a warp
  * decodes its tile while the wgmma of the two k-tiles before run. A column's chain: its split's
  * k-tiles in ascending order from zeroed accumulators, as the other forms' (the products a*w and
