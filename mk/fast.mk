@@ -1,6 +1,7 @@
 # The fast EXL3 product (kernels/linear_fast.cu, its wgmma forms linear_fast_wg.cu,
-# linear_fast_ws.cu and linear_fast_wr.cu) builds without -fmad=false: its only float arithmetic is mma/wgmma and
-# explicit fp16 intrinsics (see the files' opening comments). The fast attention
+# linear_fast_ws.cu and linear_fast_wr.cu) builds without -fmad=false: its only float
+# arithmetic is mma/wgmma and explicit fp16 intrinsics (see the files' opening comments); the
+# register form's fused splits add in double as the finish does. The fast attention
 # (kernels/attention_fast.cu) too: its fp32 sums contract to FMA, one code path for every row.
 # build/t/exl3-fast-check: the standalone GPU check-and-time tool for the product
 # (t/tools/exl3_fast_check.cu), run on a GPU machine.
