@@ -11,6 +11,7 @@
 #include "launch.h"
 #include "linear_fast.cuh"
 #include "linear_fast.h"
+#include "pdl.cuh"
 
 typedef struct {
     const uint16_t *trellis;
@@ -44,6 +45,26 @@ __device__ __forceinline__ void f_place(const fast_prod &p, long b, int &li, int
     mg = (int)(local % p.mgroups);
     long rest = local / p.mgroups;
     sp = (int)(rest % p.l[li].splits), nb = (int)(rest / p.l[li].splits);
+}
+
+/* A grouped launch's m-group mg (the MoE), after the wait for the selection that made the
+ * groups: false past the round's n_groups (nothing to do), else its rows [m0, rend) and its
+ * expert's trellis, tile row stride (ntiles where it has none) and alignment in place of the
+ * linear's */
+__device__ __forceinline__ bool f_group_take(const fast_prod &p, const fast_lin &L, int mg,
+                                             int64_t ntiles, const uint16_t *&trellis,
+                                             int64_t &tiles_ld, bool &aligned, long &m0, long &rend)
+{
+    K_PDL_WAIT();
+    if (mg >= *p.n_groups) return false;
+    int4 g = p.groups[mg];
+    const muse_k_lin *d = L.descs + g.x;
+    trellis = d->trellis;
+    tiles_ld = d->tiles_ld ? d->tiles_ld : ntiles;
+    aligned = (uintptr_t)trellis % 16 == 0;
+    m0 = g.y;
+    rend = (long)g.y + g.z;
+    return true;
 }
 
 /* Two states to one .f16x2 B register (the first in the low half): the integer stage of

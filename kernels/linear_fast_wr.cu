@@ -82,17 +82,7 @@ __global__ void __launch_bounds__(WR_THREADS, NH == 4 || FUSED ? 1 : 2)
     const uint16_t *trellis = L.trellis;
     int64_t tiles_ld = L.tiles_ld;
     bool aligned = L.aligned;
-    if (L.descs) { /* grouped: this m-group's rows and its expert's trellis */
-        K_PDL_WAIT();
-        if (mg >= *p.n_groups) return;
-        int4 g = p.groups[mg];
-        const muse_k_lin *d = L.descs + g.x;
-        trellis = d->trellis;
-        tiles_ld = d->tiles_ld ? d->tiles_ld : ntiles;
-        aligned = (uintptr_t)trellis % 16 == 0;
-        m0 = g.y;
-        rend = (long)g.y + g.z;
-    }
+    if (L.descs && !f_group_take(p, L, mg, ntiles, trellis, tiles_ld, aligned, m0, rend)) return;
     rend = rend < m0 + ROWS ? rend : m0 + ROWS;
     const int64_t tn0 = (int64_t)nb * 8;
     const int th = threadIdx.x, warp = th / 32, lane = th % 32;
