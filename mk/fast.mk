@@ -23,7 +23,7 @@ $(EXL3_FAST_CHECK): t/tools/exl3_fast_check.cu $(LIB) | $(BUILD)/t
 ifneq ($(filter 90a,$(CUDA_ARCHS)),)
 MMA_PROBE := $(BUILD)/t/mma-probe
 EXTRA_ALL += $(MMA_PROBE)
-$(MMA_PROBE): t/tools/mma_probe.cu | $(BUILD)/t
+$(MMA_PROBE): t/tools/mma_probe.cu kernels/wgmma.cuh kernels/mma.cuh | $(BUILD)/t
 	$(NVCC_BIN) -O2 -std=c++17 -Xcompiler -Wall -gencode=arch=compute_90a,code=sm_90a $< -o $@
 endif
 endif

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/wgmma.cuh" /* the m64n64k16 register-A wgmma the kernels run */
+
 #define CK(x)                                                                                      \
     do {                                                                                           \
         cudaError_t e_ = (x);                                                                      \
@@ -70,54 +72,13 @@ __global__ void k_sync(const __half *A, const __half *Bt, const float *C0, float
             D[(16 * w + g + 8 * (q / 2)) * PN + 8 * j + 2 * t + (q & 1)] = acc[j][q];
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HAVE_WGMMA 1
-#endif
-
-/* the shared-memory matrix descriptor, no swizzle: start, leading and stride byte offsets */
-__device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo)
+/* the shared-memory matrix descriptor, no swizzle: start, leading and stride byte offsets (the
+ * probe's own: which offset is which is what it finds; the kernels' is wgmma.cuh's wg_desc) */
+__device__ __forceinline__ uint64_t probe_desc(const void *smem, uint32_t lbo, uint32_t sbo)
 {
     uint64_t a = (uint64_t)__cvta_generic_to_shared(smem);
     return ((a & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
            (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
-}
-
-#define WG_D32(d)                                                                                  \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),            \
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),    \
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-
-/* d += a B (m64n64k16; a: the warp's A fragment, B by descriptor, K-major core matrices) */
-__device__ __forceinline__ void wg_m64n64(float d[32], const uint32_t a[4], uint64_t desc)
-{
-#ifdef HAVE_WGMMA
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,"
-                 "%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-                 : WG_D32(d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-#endif
-}
-__device__ __forceinline__ void wg_fence(void)
-{
-#ifdef HAVE_WGMMA
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_commit_wait0(void)
-{
-#ifdef HAVE_WGMMA
-    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::
-                     : "memory");
-#endif
-}
-__device__ __forceinline__ void fence_async_smem(void)
-{
-#ifdef HAVE_WGMMA
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
 }
 
 /* the same product by wgmma, one warpgroup: the k-step's B (64 n x 16 k) staged as core
@@ -138,13 +99,14 @@ __global__ void k_wg(const __half *A, const __half *Bt, const float *C0, float *
             int n = i / 16, k = i % 16, nc = n / 8, r = n % 8, kc = k / 8;
             bs[(nc * 2 + kc) * 64 + r * 8 + k % 8] = Bt[(long)n * K + ks * 16 + k];
         }
-        fence_async_smem();
+        wg_fence_smem();
         __syncthreads();
         uint32_t a[4];
         a_frag(A, K, 16 * w, ks, lane, a);
         wg_fence();
-        wg_m64n64(d, a, wg_desc(bs, lbo, sbo));
-        wg_commit_wait0();
+        wg_mma_rs64(d, a, probe_desc(bs, lbo, sbo));
+        wg_commit();
+        wg_wait<0>();
     }
     for (int j = 0; j < 8; j++)
         for (int q = 0; q < 4; q++)
@@ -179,20 +141,21 @@ __global__ void k_wg_rate(float *sink, int iters)
     __shared__ __align__(128) __half bs[4][PN * 16];
     for (int i = threadIdx.x; i < 4 * PN * 16; i += blockDim.x)
         (&bs[0][0])[i] = __float2half(0.001f * (float)(i % 97));
-    fence_async_smem();
+    wg_fence_smem();
     __syncthreads();
     uint32_t a[4];
     for (int i = 0; i < 4; i++) a[i] = 0x3C003C00u ^ (threadIdx.x * 2654435761u & 0x03FF03FFu);
     float d0[32] = {}, d1[32] = {}, d2[32] = {}, d3[32] = {};
     uint64_t ds[4];
-    for (int i = 0; i < 4; i++) ds[i] = wg_desc(bs[i], 128, 256);
+    for (int i = 0; i < 4; i++) ds[i] = probe_desc(bs[i], 128, 256);
     for (int it = 0; it < iters; it++) {
         wg_fence();
-        wg_m64n64(d0, a, ds[0]);
-        wg_m64n64(d1, a, ds[1]);
-        wg_m64n64(d2, a, ds[2]);
-        wg_m64n64(d3, a, ds[3]);
-        wg_commit_wait0();
+        wg_mma_rs64(d0, a, ds[0]);
+        wg_mma_rs64(d1, a, ds[1]);
+        wg_mma_rs64(d2, a, ds[2]);
+        wg_mma_rs64(d3, a, ds[3]);
+        wg_commit();
+        wg_wait<0>();
     }
     float s = 0;
     for (int i = 0; i < 32; i++) s += d0[i] + d1[i] + d2[i] + d3[i];
