@@ -6,8 +6,10 @@
  * query heads, stages K and V 64 positions at a time (16-byte loads, the next tile in flight
  * while this one is used) and keeps online-softmax partials; a combine block a (row, query
  * head) merges the chunks in ascending order, applies 1/sum and the sigmoid gate and rounds to
- * fp16. No atomics, no order that depends on the batch: prompt rows are rows of the same
- * kernels, each its own causal range. Shapes: q, g, o [R, hq * hd]; workspace [rows][hq][splits]
+ * fp16. Rounds of 128 rows and more (a prompt's) take k_attn_flash instead: a warp walks two
+ * rows' whole ranges and makes the combine's merges itself, the same bits in one launch. No
+ * atomics, no order that depends on the batch: prompt rows are rows of the same arithmetic, each
+ * its own causal range. Shapes: q, g, o [R, hq * hd]; workspace [rows][hq][splits]
  * (max, sum) then [rows][hq][splits][hd]. */
 #include <cuda_fp16.h>
 #include <stdlib.h>
@@ -323,6 +325,16 @@ __device__ __forceinline__ void am_s_ntile(float s[4], const uint32_t qh[AM_HD /
     }
 }
 
+/* muse_attn_merge's weights on the SFU (am_rescale), m made the new max: every merge of the
+ * fast attention (tiles into a chunk's partial, chunks into a row's) takes these */
+__device__ __forceinline__ void am_weights(float &m, float mt, float *w1, float *w2)
+{
+    float mx = fmaxf(m, mt);
+    *w1 = am_rescale(m, mx);
+    *w2 = am_rescale(mt, mx);
+    m = mx;
+}
+
 /* A tile's partial (mt, lt, and NJ n-tiles of O) merged into the running one (m, l, acc) for the
  * lane's two mma row halves: muse_attn_merge's weights on the SFU, muse_attn_mix a value. */
 template <int NJ>
@@ -332,8 +344,8 @@ __device__ __forceinline__ void am_merge_tile(float m[2], float l[2], float acc[
 {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float mx = fmaxf(m[h], mt[h]), w1 = am_rescale(m[h], mx), w2 = am_rescale(mt[h], mx);
-        m[h] = mx;
+        float w1, w2;
+        am_weights(m[h], mt[h], &w1, &w2);
         l[h] = muse_attn_mix(l[h], w1, lt[h], w2);
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
@@ -343,11 +355,13 @@ __device__ __forceinline__ void am_merge_tile(float m[2], float l[2], float acc[
     }
 }
 
-/* The rows a warp takes at once: up to 2 slots, each its row, split and keys [lo, hi]. */
+/* The rows a warp takes at once: up to 2 slots, each its row, split and keys [lo, hi] (the
+ * prompt form: the row's whole range [first, p] and its chunk size). */
 typedef struct {
     long r[2];
-    int64_t split[2], lo[2], hi[2];
-    int n; /* slots */
+    int64_t split[2], lo[2], hi[2], chunk[2];
+    int64_t ulo, uhi; /* the prompt form's block-shared tiles: the block's rows' union */
+    int n;            /* slots */
 } am_set;
 
 /* Stage the 64 keys from base of KV head kh into kbuf / vbuf (cp.async, not waited for): lane
@@ -380,11 +394,112 @@ __device__ __forceinline__ void am_stage(const muse_k_kv &kv, int seq, long kh, 
     k_cp_commit();
 }
 
+/* am_stage by the block's 4 warps together: warp w the keys 16 w .. 16 w + 15 of the tile
+ * (lane: piece lane % 8 of keys 16 w + lane / 8 + 4 i), each lane finding its own keys */
+__device__ __forceinline__ void am_stage_block(const muse_k_kv &kv, int seq, long kh, int64_t base,
+                                               int64_t lo, int64_t hi, __half *kbuf, __half *vbuf)
+{
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pc = lane % 8;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int key = 16 * warp + lane / 8 + 4 * i;
+        int64_t s = base + key, at = s >= lo && s <= hi
+                                         ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap,
+                                                            seq, s, kv.kv_width)
+                                         : -1;
+        bool ok = at >= 0;
+        const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
+        const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
+        int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
+        k_cp16(kbuf + dst, ks, ok);
+        k_cp16(vbuf + dst, vs, ok);
+    }
+    k_cp_commit();
+}
+
+/* A row's output element from its merged partial: 1/sum, the sigmoid gate g and fp16, as the
+ * exact kernel rounds (k_attn_combine and k_attn_flash alike) */
+__device__ __forceinline__ float am_out(float acc, float l, float g)
+{
+    float a = l > 0.0f ? acc / l : 0.0f;
+    return muse_round_f16(__fmul_rn(a, k_sigmoid(g)));
+}
+
+/* A staged tile's partial for the lane's two mma rows (h 0: g, 1: g + 8), the keys at offsets
+ * [klo[h], khi[h]] of the tile (empty: klo > khi): its max mt, sum lt and O = p v from zero.
+ * Every form that runs a tile on its own warp (am_run, k_attn_flash) takes this. */
+__device__ __forceinline__ void am_tile(const uint32_t qh[AM_HD / 16][4],
+                                        const uint32_t ql[AM_HD / 16][4], const __half *kbuf,
+                                        const __half *vbuf, int lane, const int klo[2],
+                                        const int khi[2], float scale_l2, float mt[2], float lt[2],
+                                        float o[AM_HD / 8][4])
+{
+    const int quad = lane % 4;
+    /* S: 8 n-tiles of 8 keys, each a chain over the k-steps, high part then low */
+    float s[AF_T / 8][4];
+#pragma unroll
+    for (int j = 0; j < AF_T / 8; j++) am_s_ntile(s[j], qh, ql, kbuf, j, lane);
+    mt[0] = mt[1] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < AF_T / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int h = e >> 1, key = 8 * j + 2 * quad + (e & 1);
+            /* __fmul_rn: never contracted into the exp2's subtraction */
+            s[j][e] = key >= klo[h] && key <= khi[h] ? __fmul_rn(s[j][e], scale_l2) : -INFINITY;
+            mt[h] = fmaxf(mt[h], s[j][e]);
+        }
+    lt[0] = lt[1] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+        mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+    }
+#pragma unroll
+    for (int j = 0; j < AF_T / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            s[j][e] = am_rescale(s[j][e], mt[e >> 1]); /* 0 where masked or mt = -inf */
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* the sum in am_sum_p's order */
+#pragma unroll
+        for (int w = 0; w < 4; w++) lt[h] += am_sum16(s[2 * w], s[2 * w + 1], h);
+        lt[h] = am_quad_sum(lt[h]);
+    }
+    /* O = p v: p's A fragments from S's C fragments (n-tiles 2 kk, 2 kk + 1 = keys 16 kk..) */
+#pragma unroll
+    for (int j = 0; j < AM_HD / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < AF_T / 16; kk++) {
+        uint32_t ph[4], pl[4];
+        am_split2(s[2 * kk][0], s[2 * kk][1], &ph[0], &pl[0]);
+        am_split2(s[2 * kk][2], s[2 * kk][3], &ph[1], &pl[1]);
+        am_split2(s[2 * kk + 1][0], s[2 * kk + 1][1], &ph[2], &pl[2]);
+        am_split2(s[2 * kk + 1][2], s[2 * kk + 1][3], &ph[3], &pl[3]);
+#pragma unroll
+        for (int jn = 0; jn < AM_HD / 8; jn += 2) {
+            uint32_t b[4]; /* keys 16 kk + lane % 8 (+ 8); pieces jn + lane / 16 */
+            int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
+            k_ldsm4t(b, vbuf + key * AM_HD + muse_attn_swz(key, jn + (lane >> 4)) * 8);
+            k_mma16816(o[jn], ph, b[0], b[1]);
+            k_mma16816(o[jn], pl, b[0], b[1]);
+            k_mma16816(o[jn + 1], ph, b[2], b[3]);
+            k_mma16816(o[jn + 1], pl, b[2], b[3]);
+        }
+    }
+}
+
 /* One set over its split: the tiles staged by this warp into kbuf / vbuf, the partials of its
- * live (slot, head) rows written to the workspace. */
+ * live (slot, head) rows written to the workspace. FLASH (the prompt form): over the rows' whole
+ * ranges, a chunk's partial merged into the row's at the chunk's last tile as k_attn_combine
+ * merges the chunks in order, then the combine's 1/sum, gate and fp16 into oa (gate ga). */
+template <int FLASH, int SHARE>
 __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int seq, long kh,
                                        const float *qa, long hq, int group, int gp, float scale_l2,
-                                       __half *kbuf, __half *vbuf, const af_ws &ws)
+                                       __half *kbuf, __half *vbuf, const af_ws &ws, const float *ga,
+                                       float *oa)
 {
     const int lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
     long h0 = kh * group;
@@ -393,13 +508,24 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
         lo_u = S.lo[1] < lo_u ? S.lo[1] : lo_u;
         hi_u = S.hi[1] > hi_u ? S.hi[1] : hi_u;
     }
+    if (SHARE) lo_u = S.ulo, hi_u = S.uhi;
     int64_t base = lo_u / AF_T * AF_T;
-    am_stage(kv, seq, kh, base, lo_u, hi_u, kbuf, vbuf); /* in flight while q loads */
+    /* SHARE: the block's 4 warps stage each tile together into one of two buffers (kbuf, vbuf
+     * and the 16 KB after them), the next as soon as this one has landed */
+    int cur = 0;
+    auto stage = [&](int64_t b, int c) {
+        if (SHARE)
+            am_stage_block(kv, seq, kh, b, lo_u, hi_u, kbuf + 2 * c * AM_TILE_HALVES,
+                           vbuf + 2 * c * AM_TILE_HALVES);
+        else
+            am_stage(kv, seq, kh, b, lo_u, hi_u, kbuf, vbuf);
+    };
+    stage(base, 0); /* in flight while q loads */
     /* the lane's two mma rows: g (c0, c1, a0, a2) and g + 8 (c2, c3, a1, a3) */
     int head[2];
     bool live[2];
     long row[2];
-    int64_t split[2], rlo[2], rhi[2];
+    int64_t split[2], rlo[2], rhi[2], chunk[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) { /* selects, not an index into S: no local memory */
         int i = g + 8 * h, slot = i / gp;
@@ -407,6 +533,7 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
         live[h] = slot < S.n && head[h] < group && h0 + head[h] < hq;
         row[h] = slot ? S.r[1] : S.r[0];
         split[h] = slot ? S.split[1] : S.split[0];
+        chunk[h] = slot ? S.chunk[1] : S.chunk[0];
         rlo[h] = !live[h] ? 1 : slot ? S.lo[1] : S.lo[0];
         rhi[h] = !live[h] ? 0 : slot ? S.hi[1] : S.hi[0]; /* a dead row: every key masked */
     }
@@ -418,13 +545,20 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
     for (int j = 0; j < AM_HD / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    /* FLASH: the row's running partial, the chunks' merged so far (the combine's m, l, acc) */
+    float rm[2] = {-INFINITY, -INFINITY}, rl[2] = {0.0f, 0.0f}, racc[FLASH ? AM_HD / 8 : 1][4];
+#pragma unroll
+    for (int j = 0; j < (FLASH ? AM_HD / 8 : 1); j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) racc[j][e] = 0.0f;
     for (;;) {
         k_cp_wait<0>();
-        __syncwarp();
-        /* S: 8 n-tiles of 8 keys, each a chain over the k-steps, high part then low */
-        float s[AF_T / 8][4];
-#pragma unroll
-        for (int j = 0; j < AF_T / 8; j++) am_s_ntile(s[j], qh, ql, kbuf, j, lane);
+        if (SHARE)
+            __syncthreads(); /* every warp's part landed; every warp done with the other buffer */
+        else
+            __syncwarp();
+        bool more = base + AF_T <= hi_u;
+        if (SHARE && more) stage(base + AF_T, cur ^ 1);
         /* the tile's max, p and sum, per mma row (a quad's lanes hold a row's 64 keys); the mask
          * as key offsets in the tile [klo, khi] */
         int klo[2], khi[2];
@@ -433,67 +567,55 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
             klo[h] = a < 0 ? 0 : a > AF_T ? AF_T : (int)a;
             khi[h] = b < -1 ? -1 : b >= AF_T ? AF_T - 1 : (int)b;
         }
-        float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < AF_T / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1, key = 8 * j + 2 * quad + (e & 1);
-                /* __fmul_rn: never contracted into the exp2's subtraction */
-                s[j][e] = key >= klo[h] && key <= khi[h] ? __fmul_rn(s[j][e], scale_l2) : -INFINITY;
-                mt[h] = fmaxf(mt[h], s[j][e]);
-            }
-        float lt[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        float mt[2], lt[2], o[AM_HD / 8][4];
+        am_tile(qh, ql, kbuf + 2 * cur * AM_TILE_HALVES, vbuf + 2 * cur * AM_TILE_HALVES, lane, klo,
+                khi, scale_l2, mt, lt, o);
+        if (!SHARE) {
+            __syncwarp(); /* every lane is done with the tile before the next one lands */
+            if (more) stage(base + AF_T, 0);
         }
-#pragma unroll
-        for (int j = 0; j < AF_T / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[j][e] = am_rescale(s[j][e], mt[e >> 1]); /* 0 where masked or mt = -inf */
-#pragma unroll
-        for (int h = 0; h < 2; h++) { /* the sum in am_sum_p's order */
-#pragma unroll
-            for (int w = 0; w < 4; w++) lt[h] += am_sum16(s[2 * w], s[2 * w + 1], h);
-            lt[h] = am_quad_sum(lt[h]);
-        }
-        /* O = p v: p's A fragments from S's C fragments (n-tiles 2 kk, 2 kk + 1 = keys 16 kk..) */
-        float o[AM_HD / 8][4];
-#pragma unroll
-        for (int j = 0; j < AM_HD / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < AF_T / 16; kk++) {
-            uint32_t ph[4], pl[4];
-            am_split2(s[2 * kk][0], s[2 * kk][1], &ph[0], &pl[0]);
-            am_split2(s[2 * kk][2], s[2 * kk][3], &ph[1], &pl[1]);
-            am_split2(s[2 * kk + 1][0], s[2 * kk + 1][1], &ph[2], &pl[2]);
-            am_split2(s[2 * kk + 1][2], s[2 * kk + 1][3], &ph[3], &pl[3]);
-#pragma unroll
-            for (int jn = 0; jn < AM_HD / 8; jn += 2) {
-                uint32_t b[4]; /* keys 16 kk + lane % 8 (+ 8); pieces jn + lane / 16 */
-                int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
-                k_ldsm4t(b, vbuf + key * AM_HD + muse_attn_swz(key, jn + (lane >> 4)) * 8);
-                k_mma16816(o[jn], ph, b[0], b[1]);
-                k_mma16816(o[jn], pl, b[0], b[1]);
-                k_mma16816(o[jn + 1], ph, b[2], b[3]);
-                k_mma16816(o[jn + 1], pl, b[2], b[3]);
-            }
-        }
-        __syncwarp(); /* every lane is done with the tile before the next one lands */
-        bool more = base + AF_T <= hi_u;
-        if (more) am_stage(kv, seq, kh, base + AF_T, lo_u, hi_u, kbuf, vbuf);
         am_merge_tile<AM_HD / 8>(m, l, acc, mt, lt, o);
+        if (FLASH)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (!live[h] || !muse_attn_tile_in(rlo[h], rhi[h], base) ||
+                    !muse_attn_tile_closes(rhi[h], chunk[h], base))
+                    continue;
+                /* the chunk's partial into the row's (k_attn_combine's step), then empty */
+                float w1, w2;
+                am_weights(rm[h], m[h], &w1, &w2);
+                rl[h] = muse_attn_mix(rl[h], w1, l[h], w2);
+                m[h] = -INFINITY;
+                l[h] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < AM_HD / 8; j++)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; e++) {
+                        racc[j][e] = muse_attn_mix(racc[j][e], w1, acc[j][e], w2);
+                        acc[j][e] = 0.0f;
+                    }
+            }
         if (!more) break;
         base += AF_T;
+        cur ^= SHARE;
+    }
+    if (FLASH) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (!live[h]) continue;
+            size_t at = ((size_t)row[h] * hq + h0 + head[h]) * AM_HD;
+#pragma unroll
+            for (int j = 0; j < AM_HD / 8; j++) {
+                int d = 8 * j + 2 * quad;
+                float2 gg = *(const float2 *)&ga[at + d];
+                *(float2 *)&oa[at + d] = make_float2(am_out(racc[j][2 * h], rl[h], gg.x),
+                                                     am_out(racc[j][2 * h + 1], rl[h], gg.y));
+            }
+        }
     }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        if (!live[h]) continue;
+        if (FLASH || !live[h]) continue;
         size_t at = ((size_t)row[h] * hq + h0 + head[h]) * ws.splits + split[h];
 #pragma unroll
         for (int j = 0; j < AM_HD / 8; j++)
@@ -715,14 +837,98 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             } else if (!has_a) {
                 return;
             }
-            am_run(S, kv, sa, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws);
+            am_run<0, 0>(S, kv, sa, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws, NULL, NULL);
             return;
         }
         if (sb >= 0 && am_one(&S, rb, fb, pb, cb, x))
-            am_run(S, kv, sb, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws);
+            am_run<0, 0>(S, kv, sb, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws, NULL, NULL);
     }
     if (sa >= 0 && am_one(&S, ra, fa, pa, ca, x))
-        am_run(S, kv, sa, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws);
+        am_run<0, 0>(S, kv, sa, kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, ws, NULL, NULL);
+}
+
+/* Row r as the prompt form's slot i of S: its whole key range and chunk size; false (S
+ * unchanged) where it is padding */
+__device__ __forceinline__ bool am_whole(am_set *S, int i, long r, const int32_t *seqs,
+                                         const int64_t *positions, long window, int cap, int least)
+{
+    if (seqs[r] < 0) return false;
+    int64_t p = positions[r], first = muse_attn_first(p, window);
+    S->r[i] = r;
+    S->split[i] = 0;
+    S->lo[i] = first;
+    S->hi[i] = p;
+    S->chunk[i] = muse_attn_chunk(first, p, cap, least);
+    return true;
+}
+
+/* The prompt form (rounds of MUSE_ATTN_PAIR_ROWS rows and more; MUSE_ATTN_FLASH=0: the split
+ * and the combine): grid (ceil(rows / 8), KV heads), warp w takes rows 2 u, 2 u + 1 (u = 4 x +
+ * w, the blocks from the last rows on: the longest ranges first) over their whole key ranges
+ * with am_run's arithmetic, merging each chunk's partial into the row's at the chunk's last tile
+ * as the combine merges them, and writes o: the split's and the combine's bits in one launch,
+ * with no workspace. share: where a block's 8 rows are of one sequence its warps stage each tile
+ * of the rows' union once, together; else each warp its own. Rows of two sequences (or a group
+ * past 8) take the warp one at a time. 128 threads, 4 x 16 KB of dynamic shared memory. */
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attn_flash(muse_k_kv kv, const float *qa, const float *ga, float *oa, long hq, int group,
+                 int gp, long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
+                 long rows, int cap, int least, int share)
+{
+    extern __shared__ __align__(16) unsigned char am_sm[];
+    K_PDL_NEXT();
+    K_PDL_WAIT();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    long kh = blockIdx.y, h0 = kh * group;
+    long r0 = 2L * AM_WARPS * (gridDim.x - 1 - blockIdx.x);
+    long ra = r0 + 2 * warp;
+    am_set S;
+    if (share && 2 * gp <= 16 && r0 + 2 * AM_WARPS <= rows) { /* block-uniform */
+        int sq = seqs[r0];
+        bool one = sq >= 0;
+        for (int i = 1; i < 2 * AM_WARPS; i++) one = one && seqs[r0 + i] == sq;
+        if (one) {
+            S.ulo = INT64_MAX;
+            S.uhi = -1;
+            for (int i = 0; i < 2 * AM_WARPS; i++) {
+                int64_t p = positions[r0 + i], f = muse_attn_first(p, window);
+                S.ulo = f < S.ulo ? f : S.ulo;
+                S.uhi = p > S.uhi ? p : S.uhi;
+            }
+            am_whole(&S, 0, ra, seqs, positions, window, cap, least);
+            am_whole(&S, 1, ra + 1, seqs, positions, window, cap, least);
+            S.n = 2;
+            __half *kb = (__half *)am_sm;
+            am_run<1, 1>(S, kv, sq, kh, qa, hq, group, gp, scale_l2, kb, kb + AM_TILE_HALVES,
+                         af_ws(), ga, oa);
+            return;
+        }
+    }
+    __half *kbuf = (__half *)am_sm + (size_t)warp * 2 * AM_TILE_HALVES,
+           *vbuf = kbuf + AM_TILE_HALVES;
+    if (ra >= rows) return;
+    long rb = ra + 1 < rows ? ra + 1 : -1;
+    /* padding rows: zeros, as the combine writes them */
+    for (long r = ra; r <= ra + 1 && r < rows; r++)
+        if (seqs[r] < 0)
+            for (long i = lane; i < (long)group * AM_HD; i += 32)
+                if (h0 + i / AM_HD < hq) oa[(r * hq + h0) * AM_HD + i] = 0.0f;
+    S.n = 0;
+    bool a = am_whole(&S, 0, ra, seqs, positions, window, cap, least);
+    if (rb >= 0 && 2 * gp <= 16 && a && seqs[rb] == seqs[ra]) {
+        am_whole(&S, 1, rb, seqs, positions, window, cap, least);
+        S.n = 2;
+        am_run<1, 0>(S, kv, seqs[ra], kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, af_ws(), ga, oa);
+        return;
+    }
+    if (a) {
+        S.n = 1;
+        am_run<1, 0>(S, kv, seqs[ra], kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, af_ws(), ga, oa);
+    }
+    if (rb >= 0 && am_whole(&S, 0, rb, seqs, positions, window, cap, least)) {
+        S.n = 1;
+        am_run<1, 0>(S, kv, seqs[rb], kh, qa, hq, group, gp, scale_l2, kbuf, vbuf, af_ws(), ga, oa);
+    }
 }
 
 /* grid (hq, rows); hd threads: dimension d of (row, head) merged over the row's splits in
@@ -743,16 +949,15 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
     int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap, ws.least));
     if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
     size_t at = ((size_t)r * hq + h) * ws.splits;
-    float mx = -INFINITY;
-    for (int64_t s = 0; s < n; s++) mx = fmaxf(mx, ws.m[at + s]);
-    float l = 0.0f, acc = 0.0f;
-    for (int64_t s = 0; s < n; s++) {
-        float w = muse_attn_rescale(ws.m[at + s], mx);
-        l = fmaf(w, ws.l[at + s], l);
-        acc = fmaf(w, ws.acc[(at + s) * hd + d], acc);
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+#pragma unroll 8                      /* the loads of 8 splits ahead of the merges' chain */
+    for (int64_t s = 0; s < n; s++) { /* the running merge k_attn_flash makes at a chunk's end */
+        float w1, w2;
+        am_weights(m, ws.m[at + s], &w1, &w2);
+        l = muse_attn_mix(l, w1, ws.l[at + s], w2);
+        acc = muse_attn_mix(acc, w1, ws.acc[(at + s) * hd + d], w2);
     }
-    float a = l > 0.0f ? acc / l : 0.0f;
-    o[d] = muse_round_f16(__fmul_rn(a, k_sigmoid(ga[(r * hq + h) * hd + d])));
+    o[d] = am_out(acc, l, ga[(r * hq + h) * hd + d]);
 }
 
 MUSE_K_API int muse_k_attention_fast_fits(long hd, long group)
@@ -842,6 +1047,34 @@ static int am_ahead_on(void)
     return on;
 }
 
+/* The prompt rounds' form (MUSE_ATTN_FLASH from the environment, read once a process: 0 the
+ * split and the combine in row groups, 1 k_attn_flash with a warp's own tiles, else k_attn_flash
+ * with a block's tiles shared). The bits are the same every way. */
+static int am_flash_form(void)
+{
+    static const int form = [] {
+        const char *v = getenv("MUSE_ATTN_FLASH");
+        return v && (v[0] == '0' || v[0] == '1') && !v[1] ? v[0] - '0' : 2;
+    }();
+    return form;
+}
+
+static int am_flash_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, const float *g,
+                           float *o, long hq, int group, long window, float scale_l2,
+                           const int32_t *seqs, const int64_t *positions, long rows, int cap,
+                           int least)
+{
+    size_t smem = (size_t)AM_WARPS * 2 * AM_TILE_HALVES * sizeof(__half);
+    int err = (int)cudaFuncSetAttribute((const void *)k_attn_flash,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err) return err;
+    dim3 grid((unsigned)((rows + 2 * AM_WARPS - 1) / (2 * AM_WARPS)),
+              (unsigned)((hq + group - 1) / group));
+    return k_launch(k_attn_flash, grid, AM_WARPS * 32, smem, st, kv, q, g, o, hq, group,
+                    muse_attn_gp(group), window, scale_l2, seqs, positions, rows, cap, least,
+                    am_flash_form() == 2);
+}
+
 static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long hq, int group,
                      long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
                      long rows, int pair, af_ws ws)
@@ -890,6 +1123,9 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
     w.l = w.m + heads;
     w.acc = w.l + heads;
     float scale_l2 = (float)(scale * 1.4426950408889634); /* scores in the log2 domain */
+    if (am_on() && hd == AM_HD && muse_attn_paired(rows) && am_flash_form())
+        return am_flash_launch(ctx->st, kv, q, g, o, hq, (int)group, window, scale_l2, ctx->seqs,
+                               ctx->positions, rows, cap, w.least);
     /* row groups run one after another on the stream: a row's arithmetic is its own in any */
     for (long r0 = 0; r0 < rows; r0 += step) {
         long n = rows - r0 < step ? rows - r0 : step;

@@ -122,6 +122,23 @@ MUSE_HD int muse_attn_swz(int r, int c)
     return c ^ (r & 7);
 }
 
+/* ---- the prompt form (k_attn_flash): a warp walks a row's whole key range tile by tile and
+ * makes the combine's merges itself, so its bits are the split's and the combine's ---- */
+
+/* Whether the tile from base (a multiple of MUSE_ATTN_TILE) holds keys of the row's range
+ * [first, p]: a warp walking two rows' tiles skips the other row's for this one. */
+MUSE_HD int muse_attn_tile_in(int64_t first, int64_t p, int64_t base)
+{
+    return base <= p && base + MUSE_ATTN_TILE - 1 >= first;
+}
+
+/* Whether that tile is the last of one of the row's chunks (of size chunk, aligned to absolute
+ * multiples): the chunk's partial then merges into the row's, as the combine merges chunks. */
+MUSE_HD int muse_attn_tile_closes(int64_t p, int64_t chunk, int64_t base)
+{
+    return (base + MUSE_ATTN_TILE) % chunk == 0 || base + MUSE_ATTN_TILE > p;
+}
+
 /* The merge of a running partial (m, l, acc) with a tile's (mt, lt, ot), each taken at its own
  * max (log2 domain): the new max, and the weights w1 (old) and w2 (tile) so that l = lt w2 +
  * l w1 and acc = ot w2 + acc w1 (muse_attn_mix). Merging an empty tile (mt = -inf, lt = ot =

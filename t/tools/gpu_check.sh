@@ -384,15 +384,16 @@ fi
 # the exact path's bound) where splits span several tiles and paired rows differ in chunk size
 # (MUSE_ATTN_SPLITS=1 and 2), on tiny (group 2, window 8) and on a group-8 cut of it (16 query
 # heads, 2 KV heads, window 100); a warp a decode row (MUSE_ATTN_COOP=0), the CUDA-core split
-# (MUSE_ATTN_TC=0), the decode form's tiles one after another (MUSE_ATTN_AHEAD=0) and chunks of
-# at least 4 tiles (MUSE_ATTN_CHUNK=256) beside them.
+# (MUSE_ATTN_TC=0), the decode form's tiles one after another (MUSE_ATTN_AHEAD=0), chunks of
+# at least 4 tiles (MUSE_ATTN_CHUNK=256), and prompt rounds by the split and the combine
+# (MUSE_ATTN_FLASH=0) or k_attn_flash with a warp's own tiles (MUSE_ATTN_FLASH=1) beside them.
 if want attnsplits && [ "$B" = cuda ]; then
     /usr/bin/python3 -c 'import json,sys; c=json.load(open("conf/packs/tiny.json"));
 c.update(num_attention_heads=16, num_key_value_heads=2, sliding_window=100); json.dump(c, open(sys.argv[1], "w"))' "$logs/g8.json"
     step attn-g8-pack 90 build/muse-pack --config "$logs/g8.json" --out "$packs/g8" --seed 4 --exl3-random 2 --codebook mcg
     for pk in q2-mcg g8; do
         for v in MUSE_ATTN_SPLITS=1 MUSE_ATTN_SPLITS=2 MUSE_ATTN_COOP=0 MUSE_ATTN_TC=0 \
-            MUSE_ATTN_AHEAD=0 MUSE_ATTN_CHUNK=256 -; do
+            MUSE_ATTN_AHEAD=0 MUSE_ATTN_CHUNK=256 MUSE_ATTN_FLASH=0 MUSE_ATTN_FLASH=1 -; do
             [ "$v" = - ] && v=MUSE_ATTN_DEFAULT=1
             (export "$v" && step "attnsplits-$pk-${v%%=*}${v##*=}" 120 build/muse-engine kernel-check \
                 --model "$packs/$pk" --backend cuda --kernels fast --max-rows 256)

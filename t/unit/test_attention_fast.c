@@ -248,6 +248,42 @@ static void test_merge(void)
     ok(mx == -INFINITY && w1 == 0.0f && w2 == 0.0f, "two empty partials stay empty, no NaN");
 }
 
+/* The prompt form's walk (k_attn_flash): over a span of tiles that covers the row's range (a
+ * pair's union: from up to 3 tiles before its first to 3 past its last), the tiles it takes
+ * (muse_attn_tile_in) and the chunk ends it merges at (muse_attn_tile_closes) are, in order,
+ * exactly the combine's chunks and each chunk's tiles. */
+static void test_flash_walk(int64_t cap, int64_t least)
+{
+    const int64_t windows[] = {0, 1, 8, 64, 100, 4096};
+    long bad_tiles = 0, bad_close = 0, rows = 0;
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++)
+        for (int64_t p = 0; p < 140000; p += p < 9000 ? 1 : 613) {
+            int64_t win = windows[w], first = muse_attn_first(p, win);
+            int64_t c = muse_attn_chunk(first, p, cap, least), n = muse_attn_count(first, p, c);
+            int64_t pad0 = (p % 4) * MUSE_ATTN_TILE, pad1 = (p / 4 % 4) * MUSE_ATTN_TILE;
+            int64_t b0 = first / MUSE_ATTN_TILE * MUSE_ATTN_TILE - pad0;
+            int64_t s = 0, lo, hi;
+            muse_attn_split_range(first, p, c, 0, &lo, &hi);
+            rows++;
+            for (int64_t base = b0 < 0 ? 0 : b0; base <= p + pad1; base += MUSE_ATTN_TILE) {
+                int in = muse_attn_tile_in(first, p, base);
+                /* the tile belongs to chunk s: it meets [lo, hi] of split s */
+                int want_in = s < n && base <= hi && base + MUSE_ATTN_TILE - 1 >= lo;
+                bad_tiles += in != want_in;
+                if (!in) continue;
+                int closes = muse_attn_tile_closes(p, c, base);
+                int want_close = base + MUSE_ATTN_TILE - 1 >= hi;
+                bad_close += closes != want_close;
+                if (closes && ++s < n) muse_attn_split_range(first, p, c, s, &lo, &hi);
+            }
+            bad_close += s != n;
+        }
+    ok(bad_tiles == 0, "cap %lld, least %lld, %ld rows: the walk takes each chunk's tiles in order",
+       (long long)cap, (long long)least, rows);
+    ok(bad_close == 0, "cap %lld, least %lld: it merges at each chunk's last tile, n times",
+       (long long)cap, (long long)least);
+}
+
 /* x as fp16 high part and the fp16 of the rest, as the kernel's am_split2 */
 static void split16(float x, float *hi, float *lo)
 {
@@ -322,13 +358,13 @@ static double emulate_row(split_fn *split, const float *q, const uint16_t *k, co
         muse_attn_split_range(first, p, c, s, &lo, &hi);
         split(q, k, v, lo, hi, scale_l2, &pt[s]);
     }
-    float mx = -INFINITY;
-    for (int64_t s = 0; s < n; s++) mx = fmaxf(mx, pt[s].m);
-    float l = 0, out[HD] = {0};
+    /* the combine: a running merge of the chunks in ascending order */
+    float m = -INFINITY, l = 0, out[HD] = {0};
     for (int64_t s = 0; s < n; s++) {
-        float w = muse_attn_rescale(pt[s].m, mx);
-        l = fmaf(w, pt[s].l, l);
-        for (int d = 0; d < HD; d++) out[d] = fmaf(w, pt[s].acc[d], out[d]);
+        float w1, w2;
+        m = muse_attn_merge(m, pt[s].m, &w1, &w2);
+        l = muse_attn_mix(l, w1, pt[s].l, w2);
+        for (int d = 0; d < HD; d++) out[d] = muse_attn_mix(out[d], w1, pt[s].acc[d], w2);
     }
     /* the reference: double scores, max, sum and weighted V in position order */
     double rm = -INFINITY, rs = 0, ro[HD] = {0};
@@ -352,6 +388,67 @@ static double emulate_row(split_fn *split, const float *q, const uint16_t *k, co
     }
     *den_out = den;
     return sqrt(num / den);
+}
+
+/* The prompt form's arithmetic (tile partials merged into the chunk's, the chunk's into the
+ * row's at its last tile) against the split's partials merged by the combine: bitwise equal. */
+static void test_flash_bits(void)
+{
+    const int64_t n_pos = 6000;
+    uint16_t *k = malloc((size_t)n_pos * HD * sizeof *k),
+             *v = malloc((size_t)n_pos * HD * sizeof *v);
+    for (int64_t i = 0; i < n_pos * HD; i++) {
+        k[i] = muse_f32_to_f16((float)urand());
+        v[i] = muse_f32_to_f16((float)urand());
+    }
+    const int64_t ps[] = {0, 63, 64, 130, 700, 5999}, wins[] = {0, 100, 0, 0, 0, 1000};
+    const int64_t caps[] = {1, 2, 4, MUSE_ATTN_MAX_SPLITS};
+    long bad = 0, cases = 0;
+    static partial pt[MUSE_ATTN_MOST_SPLITS];
+    for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++)
+        for (size_t r = 0; r < sizeof ps / sizeof *ps; r++) {
+            float q[HD], sl2 = 0.18f;
+            for (int d = 0; d < HD; d++) q[d] = (float)(urand() * 6);
+            int64_t p = ps[r], first = muse_attn_first(p, wins[r]);
+            int64_t c = muse_attn_chunk(first, p, caps[ci], MUSE_ATTN_TILE);
+            int64_t n = muse_attn_count(first, p, c), lo, hi;
+            partial want = {-INFINITY, 0, {0}}, got = want, cur = want;
+            for (int64_t s = 0; s < n; s++) {
+                muse_attn_split_range(first, p, c, s, &lo, &hi);
+                emulate_split_mma(q, k, v, lo, hi, sl2, &pt[s]);
+                float w1, w2;
+                want.m = muse_attn_merge(want.m, pt[s].m, &w1, &w2);
+                want.l = muse_attn_mix(want.l, w1, pt[s].l, w2);
+                for (int d = 0; d < HD; d++)
+                    want.acc[d] = muse_attn_mix(want.acc[d], w1, pt[s].acc[d], w2);
+            }
+            for (int64_t base = first / MUSE_ATTN_TILE * MUSE_ATTN_TILE; base <= p;
+                 base += MUSE_ATTN_TILE) {
+                partial t;
+                float w1, w2;
+                int64_t tlo = base > first ? base : first;
+                int64_t thi = base + MUSE_ATTN_TILE - 1 < p ? base + MUSE_ATTN_TILE - 1 : p;
+                emulate_split_mma(q, k, v, tlo, thi, sl2, &t); /* one tile: its own partial */
+                cur.m = muse_attn_merge(cur.m, t.m, &w1, &w2);
+                cur.l = muse_attn_mix(cur.l, w1, t.l, w2);
+                for (int d = 0; d < HD; d++)
+                    cur.acc[d] = muse_attn_mix(cur.acc[d], w1, t.acc[d], w2);
+                if (!muse_attn_tile_closes(p, c, base)) continue;
+                got.m = muse_attn_merge(got.m, cur.m, &w1, &w2);
+                got.l = muse_attn_mix(got.l, w1, cur.l, w2);
+                for (int d = 0; d < HD; d++)
+                    got.acc[d] = muse_attn_mix(got.acc[d], w1, cur.acc[d], w2);
+                cur = (partial){-INFINITY, 0, {0}};
+            }
+            cases++;
+            bad += memcmp(&want, &got, sizeof want) != 0 || !(want.l > 0);
+        }
+    ok(bad == 0,
+       "%ld rows at caps 1, 2, 4 and 128: the prompt form's merges give the split's and "
+       "the combine's bits",
+       cases);
+    free(k);
+    free(v);
 }
 
 static void test_emulation(split_fn *split, double bound, const char *what)
@@ -409,6 +506,10 @@ int main(void)
     test_pair(MUSE_ATTN_MAX_SPLITS, 4 * MUSE_ATTN_TILE);
     test_mma_layout();
     test_merge();
+    test_flash_walk(MUSE_ATTN_MAX_SPLITS, MUSE_ATTN_TILE);
+    test_flash_walk(2, MUSE_ATTN_TILE);
+    test_flash_walk(64, 4 * MUSE_ATTN_TILE);
+    test_flash_bits();
     test_emulation(emulate_split, 2e-5, "the CUDA-core split: chunked fp32 online softmax");
     test_emulation(emulate_split_mma, 2e-5,
                    "the tensor-core split: fp16 high and low parts, tile partials merged");
