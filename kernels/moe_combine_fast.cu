@@ -10,7 +10,10 @@
 #include "moe_order.cuh"
 #include "pdl.cuh"
 
-/* grid (H / 128, R), 128 threads */
+/* grid (ceil(H / (128 C)), R), 128 threads: C blocks of 128 columns of row r, its slots' scales
+ * and order found once for the C (at 2048 rows, one block a 128 columns spent more on them than
+ * on the columns: 514 us a launch where the bytes take 120) */
+template <int C>
 __global__ void k_moe_combine_norm_fast(const int32_t *sel, const float *w, const float *z,
                                         const double *sq, const float *enorm, double eps,
                                         const float *shared, long K, long H, float *y)
@@ -20,7 +23,7 @@ __global__ void k_moe_combine_norm_fast(const int32_t *sel, const float *w, cons
     __shared__ int32_t s_sel[MC_MAX_K], s_lead[MC_MAX_K], s_at[MC_MAX_K];
     __shared__ double s_scale[MC_MAX_K];
     __shared__ int s_n;
-    long r = blockIdx.y, d = (long)blockIdx.x * blockDim.x + threadIdx.x, nb = H / 128;
+    long r = blockIdx.y, nb = H / 128;
     int t = threadIdx.x;
     /* slot j's scale by warp j % 4: lane l adds blocks l, l + 32, .. in order, then the warp's
      * butterfly (every load of the row's sums at once, not a chain of nb) */
@@ -34,18 +37,25 @@ __global__ void k_moe_combine_norm_fast(const int32_t *sel, const float *w, cons
     }
     /* the slot order; its barriers also publish the scales */
     int n = d_combine_order(sel + r * K, K, s_sel, s_lead, s_at, &s_n);
-    if (d >= H) return;
-    float acc = 0;
+    for (int c = 0; c < C; c++) {
+        long d = ((long)blockIdx.x * C + c) * 128 + t;
+        if (d >= H) return;
+        float acc = 0;
 #pragma unroll 8
-    for (int m = 0; m < n; m++) {
-        long at = s_at[m];
-        float x = (float)((double)z[(r * K + at) * H + d] * s_scale[at]);
-        float v = __fmul_rn(x, __fadd_rn(1.0f, enorm[(long)s_sel[at] * H + d]));
-        acc = __fadd_rn(acc, __fmul_rn(w[r * K + at], v));
+        for (int m = 0; m < n; m++) {
+            long at = s_at[m];
+            float x = (float)((double)z[(r * K + at) * H + d] * s_scale[at]);
+            float v = __fmul_rn(x, __fadd_rn(1.0f, enorm[(long)s_sel[at] * H + d]));
+            acc = __fadd_rn(acc, __fmul_rn(w[r * K + at], v));
+        }
+        if (shared) acc = __fadd_rn(acc, shared[r * H + d]);
+        y[r * H + d] = acc;
     }
-    if (shared) acc = __fadd_rn(acc, shared[r * H + d]);
-    y[r * H + d] = acc;
 }
+
+/* The 128-column blocks a launch's block takes: 8 from MC_WIDE_ROWS rows (the round's rows:
+ * a decode round keeps a block each, its parallelism); a column's arithmetic is the same at any */
+#define MC_WIDE_ROWS 64
 
 MUSE_K_API int muse_k_moe_combine_norm_fast(const muse_k_ctx *ctx, const int32_t *sel,
                                             const float *w, const float *z, const double *sq,
@@ -55,6 +65,10 @@ MUSE_K_API int muse_k_moe_combine_norm_fast(const muse_k_ctx *ctx, const int32_t
     long rows = ctx->rows;
     if (rows <= 0) return 0;
     if (H <= 0 || H % 128 || K < 1 || K > MC_MAX_K) return (int)cudaErrorInvalidValue;
-    return k_launch(k_moe_combine_norm_fast, dim3((unsigned)(H / 128), (unsigned)rows), 128, 0,
+    if (rows >= MC_WIDE_ROWS)
+        return k_launch(k_moe_combine_norm_fast<8>,
+                        dim3((unsigned)((H / 128 + 7) / 8), (unsigned)rows), 128, 0, ctx->st, sel,
+                        w, z, sq, enorm, eps, shared, K, H, y);
+    return k_launch(k_moe_combine_norm_fast<1>, dim3((unsigned)(H / 128), (unsigned)rows), 128, 0,
                     ctx->st, sel, w, z, sq, enorm, eps, shared, K, H, y);
 }
