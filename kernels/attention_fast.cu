@@ -364,6 +364,19 @@ typedef struct {
     int n;            /* slots */
 } am_set;
 
+/* Piece pc of key row key of a staged K and V tile (swizzled) from the cache's place at of the
+ * key (cp.async; at < 0: zeros) */
+__device__ __forceinline__ void am_cp_key(const muse_k_kv &kv, long kh, int64_t at, int key, int pc,
+                                          __half *kbuf, __half *vbuf)
+{
+    bool ok = at >= 0;
+    const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
+    const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
+    int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
+    k_cp16(kbuf + dst, ks, ok);
+    k_cp16(vbuf + dst, vs, ok);
+}
+
 /* Stage the 64 keys from base of KV head kh into kbuf / vbuf (cp.async, not waited for): lane
  * finds where keys lane and lane + 32 sit, then takes piece lane % 8 of keys lane / 8 + 4 i
  * (the key's place from its finder by a shuffle); zeros outside [lo, hi] and where the block is
@@ -384,12 +397,7 @@ __device__ __forceinline__ void am_stage(const muse_k_kv &kv, int seq, long kh, 
     for (int i = 0; i < AF_T / 4; i++) {
         int key = lane / 8 + 4 * i; /* i < 8: found by lane key (at2[0]), else key - 32 */
         int64_t at = __shfl_sync(0xffffffffu, i < 8 ? at2[0] : at2[1], key % 32);
-        bool ok = at >= 0;
-        const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
-        const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
-        int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
-        k_cp16(kbuf + dst, ks, ok);
-        k_cp16(vbuf + dst, vs, ok);
+        am_cp_key(kv, kh, at, key, pc, kbuf, vbuf);
     }
     k_cp_commit();
 }
@@ -407,12 +415,7 @@ __device__ __forceinline__ void am_stage_block(const muse_k_kv &kv, int seq, lon
                                          ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap,
                                                             seq, s, kv.kv_width)
                                          : -1;
-        bool ok = at >= 0;
-        const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
-        const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
-        int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
-        k_cp16(kbuf + dst, ks, ok);
-        k_cp16(vbuf + dst, vs, ok);
+        am_cp_key(kv, kh, at, key, pc, kbuf, vbuf);
     }
     k_cp_commit();
 }
@@ -656,27 +659,12 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     int64_t lo, hi;
     if (!af_row_split(seqs, positions, window, ws, r, x, &seq, &lo, &hi)) return;
     int64_t base = lo / AF_T * AF_T;
-    /* stage keys 16 w + lane / 8 + 4 i of the tile at b into buffer c (zeros outside [lo, hi],
-     * unreserved); ahead: the next tile's loads issued as soon as this one has landed, into the
-     * other buffer (whose readers passed the last barrier), else after the tile's work */
+    /* stage the tile at b into buffer c (am_stage_block: zeros outside [lo, hi], unreserved);
+     * ahead: the next tile's loads issued as soon as this one has landed, into the other buffer
+     * (whose readers passed the last barrier), else after the tile's work */
     int cur = 0;
     auto stage = [&](int64_t b, int c) {
-        const int pc = lane % 8;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int key = 16 * warp + lane / 8 + 4 * i;
-            int64_t s = b + key, at = s >= lo && s <= hi
-                                          ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap,
-                                                             seq, s, kv.kv_width)
-                                          : -1;
-            bool ok = at >= 0;
-            const uint16_t *ks = ok ? kv.k + at + kh * AM_HD + pc * 8 : kv.k;
-            const uint16_t *vs = ok ? kv.v + at + kh * AM_HD + pc * 8 : kv.v;
-            int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
-            k_cp16(sm.k[c] + dst, ks, ok);
-            k_cp16(sm.v[c] + dst, vs, ok);
-        }
-        k_cp_commit();
+        am_stage_block(kv, seq, kh, b, lo, hi, sm.k[c], sm.v[c]);
     };
     stage(base, 0);
     int head[2];
