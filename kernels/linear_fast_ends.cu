@@ -36,11 +36,13 @@ __device__ __forceinline__ void f_hadamard_warp(double v[4], int lane)
     }
 #pragma unroll
     for (int h = 4; h < HAD; h <<= 1) { /* partners across lanes: l and l ^ (h / 4) */
-        bool upper = (lane * 4) & h;
+        /* o - v or v + o as one fma by -1 or 1: the same rounding of the same exact sum (and
+         * zero's sign), where the two sums and a select took 2 fp64 ops and 2 selects */
+        double sgn = (lane * 4) & h ? -1.0 : 1.0;
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             double o = __shfl_xor_sync(0xffffffffu, v[q], h / 4);
-            v[q] = upper ? o - v[q] : v[q] + o;
+            v[q] = fma(sgn, v[q], o);
         }
     }
 #pragma unroll
@@ -105,32 +107,45 @@ __global__ void __launch_bounds__(128)
     if (!live) return;
     long r0 = (long)blockIdx.y * PR, src[PR];
 #pragma unroll
-    for (int i = 0; i < PR; i++) src[i] = r0 + i;
+    for (int i = 0; i < PR; i++) src[i] = r0 + i < R ? r0 + i : r0; /* past R: row r0 again */
     if (!p.grouped)
 #pragma unroll
         for (int i = 1; i < PR; i++)
 #pragma unroll
             for (int q = 0; q < 4; q++) sc[i][q] = sc[0][q];
-    if (p.grouped) { /* row r of a is pair perm[r]: its input row and its expert */
-        int32_t pair[PR];
+    /* a row's x (its loads issued with the grouped rows' descriptor loads) */
+    auto load_x = [&] {
 #pragma unroll
-        for (int i = 0; i < PR; i++) pair[i] = r0 + i < R ? p.g.perm[r0 + i] : 0;
-#pragma unroll
-        for (int i = 0; i < PR; i++)
-            if (r0 + i < R) {
-                const muse_k_lin *d = p.g.descs[li] + p.g.sel[pair[i]];
-                f_scales4(d->suh, d->su, e, sc[i]);
-                src[i] = p.g.src ? p.g.src[pair[i]] : pair[i];
-            }
-    }
-#pragma unroll
-    for (int i = 0; i < PR; i++)
-        if (r0 + i < R) {
+        for (int i = 0; i < PR; i++) {
             const float *xr = x + src[i] * x_stride + e;
             float4 f =
                 k_fr_aligned(xr) ? *(const float4 *)xr : make_float4(xr[0], xr[1], xr[2], xr[3]);
             xv[i][0] = f.x, xv[i][1] = f.y, xv[i][2] = f.z, xv[i][3] = f.w;
         }
+    };
+    if (p.grouped) { /* row r of a is pair perm[r]: its input row and its expert */
+        /* level by level over the rows, each level's loads in flight together: a chain of 4
+         * loads (pair; expert and source row; descriptor and x; scales), not 2 a row */
+        int32_t pair[PR], ex[PR];
+        const uint16_t *suh[PR], *su[PR];
+#pragma unroll
+        for (int i = 0; i < PR; i++) pair[i] = p.g.perm[src[i]];
+#pragma unroll
+        for (int i = 0; i < PR; i++) {
+            ex[i] = p.g.sel[pair[i]];
+            src[i] = p.g.src ? p.g.src[pair[i]] : pair[i];
+        }
+#pragma unroll
+        for (int i = 0; i < PR; i++) {
+            const muse_k_lin *d = p.g.descs[li] + ex[i];
+            suh[i] = d->suh, su[i] = d->su;
+        }
+        load_x();
+#pragma unroll
+        for (int i = 0; i < PR; i++) f_scales4(suh[i], su[i], e, sc[i]);
+    } else {
+        load_x();
+    }
 #pragma unroll
     for (int i = 0; i < PR; i++)
         if (r0 + i < R) f_prepare_vals(xv[i], sc[i], p.a[li] + (r0 + i) * p.k + i0, lane);
@@ -150,25 +165,66 @@ __host__ __device__ __forceinline__ int f_fin_units(const muse_fast_fin &f, int 
     return f.epilogue == MUSE_K_EPI_SWIGLU ? g + f_fin_groups(f.splits[1]) : g;
 }
 
+/* A group holds at most this many splits for its partials to be loaded ahead (F_PRE float4 a
+ * lane), before a grouped finish's chain of descriptor loads: the experts' 2 or 3 */
+#define F_PRE 4
+
+/* Group g of G of linear li's splits at partial row r: [s0, s1) */
+__device__ __forceinline__ void f_group_range(const muse_fast_fin &f, int li, int g, int G, int &s0,
+                                              int &s1)
+{
+    int S = f.splits[li];
+    s0 = S * g / G, s1 = S * (g + 1) / G;
+}
+
+/* Loads group g's partials at columns j0 + 4 lane .. + 3 of partial row r into pre where they
+ * are at most F_PRE and not summed by the product; returns how many (0: none loaded). */
+__device__ __forceinline__ int f_group_pre(const muse_fast_fin &f, int li, long r, long R,
+                                           int64_t j0, int lane, int g, int G, float4 pre[F_PRE])
+{
+    int s0, s1;
+    f_group_range(f, li, g, G, s0, s1);
+    if (f.dsum[li] || s1 - s0 > F_PRE) return 0;
+    int64_t n = f.n[li];
+    const float *pr = f.part[li] + r * n + j0 + 4 * lane;
+#pragma unroll
+    for (int i = 0; i < F_PRE; i++)
+        if (i < s1 - s0) pre[i] = *(const float4 *)(pr + (long)(s0 + i) * R * n);
+    return s1 - s0;
+}
+
 /* Group g of G's sum of linear li's partials at columns j0 + 4 lane .. + 3 of partial row r, by
  * one warp: splits [g S / G, (g + 1) S / G) in split order, in double (float4 loads, every
- * split's in flight). */
+ * split's in flight; the npre of them in pre already loaded by f_group_pre). */
 __device__ __forceinline__ void f_group_sum(const muse_fast_fin &f, int li, long r, long R,
-                                            int64_t j0, int lane, int g, int G, double gs[4])
+                                            int64_t j0, int lane, int g, int G,
+                                            const float4 pre[F_PRE], int npre, double gs[4])
 {
     int64_t n = f.n[li];
-    int S = f.splits[li];
     if (f.dsum[li]) { /* summed by the product (G is 1) */
         const double *ds = f.dsum[li] + r * n + j0 + 4 * lane;
         double2 a = *(const double2 *)ds, b = *(const double2 *)(ds + 2);
         gs[0] = a.x, gs[1] = a.y, gs[2] = b.x, gs[3] = b.y;
         return;
     }
-    const float *pr = f.part[li] + r * n + j0 + 4 * lane;
 #pragma unroll
     for (int q = 0; q < 4; q++) gs[q] = 0;
+    if (npre) {
+#pragma unroll
+        for (int i = 0; i < F_PRE; i++)
+            if (i < npre) {
+                gs[0] += (double)pre[i].x;
+                gs[1] += (double)pre[i].y;
+                gs[2] += (double)pre[i].z;
+                gs[3] += (double)pre[i].w;
+            }
+        return;
+    }
+    int s0, s1;
+    f_group_range(f, li, g, G, s0, s1);
+    const float *pr = f.part[li] + r * n + j0 + 4 * lane;
 #pragma unroll 4
-    for (int sp = S * g / G; sp < S * (g + 1) / G; sp++) {
+    for (int sp = s0; sp < s1; sp++) {
         float4 p = *(const float4 *)(pr + (long)sp * R * n);
         gs[0] += (double)p.x;
         gs[1] += (double)p.y;
@@ -202,6 +258,27 @@ __device__ __forceinline__ void f_load_consts(const uint16_t *svh, const uint16_
     f_scales4(svh, sv, j, sc);
     if (bias) f_scales4(bias, NULL, j, bs); /* its halves, as the scales' */
     if (next) f_scales4(nsuh, nsu, j, nsc);
+}
+
+/* SWIGLU's silu of the gate, which the finish rounds to fp16 first: in double as swiglu.cu */
+__device__ __forceinline__ float f_silu(double gv)
+{
+    return (float)(gv / (1.0 + exp(-gv)));
+}
+
+/* f_silu of every fp16 value, by its bits: filled on each device by muse_k_linear_fast_init with
+ * f_silu itself, so a lookup is the computation's bits. Rounds of F_SILU_ROWS rows and more
+ * take it (the exp and divide in double were most of a SWIGLU finish's fp64 work); a decode
+ * round computes (a lookup's latency more than the chain it saves). */
+__device__ float f_silu_tab[1 << 16];
+#define F_SILU_ROWS 64
+#define F_SILU_DEVS 64
+static const float *f_silu_at[F_SILU_DEVS]; /* a device's table once filled, else NULL */
+
+__global__ void k_silu_table(float *tab)
+{
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    tab[h] = f_silu((double)k_f16_to_f32_hw((uint16_t)h));
 }
 
 /* grid (f.cta0[linears], R), 128 threads (256 where a block takes 8 units: SWIGLU at 16+
@@ -240,6 +317,9 @@ __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
                       sc, bs, nsc);
     }
     K_PDL_WAIT();
+    /* a grouped part's few partials first: they need r alone, the scales a chain of 4 loads */
+    float4 pre[F_PRE];
+    int npre = live && f.grouped ? f_group_pre(f, lp, r, gridDim.y, j0, lane, gi, G, pre) : 0;
     long out_row = r;
     if (lead && f.grouped) { /* partial row r is pair perm[r]'s: its expert's scales, its row */
         int32_t pair = f.g.perm[r], ex = f.g.sel[pair];
@@ -251,7 +331,7 @@ __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
     }
     double v[4];
     if (live) {
-        f_group_sum(f, lp, r, gridDim.y, j0, lane, gi, G, v);
+        f_group_sum(f, lp, r, gridDim.y, j0, lane, gi, G, pre, npre, v);
         if (gi)
 #pragma unroll
             for (int q = 0; q < 4; q++) s_gs[w][q][lane] = v[q];
@@ -277,9 +357,8 @@ __global__ void __launch_bounds__(256) k_fast_finish(muse_fast_fin f)
         for (int q = 0; q < 4; q++) u[q] = s_up[slot][q][lane];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            double gv = k_round_f16_hw(o[q]);
-            float up = k_round_f16_hw(u[q]);
-            o[q] = k_round_f16_hw(__fmul_rn((float)(gv / (1.0 + exp(-gv))), up));
+            float sg = f.silu ? f.silu[k_f32_to_f16_hw(o[q])] : f_silu(k_round_f16_hw(o[q]));
+            o[q] = k_round_f16_hw(__fmul_rn(sg, k_round_f16_hw(u[q])));
         }
     } else if (f.round16) {
 #pragma unroll
@@ -324,9 +403,29 @@ MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long
     return k_launch(k_fast_prepare<1>, grid, 128, 0, st, *p, x, x_stride, rows);
 }
 
+MUSE_K_API int muse_k_linear_fast_init(void)
+{
+    int dev = 0, err = (int)cudaGetDevice(&dev);
+    if (err || dev < 0 || dev >= F_SILU_DEVS || f_silu_at[dev]) return err;
+    void *tab = NULL;
+    err = (int)cudaGetSymbolAddress(&tab, f_silu_tab);
+    if (!err) { /* plainly, on the legacy stream, and waited for: before any round */
+        k_silu_table<<<(1 << 16) / 256, 256>>>((float *)tab);
+        err = (int)cudaGetLastError();
+    }
+    if (!err) err = (int)cudaStreamSynchronize(0);
+    if (!err) f_silu_at[dev] = (const float *)tab;
+    return err;
+}
+
 MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_t st)
 {
     muse_fast_fin h = *f;
+    h.silu = NULL;
+    int dev = -1;
+    if (h.epilogue == MUSE_K_EPI_SWIGLU && rows >= F_SILU_ROWS && !cudaGetDevice(&dev) &&
+        dev >= 0 && dev < F_SILU_DEVS)
+        h.silu = f_silu_at[dev];
     int nl = h.epilogue == MUSE_K_EPI_SWIGLU ? 1 : h.n_lin, warps = 4, most = 1;
     for (int i = 0; i < nl; i++)
         if (f_fin_units(h, i) > most) most = f_fin_units(h, i);

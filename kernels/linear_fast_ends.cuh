@@ -40,6 +40,7 @@ typedef struct {
     /* set (one linear, no epilogue): each output row's sum of squares by 128-column block b:
      * sq[out_row * blk0[1] + b] = the warp's tree of its lanes' (((x0^2 + x1^2) + x2^2) + x3^2) */
     double *sq;
+    const float *silu; /* the launch sets it: SWIGLU's silu by the gate's fp16 bits, or NULL */
 } muse_fast_fin;
 
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,

@@ -128,6 +128,18 @@ __global__ void __launch_bounds__(RT_THREADS)
     d_router_sum(acc, nr, logits + r0 * E + x, E);
 }
 
+/* One level (xor M) of a warp's reduce-scatter of 2 M values a lane: a lane with bit M keeps
+ * values [M, 2 M) (moved down to [0, M)), else [0, M), each plus its partner's copy */
+template <int M> __device__ __forceinline__ void d_rs_level(double *v, int lane)
+{
+    bool up = lane & M;
+#pragma unroll
+    for (int i = 0; i < M; i++) {
+        double send = up ? v[i] : v[i + M], keep = up ? v[i + M] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, M);
+    }
+}
+
 /* k_router_vec for many rows, RT_EXPERTS experts a block: the block's 8 rows of b read once for
  * its experts, not once an expert. Thread t takes the chunks k_router_vec's thread t takes, each
  * (row, expert) sum in that kernel's order, chunk then element, from zero; an fma where that
@@ -174,16 +186,20 @@ __global__ void __launch_bounds__(RT_THREADS)
                     acc[r][x] = __fma_rn((double)bv[e], (double)w[x][e], acc[r][x]);
         }
     }
-    /* d_router_sum's tree for each expert: lanes by butterfly, warps in warp order */
+    /* d_router_sum's tree for each (row, expert): the lanes' by xor 16, 8, 4, 2, 1, as a
+     * reduce-scatter: at each level a lane keeps half its values and adds its partner's copy of
+     * them (the butterfly's sum of the same two operands), ending with value `lane`'s; 31
+     * values cross lanes where the butterfly moved 160. Then the warps in warp order. */
+    static_assert(RT_ROWS * RT_EXPERTS == 32, "a lane a (row, expert) value");
+    double v[32];
 #pragma unroll
-    for (int r = 0; r < RT_ROWS; r++)
-#pragma unroll
-        for (int x = 0; x < RT_EXPERTS; x++) {
-            double v = acc[r][x];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-            if (lane == 0) part[warp][r][x] = v;
-        }
+    for (int i = 0; i < 32; i++) v[i] = acc[i / RT_EXPERTS][i % RT_EXPERTS];
+    d_rs_level<16>(v, lane);
+    d_rs_level<8>(v, lane);
+    d_rs_level<4>(v, lane);
+    d_rs_level<2>(v, lane);
+    d_rs_level<1>(v, lane);
+    part[warp][lane / RT_EXPERTS][lane % RT_EXPERTS] = v[0];
     __syncthreads();
     if (t < RT_ROWS * RT_EXPERTS) {
         int r = t / RT_EXPERTS, x = t % RT_EXPERTS;

@@ -1104,6 +1104,9 @@ int main(int argc, char **argv)
     if (skip && *skip) muse_k_linear_fast_skip(atoi(skip));
     for (int cb = 0; cb < 3; cb++)
         d_table[cb] = (float *)upload(muse_exl3_value_table((muse_codebook)cb), 65536 * 4);
+    /* as the engine: the grouped checks' many pairs then take the finish's silu table, each pair
+     * alone computes it (check_grouped holds the two bit for bit) */
+    CK(muse_k_linear_fast_init());
     if (argc > 1 && !strcmp(argv[1], "--prof")) {
         long M = argc > 2 ? atol(argv[2]) : 1;
         prof_only(M >= 1 && M <= 4096 ? M : 1);

@@ -23,7 +23,9 @@
 # ncuprodmany (the product at 256 rows under ncu), kprofprompt (each kernel of a prompt round),
 # oldnew (this build's fast logits against an earlier build's carried as build/gpu/old), probe
 # (wgmma against mma.sync: bits and rates),
-# attnsplits (the fast attention's kernel-check under its split cap and switches).
+# attnsplits (the fast attention's kernel-check under its split cap and switches), fastquick
+# (exl3-fast-check's checks without its timings), sanitizeops (the memory checker on the fast
+# kernel-check alone).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -122,9 +124,10 @@ fi
 
 # the fast EXL3 product alone: decode bit-identical, within bound of the exact path, batch
 # invariance at 1..256 rows, then its timings beside the exact path's (and its SASS)
-if want fastcheck && [ "$B" = cuda ]; then
+# (fastquick, by name: the checks alone, no timings)
+if (want fastcheck || want fastquick) && [ "$B" = cuda ]; then
     step fastcheck-quick 60 build/t/exl3-fast-check --quick
-    step fastcheck 240 build/t/exl3-fast-check
+    want fastcheck && step fastcheck 240 build/t/exl3-fast-check
     command -v cuobjdump >/dev/null && [ -f build/obj/kernels/linear_fast.o ] &&
         cuobjdump --dump-sass build/obj/kernels/linear_fast.o >"$logs/linear_fast.sass" 2>&1
 fi
@@ -336,8 +339,10 @@ if want stages && [ "$B" = cuda ]; then
 fi
 
 # the fast kernel under the memory checker (where the machine's runtime lets it run)
-if want sanitize && [ "$B" = cuda ] && command -v compute-sanitizer >/dev/null; then
-    step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
+# (sanitizeops, by name: the second alone, about 30 s where the first takes past its 120)
+if (want sanitize || want sanitizeops) && [ "$B" = cuda ] && command -v compute-sanitizer >/dev/null; then
+    want sanitize &&
+        step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
     # every fast kernel of the round (attention, MoE, norms, sampler) under the memory checker
     step sanitize-ops 120 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/muse-engine \
         kernel-check --model "$packs/q2-mcg" --backend cuda --kernels fast --sample-rows 300

@@ -3,6 +3,7 @@
  * access and NCCL, each rank's start and buffers, the backend's creation and its destroy. */
 
 #include "backend/cuda/cuda_internal.h"
+#include "kernels/linear_fast.cuh"
 #include "kernels/sample_fast.cuh"
 
 static const char *const prof_names[PROF_OPS] = {"begin_round (host)",
@@ -112,6 +113,7 @@ static int allocate_rank(cuda_backend *c, int r)
     rk->ws_a = dalloc(c, rows_cap * need.a * sizeof(float), &mem->workspace);
     rk->ws_t = dalloc(c, rows_cap * need.t * sizeof(double), &mem->workspace);
     if (be->kernels == MUSE_KERNELS_FAST) cuda_fast_moe_prepare(c, rk);
+    if (be->kernels == MUSE_KERNELS_FAST) CHECK(c, muse_k_linear_fast_init());
     if (be->kernels == MUSE_KERNELS_FAST &&
         (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
         rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
