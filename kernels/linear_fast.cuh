@@ -63,9 +63,9 @@ MUSE_K_API int muse_k_linear_fast_mlp(const muse_k_ctx *ctx, const muse_k_lin sh
                                       float *mid, long mid_stride, float *y, long y_stride,
                                       void *ws, size_t ws_bytes);
 MUSE_K_API size_t muse_k_linear_fast_mlp_workspace(const muse_k_lin shapes[3], long max_rows);
-/* The current device's table of the finish's SWIGLU (kernels/linear_fast_ends.cu), filled once a
- * device and process, synchronously: call it outside a graph capture (the engine does at start).
- * Without it the finish computes the same bits. Returns the CUDA error code. */
+/* Fills the current device's table of the finish's SWIGLU (kernels/linear_fast_ends.cu),
+ * synchronously: call it outside a graph capture (the engine does at each rank's start). Without
+ * it the finish computes the same bits. Returns the CUDA error code. */
 MUSE_K_API int muse_k_linear_fast_init(void);
 /* 1 where the loaded GPU code has the product's wgmma form (sm_90a: blocks of 64 rows and more
  * may take it, MUSE_FAST_WG; the same bits), asked of the device once a process: call it first

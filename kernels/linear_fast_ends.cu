@@ -406,7 +406,8 @@ MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long
 MUSE_K_API int muse_k_linear_fast_init(void)
 {
     int dev = 0, err = (int)cudaGetDevice(&dev);
-    if (err || dev < 0 || dev >= F_SILU_DEVS || f_silu_at[dev]) return err;
+    /* filled at every call (each backend's start), not once: a device's memory is the context's */
+    if (err || dev < 0 || dev >= F_SILU_DEVS) return err;
     void *tab = NULL;
     err = (int)cudaGetSymbolAddress(&tab, f_silu_tab);
     if (!err) { /* plainly, on the legacy stream, and waited for: before any round */

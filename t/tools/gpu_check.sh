@@ -339,7 +339,7 @@ if want stages && [ "$B" = cuda ]; then
 fi
 
 # the fast kernel under the memory checker (where the machine's runtime lets it run)
-# (sanitizeops, by name: the second alone, about 30 s where the first takes past its 120)
+# (sanitizeops, by name: the second alone, seconds where the first takes past its 120)
 if (want sanitize || want sanitizeops) && [ "$B" = cuda ] && command -v compute-sanitizer >/dev/null; then
     want sanitize &&
         step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
