@@ -10,6 +10,13 @@
 #define MUSE_OP_MAX_CASES 64
 #define MUSE_OP_MAX_W     12 /* distinct widths */
 #define MUSE_OP_SLOTS     5  /* activations a width */
+/* A case whose activations have two widths gives each its own slots, since the widths may be
+ * equal (as many KV heads as query heads; a hidden size equal to the padded vocabulary) and one
+ * (width, slot) is one buffer: attention's q, g, out at width Q in slots 0, 1, 2 and k, v at
+ * width KV in these; the head's input at width H in slot 0 and its logits at width N in this. */
+#define MUSE_OP_ATT_K       3
+#define MUSE_OP_ATT_V       4
+#define MUSE_OP_HEAD_LOGITS 1
 
 /* One operation at one shape. param: norm mode (muse_norm_weight) + 3 when rounded to fp16;
  * linear: round16; qk_norm_rope and attention: the layer. */

@@ -241,7 +241,7 @@ static void attention_inputs(muse_op_acts *s, const muse_op_case *k, const int64
     const muse_config *c = &s->be->model->cfg;
     long Q = k->in_width, KV = (long)(c->n_kv_heads * c->head_dim);
     muse_act q = muse_op_act(s, Q, 0), g = muse_op_act(s, Q, 1), o = muse_op_act(s, Q, 2);
-    muse_act kk = muse_op_act(s, KV, 0), v = muse_op_act(s, KV, 1);
+    muse_act kk = muse_op_act(s, KV, MUSE_OP_ATT_K), v = muse_op_act(s, KV, MUSE_OP_ATT_V);
     muse_op_write_inputs(s, q, 21, ids, M, Q, 1);
     muse_op_write_inputs(s, g, 22, ids, M, Q, 1);
     muse_op_write_inputs(s, kk, 23, ids, M, KV, 1);
@@ -252,8 +252,9 @@ static void attention_call(muse_op_acts *s, const muse_op_case *k)
 {
     const muse_config *c = &s->be->model->cfg;
     long Q = k->in_width, KV = (long)(c->n_kv_heads * c->head_dim);
-    s->be->ops->attention(s->be, (int)k->param, muse_op_act(s, Q, 0), muse_op_act(s, KV, 0),
-                          muse_op_act(s, KV, 1), muse_op_act(s, Q, 1), muse_op_act(s, Q, 2));
+    s->be->ops->attention(s->be, (int)k->param, muse_op_act(s, Q, 0),
+                          muse_op_act(s, KV, MUSE_OP_ATT_K), muse_op_act(s, KV, MUSE_OP_ATT_V),
+                          muse_op_act(s, Q, 1), muse_op_act(s, Q, 2));
 }
 static void attention_output(muse_op_acts *s, const muse_op_case *k, long M, float *out)
 {
@@ -303,18 +304,19 @@ static void all_reduce_call(muse_op_acts *s, const muse_op_case *k)
 static void head_inputs(muse_op_acts *s, const muse_op_case *k, const int64_t *ids, long M)
 {
     long H = k->in_width, N = (long)s->be->model->head.n;
-    muse_act x = muse_op_act(s, H, 0), lg = muse_op_act(s, N, 0);
+    muse_act x = muse_op_act(s, H, 0), lg = muse_op_act(s, N, MUSE_OP_HEAD_LOGITS);
     muse_op_write_inputs(s, x, 20, ids, M, H, 1);
     muse_op_poison(s, lg, N, M);
 }
 static void head_call(muse_op_acts *s, const muse_op_case *k)
 {
     long N = (long)s->be->model->head.n;
-    s->be->ops->head(s->be, muse_op_act(s, k->in_width, 0), muse_op_act(s, N, 0));
+    s->be->ops->head(s->be, muse_op_act(s, k->in_width, 0), muse_op_act(s, N, MUSE_OP_HEAD_LOGITS));
 }
 static void head_output(muse_op_acts *s, const muse_op_case *k, long M, float *out)
 {
-    muse_op_read(s, muse_op_act(s, (long)s->be->model->head.n, 0), M, k->out_width, out);
+    muse_op_read(s, muse_op_act(s, (long)s->be->model->head.n, MUSE_OP_HEAD_LOGITS), M,
+                 k->out_width, out);
 }
 
 /* sample (the bench's: plain logits [M, V] at stride N; the checker writes its own rows) */

@@ -86,7 +86,7 @@ static void attention_rows(side *s, const op_case *k, long M, int seq, int one_b
     muse_kv_release(&s->be->kv, seq);
     MUSE_CHECK(muse_kv_ensure(&s->be->kv, seq, M) == 0);
     muse_act q = muse_op_act(s, Q, 0), g = muse_op_act(s, Q, 1), o = muse_op_act(s, Q, 2);
-    muse_act kk = muse_op_act(s, KV, 0), v = muse_op_act(s, KV, 1);
+    muse_act kk = muse_op_act(s, KV, MUSE_OP_ATT_K), v = muse_op_act(s, KV, MUSE_OP_ATT_V);
     long step = one_by_one ? 1 : M;
     for (long at = 0; at < M; at += step) {
         int64_t ids[4096], pos[4096];
@@ -823,7 +823,8 @@ static void check_snapshot(tally *t, side *test, const muse_model *m)
             MUSE_CHECK(muse_kv_ensure(&test->be->kv, seq, M + 1) == 0);
             muse_act q = muse_op_act(test, Q, 0), g = muse_op_act(test, Q, 1),
                      o = muse_op_act(test, Q, 2);
-            muse_act kk = muse_op_act(test, KV, 0), v = muse_op_act(test, KV, 1);
+            muse_act kk = muse_op_act(test, KV, MUSE_OP_ATT_K),
+                     v = muse_op_act(test, KV, MUSE_OP_ATT_V);
             int64_t id = M, pos = M;
             muse_op_write_inputs(test, q, 21, &id, 1, Q, 1);
             muse_op_write_inputs(test, g, 22, &id, 1, Q, 1);
