@@ -4,9 +4,9 @@
  * with the warps specialized), the same bits.
  * A block is 4 warps x NTW n-tiles (128 or 64 columns) x MT m-tiles (16 rows each; rows >= R
  * read as zero and are never written) x one k split. The trellis and the A rows of KC k-tiles
- * a stage go to shared memory by cp.async (3 stages in flight); each lane decodes its 8 states
- * of a tile (linear_fast.h) in registers straight into the mma B fragment and applies it to
- * every m-tile of the block. Partials [split][R][n] fp32, added in split order by the finish.
+ * a stage go to shared memory by cp.async (NS stages in flight: FB_STAGES, a decode step's 2 of
+ * 16 k-tiles, f_dec_variant); each lane decodes its 8 states of a tile (linear_fast.h) in
+ * registers straight into the mma B fragment and applies it to every m-tile of the block. Partials [split][R][n] fp32, added in split order by the finish.
  * Batch invariance: an output element is the mma chain over its split's k-tiles in ascending
  * order from its own A row and B column; MT, NTW, KC, the m-group and R change which rows and
  * columns share a block or a stage, never that chain, and the split is a function of (k, n)
@@ -29,11 +29,12 @@
 #define FB_STAGES 3
 /* m-tiles a block MT: 1 up to 16 rows, else 2, 4 or 8 (muse_fast_block_mt). k-tiles a
  * pipeline stage, KC: 8 at 1 and 2 m-tiles (half the stage's loads, barrier and waits a
- * k-tile), 4 at 4 and 8 (three stages of 128 rows stay in shared memory 3 blocks an SM) */
+ * k-tile), 4 at 4 and 8 (three stages of 128 rows stay in shared memory 3 blocks an SM); 16
+ * at one m-tile and 2 bits (f_dec_variant) */
 
 /* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads; MB:
  * the blocks an SM its registers are capped for (0: none, the PTX of __launch_bounds__(128)) */
-template <int CB, int BITS, int MT, int NTW, int KC, int MB>
+template <int CB, int BITS, int MT, int NTW, int KC, int MB, int NS = FB_STAGES>
 __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 {
     constexpr int FB_NT = FB_WARPS * NTW; /* n-tiles a block */
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 #pragma unroll
         for (int i = 0; i < A_PASSES; i++)
             if (!(a_rows_ok >> i & 1))
-                for (int b = 0; b < FB_STAGES; b++)
+                for (int b = 0; b < NS; b++)
                     *(uint4 *)(f_sm + b * STAGE_BYTES + (a_dst + A_RP * i * FB_AROW) * 2) =
                         make_uint4(0, 0, 0, 0);
     const uint16_t *b_src[B_PER];
@@ -186,42 +187,43 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 #pragma unroll
                 for (int q = 0; q < 4; q++) acc[mt][nt][h][q] = 0.0f;
 
-    /* the prologue's stages: a plain product's trellis first, then the wait, then A (commit
-     * groups {B0, B1, A0}, {A1}: stage s still lands with group s); grouped, {B0, A0}, {B1, A1} */
+    /* the prologue's NS - 1 stages: a plain product's trellis first, then the wait, then A (at 3
+     * stages commit groups {B0, B1, A0}, {A1}: stage s still lands with group s); grouped, {B0,
+     * A0}, {B1, A1} */
     if (!L.descs)
-        for (int st = 0; st < FB_STAGES - 1; st++)
+        for (int st = 0; st < NS - 1; st++)
             if (st < nstages) load_b(st, st * STAGE_BYTES, aligned);
     K_PDL_WAIT(); /* before A, and before the partials are written */
-    for (int st = 0; st < FB_STAGES - 1; st++) {
+    for (int st = 0; st < NS - 1; st++) {
         if (st < nstages) {
             if (L.descs) load_b(st, st * STAGE_BYTES, aligned);
             load_a(st, st * STAGE_BYTES);
         }
         k_cp_commit();
     }
-    /* byte offsets of stage st's buffer (st % 3) and of stage st + 2's ((st + 2) % 3) */
-    int cbuf = 0, lbuf = (FB_STAGES - 1) * STAGE_BYTES;
+    /* byte offsets of stage st's buffer (st % NS) and of stage st + NS - 1's */
+    int cbuf = 0, lbuf = (NS - 1) * STAGE_BYTES;
     for (int st = 0; st < nstages; st++) {
-        k_cp_wait<FB_STAGES - 2>();
+        k_cp_wait<NS - 2>();
         __syncthreads(); /* stage st landed; every warp is done with stage st - 1's buffer */
-        if (st + FB_STAGES - 1 < nstages) {
-            const int lb = lbuf; /* stage st + 2's buffer: (st + 2) % 3, the one before st's */
+        if (st + NS - 1 < nstages) {
+            const int lb = lbuf; /* stage st + NS - 1's buffer: the one before st's */
             /* the aligned test once, around both parts: their cp.asyncs in one block */
             if (aligned && (MT > 1 || !a_more)) { /* a decode step's rows: one pass */
-                load_a(st + FB_STAGES - 1, lb, false);
-                load_b(st + FB_STAGES - 1, lb, true);
+                load_a(st + NS - 1, lb, false);
+                load_b(st + NS - 1, lb, true);
             } else if (aligned) {
-                load_a(st + FB_STAGES - 1, lb);
-                load_b(st + FB_STAGES - 1, lb, true);
+                load_a(st + NS - 1, lb);
+                load_b(st + NS - 1, lb, true);
             } else {
-                load_a(st + FB_STAGES - 1, lb);
-                load_b(st + FB_STAGES - 1, lb, false);
+                load_a(st + NS - 1, lb);
+                load_b(st + NS - 1, lb, false);
             }
         }
         k_cp_commit();
         const unsigned char *base = f_sm + cbuf;
         lbuf = cbuf;
-        cbuf = cbuf == (FB_STAGES - 1) * STAGE_BYTES ? 0 : cbuf + STAGE_BYTES;
+        cbuf = cbuf == (NS - 1) * STAGE_BYTES ? 0 : cbuf + STAGE_BYTES;
         const uint16_t *as = (const uint16_t *)base;
         const uint32_t *bs = (const uint32_t *)(base + A_HALVES * 2);
         const bool full_st = st < nfull;
@@ -297,9 +299,10 @@ __global__ void k_fast_decode(const uint16_t *trellis, int64_t tiles_ld, int64_t
 typedef void (*prod_fn)(fast_prod);
 typedef void (*dec_fn)(const uint16_t *, int64_t, int64_t, uint16_t *);
 
-template <int CB, int BITS, int MT, int NTW, int KC, int MB> static int f_stage_bytes(void)
+template <int CB, int BITS, int MT, int NTW, int KC, int MB, int NS = FB_STAGES>
+static int f_stage_bytes(void)
 {
-    return FB_STAGES * (MT * 16 * (KC * 16 + 8) * 2 + KC * FB_WARPS * NTW * 8 * BITS * 4);
+    return NS * (MT * 16 * (KC * 16 + 8) * 2 + KC * FB_WARPS * NTW * 8 * BITS * 4);
 }
 
 #define F_BITS(F, CB, ...)                                                                         \
@@ -332,6 +335,43 @@ static int (*const f_smem_bytes[F_NSHAPES][3][8])(void) = F_SHAPES(f_stage_bytes
             k_fast_decode<CB, 5>, k_fast_decode<CB, 6>, k_fast_decode<CB, 7>, k_fast_decode<CB, 8> \
     }
 static const dec_fn f_dec[3][8] = {F_DEC(0), F_DEC(1), F_DEC(2)};
+
+/* The one-m-tile blocks at 2 bits (shapes [0] and [2]: a decode step's products) in stages of
+ * 16 k-tiles, 2 in flight: half the table's barriers and stage bookkeeping a k-tile (its 8, 3 in
+ * flight). H200, 2026-12-04, the whole one-GPU shape at one stream: 16.18-16.29 ms a round
+ * against 16.52-16.60, at 4 and 16 streams the same. The same bits: a stage's k-tiles change
+ * which loads share a barrier, never a column's chain. MUSE_FAST_DEC=0 from the environment
+ * (tuning only, read once a process): the table's; =2: stages of 8, 2 in flight. */
+#define F_DEC_DEFAULT 1
+#define F_DEC_CB(KC, NS)                                                                           \
+    {                                                                                              \
+        {{k_fast_product<0, 2, 1, 2, KC, 0, NS>, f_stage_bytes<0, 2, 1, 2, KC, 0, NS>},            \
+         {k_fast_product<0, 2, 1, 1, KC, 0, NS>, f_stage_bytes<0, 2, 1, 1, KC, 0, NS>}},           \
+            {{k_fast_product<1, 2, 1, 2, KC, 0, NS>, f_stage_bytes<1, 2, 1, 2, KC, 0, NS>},        \
+             {k_fast_product<1, 2, 1, 1, KC, 0, NS>, f_stage_bytes<1, 2, 1, 1, KC, 0, NS>}},       \
+        {                                                                                          \
+            {k_fast_product<2, 2, 1, 2, KC, 0, NS>, f_stage_bytes<2, 2, 1, 2, KC, 0, NS>},         \
+            {                                                                                      \
+                k_fast_product<2, 2, 1, 1, KC, 0, NS>, f_stage_bytes<2, 2, 1, 1, KC, 0, NS>        \
+            }                                                                                      \
+        }                                                                                          \
+    }
+typedef struct {
+    prod_fn fn;
+    int (*smem)(void);
+} f_dec_form;
+static const f_dec_form f_dec_forms[2][3][2] = {F_DEC_CB(16, 2), F_DEC_CB(8, 2)};
+/* the form for a launch's blocks, or NULL for the table's */
+static const f_dec_form *f_dec_variant(int shape, int cb, int bits)
+{
+    static const int env = [] {
+        const char *v = getenv("MUSE_FAST_DEC");
+        int d = v && *v ? atoi(v) : F_DEC_DEFAULT;
+        return d >= 0 && d <= 2 ? d : F_DEC_DEFAULT;
+    }();
+    if (!env || bits != 2 || (shape != 0 && shape != 2)) return NULL;
+    return &f_dec_forms[env - 1][cb][shape == 2];
+}
 
 MUSE_K_API int muse_k_linear_fast_split_target(void)
 {
@@ -657,8 +697,9 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             continue;
         }
         int bi = shapes[i].bits - 1;
-        prod_fn fn = f_prod[shape][cb][bi];
-        int smem = f_smem_bytes[shape][cb][bi]();
+        const f_dec_form *dv = f_dec_variant(shape, cb, shapes[i].bits);
+        prod_fn fn = dv ? dv->fn : f_prod[shape][cb][bi];
+        int smem = dv ? dv->smem() : f_smem_bytes[shape][cb][bi]();
         if (smem > 48 * 1024) {
             err = (int)cudaFuncSetAttribute((const void *)fn,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
