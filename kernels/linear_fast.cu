@@ -6,7 +6,8 @@
  * read as zero and are never written) x one k split. The trellis and the A rows of KC k-tiles
  * a stage go to shared memory by cp.async (NS stages in flight: FB_STAGES, a decode step's 2 of
  * 16 k-tiles, f_dec_variant); each lane decodes its 8 states of a tile (linear_fast.h) in
- * registers straight into the mma B fragment and applies it to every m-tile of the block. Partials [split][R][n] fp32, added in split order by the finish.
+ * registers straight into the mma B fragment and applies it to every m-tile of the block.
+ * Partials [split][R][n] fp32, added in split order by the finish.
  * Batch invariance: an output element is the mma chain over its split's k-tiles in ascending
  * order from its own A row and B column; MT, NTW, KC, the m-group and R change which rows and
  * columns share a block or a stage, never that chain, and the split is a function of (k, n)
