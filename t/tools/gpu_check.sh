@@ -20,7 +20,8 @@
 # pack and the whole one-GPU shape served through nginx, t/tools/serve_measure.sh), nor
 # wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS), promptvar (its
 # prompt under them), many (the product at many rows under each of GPU_CHECK_MANY_VARIANTS),
-# ncuprodmany (the product at 256 rows under ncu), kprofprompt (each kernel of a prompt round),
+# ncuprodmany (the product at 256 rows under ncu), ncusmall (a decode round's small kernels under
+# ncu), kprofprompt (each kernel of a prompt round),
 # oldnew (this build's fast logits against an earlier build's carried as build/gpu/old), probe
 # (wgmma against mma.sync: bits and rates),
 # attnsplits (the fast attention's kernel-check under its split cap and switches), fastquick
@@ -179,6 +180,24 @@ if want ncuprodmany && [ "$B" = cuda ] && command -v ncu >/dev/null; then
         -c "${GPU_CHECK_NCUPROD_COUNT:-12}" -o "$logs/prodmany" build/t/exl3-fast-check --prof "${GPU_CHECK_NCUPROD_ROWS:-256}"
     ncu --import "$logs/prodmany.ncu-rep" >"$out/ncuprodmany.txt" 2>&1
     rm -f "$logs/prodmany.ncu-rep"
+fi
+# the small kernels of a decode round (the 4-layer cut: norms, prepare and finish, router,
+# selection, the attention's three, the MoE combine) under ncu's full set: each launch's
+# duration, warp states and instruction mix ($OUT/ncusmall.txt) and the SASS page with its
+# counts and stall samples ($OUT/small-sass.csv.gz; a few samples a launch of a few us).
+# GPU_CHECK_NCUSMALL_SKIP launches (130: the prompt round's and the first decode round's) are
+# left out, then GPU_CHECK_NCUSMALL_COUNT (60: a decode round's) profiled
+if want ncusmall && [ "$B" = cuda ] && command -v ncu >/dev/null; then
+    step ncusmall 240 ncu --clock-control none --set full --import-source no \
+        -k 'regex:k_(add_norm_fast|select_group_fast|moe_combine_norm_fast|router_vec|fast_finish|fast_prepare|attn_in_fast|attn_split_coop|attn_combine)' \
+        --launch-skip "${GPU_CHECK_NCUSMALL_SKIP:-130}" -c "${GPU_CHECK_NCUSMALL_COUNT:-60}" \
+        -o "$logs/small" build/muse-bench decode --backend cuda --synthetic-weights 1 \
+        --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --kernels fast \
+        --streams 1 --tokens 3 --prompt 64
+    ncu --import "$logs/small.ncu-rep" >"$out/ncusmall.txt" 2>&1
+    ncu --import "$logs/small.ncu-rep" --page source --print-source sass --csv 2>&1 |
+        gzip >"$out/small-sass.csv.gz"
+    rm -f "$logs/small.ncu-rep"
 fi
 # the product at many rows under each block shape (GPU_CHECK_MANY_VARIANTS: VAR=VALUE,...; "-"
 # the defaults)
