@@ -6,10 +6,11 @@
  * read as zero and are never written) x one k split. The trellis and the A rows of KC k-tiles
  * a stage go to shared memory by cp.async (NS stages in flight: FB_STAGES, a decode step's 2 of
  * 16 k-tiles, f_dec_variant); each lane decodes its 8 states of a tile (linear_fast.h) in
- * registers straight into the mma B fragment and applies it to every m-tile of the block.
+ * registers straight into the mma B fragment and applies it to every m-tile of the block (a
+ * decode step of at most 8 rows: TR, the fragment as mma's A operand, the rows as B).
  * Partials [split][R][n] fp32, added in split order by the finish.
  * Batch invariance: an output element is the mma chain over its split's k-tiles in ascending
- * order from its own A row and B column; MT, NTW, KC, the m-group and R change which rows and
+ * order from its own A row and B column; MT, NTW, KC, TR, the m-group and R change which rows and
  * columns share a block or a stage, never that chain, and the split is a function of (k, n)
  * (muse_fast_splits). Built without -fmad=false (mk/fast.mk): this file's only floating-point
  * arithmetic is the mma and explicit __hadd2 / __hfma2 intrinsics, which no contraction flag
@@ -35,23 +36,24 @@
 
 /* step 2: grid (sum over the launch's linears of nblk * splits * mgroups), 128 threads; MB:
  * the blocks an SM its registers are capped for (0: none, the PTX of __launch_bounds__(128)) */
-template <int CB, int BITS, int MT, int NTW, int KC, int MB, int NS = FB_STAGES>
+template <int CB, int BITS, int MT, int NTW, int KC, int MB, int NS = FB_STAGES, int TR = 0>
 __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 {
+    static_assert(!TR || MT == 1, "the transposed form is one m-tile's");
     constexpr int FB_NT = FB_WARPS * NTW; /* n-tiles a block */
     constexpr int FB_KC = KC;
     constexpr int FB_AROW = KC * 16 + 8; /* halves a staged A row: padded, ldmatrix conflict-free */
+    constexpr int A_ROWS = TR ? 8 : MT * 16; /* rows staged: TR, a block of at most 8 rows */
     extern __shared__ __align__(16) unsigned char f_sm[];
-    constexpr int A_HALVES = MT * 16 * FB_AROW;
+    constexpr int A_HALVES = A_ROWS * FB_AROW;
     constexpr int B_WORDS = FB_KC * FB_NT * 8 * BITS;
     constexpr int STAGE_BYTES = A_HALVES * 2 + B_WORDS * 4;
     K_PDL_NEXT();
     int li, mg, sp, nb;
     f_place(p, blockIdx.x, li, mg, sp, nb);
     const fast_lin &L = p.l[li];
-    int64_t kt_all = L.k / 16, ntiles = L.n / 16;
-    int64_t kt0 = muse_fast_split_begin(kt_all, L.splits, sp);
-    int64_t kt1 = muse_fast_split_begin(kt_all, L.splits, sp + 1);
+    int64_t ntiles = L.n / 16;
+    int64_t kt0 = f_split_at(L, sp), kt1 = f_split_at(L, sp + 1);
     long R = p.R, m0 = (long)mg * MT * 16, rend = R; /* R: the partials' row count */
     const uint16_t *trellis = L.trellis;
     int64_t tiles_ld = L.tiles_ld;
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
     constexpr int B_CH = FB_KC * CH_ROW;      /* of a stage */
     constexpr int B_PER = (B_CH + 127) / 128; /* a thread's B chunks */
     constexpr int A_RP = 128 / A_CHR;         /* rows the block stages at once */
-    constexpr int A_PASSES = MT * 16 / A_RP;
+    constexpr int A_PASSES = A_ROWS / A_RP;
     const int a_ch = th % A_CHR, a_row = th / A_CHR; /* rows a_row + A_RP i, i < A_PASSES */
     const uint16_t *a_src = L.a + (m0 + a_row) * L.k + kt0 * 16 + a_ch * 8;
     const int a_dst = a_row * FB_AROW + a_ch * 8;
@@ -173,7 +175,8 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
                 if (B_CH % 128 != 0 && th + 128 * i >= B_CH) break;
                 uint32_t *dst = bs + b_dst[i];
                 for (int q = 0; q < 4; q++)
-                    dst[q] = ok[i] ? (uint32_t)src[i][2 * q] | (uint32_t)src[i][2 * q + 1] << 16 : 0;
+                    dst[q] =
+                        ok[i] ? (uint32_t)src[i][2 * q] | (uint32_t)src[i][2 * q + 1] << 16 : 0;
             }
         }
     };
@@ -235,15 +238,27 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 #pragma unroll
             for (int nt = 0; nt < NTW; nt++)
                 f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + nt) * 8 * BITS, l_wo, l_sh, bf[nt]);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                if (MT > 1 && mt >= mt_live) break; /* one m-tile: always live (m0 < rend) */
-                uint32_t af[4];
-                k_ldsm4(af, as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
+            if constexpr (TR) { /* t^T = Wq^T a^T: the tile as the A operand, 8 rows as B */
+                uint32_t xf[2];
+                k_ldsm2(xf, as + (lane % 8) * FB_AROW + kk * 16 + (lane / 8 % 2) * 8);
 #pragma unroll
                 for (int nt = 0; nt < NTW; nt++) {
-                    k_mma16816(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
-                    k_mma16816(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
+                    uint32_t wa[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++) wa[q] = bf[nt][muse_fast_wr_breg(q)];
+                    k_mma16816(acc[0][nt][0], wa, xf[0], xf[1]);
+                }
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    if (MT > 1 && mt >= mt_live) break; /* one m-tile: always live (m0 < rend) */
+                    uint32_t af[4];
+                    k_ldsm4(af, as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+                    for (int nt = 0; nt < NTW; nt++) {
+                        k_mma16816(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
+                        k_mma16816(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
+                    }
                 }
             }
         };
@@ -256,25 +271,40 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
     }
     k_cp_wait<0>();
 
-    /* c0, c1: row lane/4, columns 2(lane%4) + {0,1}; c2, c3: row lane/4 + 8; a row's address
-     * once, its n-tiles at constant offsets */
+    if constexpr (TR) { /* c0, c1: column lane/4, rows 2(lane%4) + {0,1}; c2, c3: column + 8 */
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            long row = m0 + mt * 16 + lane / 4 + 8 * half;
+        for (int e = 0; e < 2; e++) {
+            long row = m0 + 2 * (lane % 4) + e;
             if (row >= rend) continue;
-            float *prow = L.part + ((long)sp * R + row) * L.n + (tn0 + warp * NTW) * 16 +
-                          2 * (lane % 4);
+            float *prow = L.part + ((long)sp * R + row) * L.n + (tn0 + warp * NTW) * 16 + lane / 4;
 #pragma unroll
             for (int nt = 0; nt < NTW; nt++) {
                 if (tn0 + warp * NTW + nt >= ntiles) continue;
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    *(float2 *)(prow + nt * 16 + h * 8) =
-                        make_float2(acc[mt][nt][h][2 * half], acc[mt][nt][h][2 * half + 1]);
+                prow[nt * 16] = acc[0][nt][0][e];
+                prow[nt * 16 + 8] = acc[0][nt][0][2 + e];
             }
         }
+    } else {
+        /* c0, c1: row lane/4, columns 2(lane%4) + {0,1}; c2, c3: row lane/4 + 8; a row's address
+         * once, its n-tiles at constant offsets */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                long row = m0 + mt * 16 + lane / 4 + 8 * half;
+                if (row >= rend) continue;
+                float *prow =
+                    L.part + ((long)sp * R + row) * L.n + (tn0 + warp * NTW) * 16 + 2 * (lane % 4);
+#pragma unroll
+                for (int nt = 0; nt < NTW; nt++) {
+                    if (tn0 + warp * NTW + nt >= ntiles) continue;
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        *(float2 *)(prow + nt * 16 + h * 8) =
+                            make_float2(acc[mt][nt][h][2 * half], acc[mt][nt][h][2 * half + 1]);
+                }
+            }
+    }
 }
 
 /* checks: grid (k/16 * n/16 tiles), 32 threads: the product's decode of each tile, unscaled */
@@ -300,10 +330,10 @@ __global__ void k_fast_decode(const uint16_t *trellis, int64_t tiles_ld, int64_t
 typedef void (*prod_fn)(fast_prod);
 typedef void (*dec_fn)(const uint16_t *, int64_t, int64_t, uint16_t *);
 
-template <int CB, int BITS, int MT, int NTW, int KC, int MB, int NS = FB_STAGES>
+template <int CB, int BITS, int MT, int NTW, int KC, int MB, int NS = FB_STAGES, int TR = 0>
 static int f_stage_bytes(void)
 {
-    return NS * (MT * 16 * (KC * 16 + 8) * 2 + KC * FB_WARPS * NTW * 8 * BITS * 4);
+    return NS * ((TR ? 8 : MT * 16) * (KC * 16 + 8) * 2 + KC * FB_WARPS * NTW * 8 * BITS * 4);
 }
 
 #define F_BITS(F, CB, ...)                                                                         \
@@ -344,34 +374,72 @@ static const dec_fn f_dec[3][8] = {F_DEC(0), F_DEC(1), F_DEC(2)};
  * which loads share a barrier, never a column's chain. MUSE_FAST_DEC=0 from the environment
  * (tuning only, read once a process): the table's; =2: stages of 8, 2 in flight. */
 #define F_DEC_DEFAULT 1
-#define F_DEC_CB(KC, NS)                                                                           \
+#define F_DEC_ONE(CB, NTW, KC, NS, TR)                                                             \
     {                                                                                              \
-        {{k_fast_product<0, 2, 1, 2, KC, 0, NS>, f_stage_bytes<0, 2, 1, 2, KC, 0, NS>},            \
-         {k_fast_product<0, 2, 1, 1, KC, 0, NS>, f_stage_bytes<0, 2, 1, 1, KC, 0, NS>}},           \
-            {{k_fast_product<1, 2, 1, 2, KC, 0, NS>, f_stage_bytes<1, 2, 1, 2, KC, 0, NS>},        \
-             {k_fast_product<1, 2, 1, 1, KC, 0, NS>, f_stage_bytes<1, 2, 1, 1, KC, 0, NS>}},       \
+        k_fast_product<CB, 2, 1, NTW, KC, 0, NS, TR>, f_stage_bytes<CB, 2, 1, NTW, KC, 0, NS, TR>  \
+    }
+#define F_DEC_CB(KC, NS, TR)                                                                       \
+    {                                                                                              \
+        {F_DEC_ONE(0, 2, KC, NS, TR), F_DEC_ONE(0, 1, KC, NS, TR)},                                \
+            {F_DEC_ONE(1, 2, KC, NS, TR), F_DEC_ONE(1, 1, KC, NS, TR)},                            \
         {                                                                                          \
-            {k_fast_product<2, 2, 1, 2, KC, 0, NS>, f_stage_bytes<2, 2, 1, 2, KC, 0, NS>},         \
-            {                                                                                      \
-                k_fast_product<2, 2, 1, 1, KC, 0, NS>, f_stage_bytes<2, 2, 1, 1, KC, 0, NS>        \
-            }                                                                                      \
+            F_DEC_ONE(2, 2, KC, NS, TR), F_DEC_ONE(2, 1, KC, NS, TR)                               \
         }                                                                                          \
     }
 typedef struct {
     prod_fn fn;
     int (*smem)(void);
 } f_dec_form;
-static const f_dec_form f_dec_forms[2][3][2] = {F_DEC_CB(16, 2), F_DEC_CB(8, 2)};
-/* the form for a launch's blocks, or NULL for the table's */
-static const f_dec_form *f_dec_variant(int shape, int cb, int bits)
+/* [transposed][stage form - 1][codebook][64 columns] */
+static const f_dec_form f_dec_forms[2][2][3][2] = {{F_DEC_CB(16, 2, 0), F_DEC_CB(8, 2, 0)},
+                                                   {F_DEC_CB(16, 2, 1), F_DEC_CB(8, 2, 1)}};
+/* Launches of at most 8 rows (grouped: 8 pairs, so every group's rows too; one token of 8
+ * experts) compute t^T = Wq^T a^T: the decoded tile as mma's A operand (muse_fast_wr_breg's
+ * registers), the rows as its 8-column B, one mma a tile where t = a Wq takes two, half the
+ * accumulators and staged rows (at 64 columns 45 registers and 17 KB, 10 blocks an SM; the
+ * other form 52 and 25 KB, 9). The same bits (each output the same products summed the same way;
+ * H200: every logit of main's). H200, 2026-12-04, the whole one-GPU shape: one token 15.42 ms a
+ * round against 16.31, 2 to 16 tokens 0.2-1.0% faster (their experts' pairs past 8: the other
+ * form). MUSE_FAST_TR=0 from the environment (tuning only, read once a process): never. */
+#define F_TR_DEFAULT 1
+#define F_TR_NARROW  1
+static int f_tr_set = -1; /* muse_k_linear_fast_tr_force: checks only */
+static int f_tr_on(void)
+{
+    static const int env = [] {
+        const char *v = getenv("MUSE_FAST_TR");
+        return v && *v ? atoi(v) != 0 : F_TR_DEFAULT;
+    }();
+    return f_tr_set >= 0 ? f_tr_set : env;
+}
+
+MUSE_K_API void muse_k_linear_fast_tr_force(int on)
+{
+    f_tr_set = on;
+}
+
+static int f_dec_env(void)
 {
     static const int env = [] {
         const char *v = getenv("MUSE_FAST_DEC");
         int d = v && *v ? atoi(v) : F_DEC_DEFAULT;
         return d >= 0 && d <= 2 ? d : F_DEC_DEFAULT;
     }();
+    return env;
+}
+
+/* whether a one-m-tile launch of rows rows at bits bits takes the transposed form */
+static int f_dec_tr(int bits, long rows)
+{
+    return f_dec_env() && bits == 2 && rows <= 8 && f_tr_on();
+}
+
+/* the form for a launch's blocks (tr: f_dec_tr's), or NULL for the table's */
+static const f_dec_form *f_dec_variant(int shape, int cb, int bits, int tr)
+{
+    int env = f_dec_env();
     if (!env || bits != 2 || (shape != 0 && shape != 2)) return NULL;
-    return &f_dec_forms[env - 1][cb][shape == 2];
+    return &f_dec_forms[tr][env - 1][cb][shape == 2];
 }
 
 MUSE_K_API int muse_k_linear_fast_split_target(void)
@@ -389,13 +457,22 @@ MUSE_K_API int muse_k_linear_fast_split_target(void)
  * 2026-12-02, the whole one-GPU shape at one stream: 52.95 tok/s against 51.2 at 8 an SM, once
  * the 64-column blocks took 48 registers; the routed experts' gate/up then 64-column too). */
 static long f_narrow_set = -1; /* muse_k_linear_fast_narrow: checks only */
-static long f_narrow_below(void)
+/* whether a launch of wide 128-column blocks (tr: the transposed form's, rows rows) takes
+ * 64-column ones; the transposed form's by muse_fast_tr_narrow, its policy
+ * MUSE_FAST_TR_NARROW=P from the environment (tuning only, read once a process), else
+ * F_TR_NARROW */
+static int f_narrow(long wide, int tr, long rows, int grouped)
 {
     static const long below = [] {
         const char *v = getenv("MUSE_FAST_NARROW");
         return v && *v ? atol(v) : 16L * MUSE_FAST_SMS;
     }();
-    return f_narrow_set >= 0 ? f_narrow_set : below;
+    static const int policy = [] {
+        const char *v = getenv("MUSE_FAST_TR_NARROW");
+        return v && *v ? atoi(v) : F_TR_NARROW;
+    }();
+    if (f_narrow_set >= 0) return wide < f_narrow_set;
+    return tr ? muse_fast_tr_narrow(wide, rows, grouped, policy) : wide < below;
 }
 
 MUSE_K_API void muse_k_linear_fast_narrow(long below)
@@ -406,7 +483,8 @@ MUSE_K_API void muse_k_linear_fast_narrow(long below)
 static int f_valid(const muse_k_lin *s)
 {
     return s->kind == MUSE_K_EXL3 && s->bits >= 1 && s->bits <= 8 && s->codebook >= 0 &&
-           s->codebook <= 2 && s->k > 0 && s->n > 0 && s->k % 128 == 0 && s->n % 128 == 0;
+           s->codebook <= 2 && s->k > 0 && s->n > 0 && s->k % 128 == 0 && s->n % 128 == 0 &&
+           s->k < (1 << 26); /* k / 16 * splits < 2^31: the kernels' split bounds in 32 bits */
 }
 
 static size_t f_align(size_t v)
@@ -650,6 +728,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         fast_prod p;
         p.n_lin = 0;
         p.mgroups = mgroups;
+        p.mg_div = muse_fast_magic((uint32_t)mgroups);
         p.R = rows;
         p.groups = g ? (const int4 *)g->groups : NULL;
         p.n_groups = g ? g->n_groups : NULL;
@@ -661,7 +740,12 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             if (!done[j] && shapes[j].bits == shapes[i].bits)
                 wide += (long)(shapes[j].n / MUSE_FAST_BLOCK_COLS) *
                         muse_fast_splits(shapes[j].k, shapes[j].n, target) * mgroups;
-        int shape = mh || mt == 8 ? 1 : mt == 4 ? 3 : mt == 2 ? 4 : wide < f_narrow_below() ? 2 : 0;
+        int tr = !mh && mt == 1 && f_dec_tr(shapes[i].bits, rows);
+        int shape = mh || mt == 8                         ? 1
+                    : mt == 4                             ? 3
+                    : mt == 2                             ? 4
+                    : f_narrow(wide, tr, rows, g != NULL) ? 2
+                                                          : 0;
         int64_t cols = shape == 2 ? MUSE_FAST_BLOCK_COLS / 2 : MUSE_FAST_BLOCK_COLS;
         /* the register form's splits fused where its blocks without them are enough */
         long unsplit = 0;
@@ -684,6 +768,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             L->part = part[j];
             L->descs = g ? g->descs[j] : NULL;
             L->splits = muse_fast_splits(s->k, s->n, target);
+            L->sp_div = muse_fast_magic((uint32_t)L->splits);
             L->nblk = (int)((s->n + cols - 1) / cols);
             L->aligned = (uintptr_t)s->trellis % 16 == 0; /* tile rows are 32 * bits bytes */
             L->blk0 = blocks;
@@ -698,7 +783,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             continue;
         }
         int bi = shapes[i].bits - 1;
-        const f_dec_form *dv = f_dec_variant(shape, cb, shapes[i].bits);
+        const f_dec_form *dv = f_dec_variant(shape, cb, shapes[i].bits, tr);
         prod_fn fn = dv ? dv->fn : f_prod[shape][cb][bi];
         int smem = dv ? dv->smem() : f_smem_bytes[shape][cb][bi]();
         if (smem > 48 * 1024) {

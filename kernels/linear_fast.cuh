@@ -80,6 +80,9 @@ MUSE_K_API void muse_k_linear_fast_ws_force(int on);
 /* Checks only: the wgmma form with the weights as the register operand (linear_fast_wr.cu) off
  * (0) or on (1) in place of MUSE_FAST_WR (-1: back to it). The bits do not change. */
 MUSE_K_API void muse_k_linear_fast_wr_force(int on);
+/* Checks only: a decode step's transposed product (blocks of at most 8 rows, linear_fast.cu) off
+ * (0) or on (1) in place of MUSE_FAST_TR (-1: back to it). The bits do not change. */
+MUSE_K_API void muse_k_linear_fast_tr_force(int on);
 /* Checks only: the register form's splits fused from launches of this many unsplit blocks on (0:
  * never) in place of MUSE_FAST_FUSE_MIN (-1: back to it). The bits do not change. */
 MUSE_K_API void muse_k_linear_fast_fuse_force(long min_blocks);

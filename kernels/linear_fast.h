@@ -1,7 +1,8 @@
 /* linear_fast.h: the index and bit logic of the fast EXL3 product (kernels/linear_fast.cu) as
  * MUSE_HD helpers, so t/unit/test_linear_fast.c checks on the CPU what the kernel runs: the k
- * split, the 8 trellis states a lane of a warp pulls out of its tile, the integer stage of each
- * codebook's decode and the fp16 stage the device does with one __hadd2 / __hfma2. */
+ * split and its divisions as multiplies, the block widths, the 8 trellis states a lane of a warp
+ * pulls out of its tile, the integer stage of each codebook's decode and the fp16 stage the
+ * device does with one __hadd2 / __hfma2. */
 #ifndef MUSE_K_LINEAR_FAST_H
 #define MUSE_K_LINEAR_FAST_H
 
@@ -39,6 +40,20 @@ MUSE_HD int muse_fast_splits(int64_t k, int64_t n, int target)
     return s < 1 ? 1 : (int)s;
 }
 
+/* Whether a launch of the transposed form (blocks of at most 8 rows: a decode step's) takes
+ * 64-column blocks, wide its 128-column blocks, rows its rows (grouped: the MoE's pairs, 8 for
+ * one token of 8 experts): policy 0 never; 2 below 16 an SM (the other forms' rule); 1 never at
+ * one row or grouped, else as 2. Only which blocks hold which columns: the bits are the same.
+ * H200, 2026-12-04, the whole one-GPU shape (a round's p50): one token 15.30 ms with every
+ * launch at 128 columns (0), 15.61 at 64 (2), 15.98 and 16.9 with the two mixed (plain
+ * launches 128, the experts 64; or by waves); 2, 4 and 8 tokens 0.2-2.3% faster at 2 than at
+ * 0 (their experts' pairs past 8: not this form). */
+MUSE_HD int muse_fast_tr_narrow(long wide, long rows, int grouped, int policy)
+{
+    if (policy == 0 || (policy == 1 && (rows == 1 || grouped))) return 0;
+    return wide < 16L * MUSE_FAST_SMS;
+}
+
 /* The fewest m-tiles (1, 2, 4, 8) that hold rows rows, at most `most`. */
 MUSE_HD int muse_fast_fit_mt(int64_t rows, int most)
 {
@@ -73,6 +88,30 @@ MUSE_HD int muse_fast_group_rows(int64_t rows, int64_t k_per_row, int64_t expert
 MUSE_HD int64_t muse_fast_split_begin(int64_t kt, int splits, int s)
 {
     return kt * s / splits;
+}
+
+/* n / d for 0 <= n < 2^31 and 1 <= d < 2^31 as (n m) >> s, a multiply where a division by a
+ * divisor known only at run time takes a subroutine on the GPU: with l = ceil(log2 d), s = 31 +
+ * l and m = ceil(2^s / d) < 2^32, m d - 2^s < d <= 2^l, so n (m d - 2^s) < 2^s and the floor is
+ * n / d's (Granlund and Montgomery). The host sets it once a launch. */
+typedef struct {
+    uint32_t m;
+    int s;
+} muse_fast_div;
+
+MUSE_HD muse_fast_div muse_fast_magic(uint32_t d)
+{
+    int l = 0;
+    while (l < 31 && ((uint32_t)1 << l) < d) l++;
+    muse_fast_div v;
+    v.s = 31 + l;
+    v.m = (uint32_t)((((uint64_t)1 << v.s) + d - 1) / d);
+    return v;
+}
+
+MUSE_HD uint32_t muse_fast_divq(uint32_t n, muse_fast_div v)
+{
+    return (uint32_t)((uint64_t)n * v.m >> v.s);
 }
 
 /* The top 32 bits of (hi:lo) << s, s in 0..31 (__funnelshift_l on the device). */

@@ -21,6 +21,7 @@ typedef struct {
     const muse_k_lin *descs; /* grouped: the experts' device descriptors [E]; else NULL */
     long blk0;               /* first block of this linear in the launch */
     int splits, nblk, aligned;
+    muse_fast_div sp_div; /* / splits (muse_fast_magic) */
 } fast_lin;
 
 /* Grouped (the MoE): m-group g is the rows [x.y, x.y + x.z) of groups[g] (rows in group
@@ -28,6 +29,7 @@ typedef struct {
 typedef struct {
     fast_lin l[MUSE_K_FAST_MAX_LIN];
     int n_lin, mgroups;
+    muse_fast_div mg_div; /* / mgroups (muse_fast_magic) */
     long R;
     const int4 *groups;
     const int32_t *n_groups;
@@ -35,16 +37,24 @@ typedef struct {
 } fast_prod;
 
 /* Block b of a launch's grid (an item of the persistent form's): its linear li, its m-group mg,
- * its k split sp and its 128-column block nb; the grid runs m-groups fastest, then splits */
+ * its k split sp and its 128-column block nb; the grid runs m-groups fastest, then splits
+ * (a grid's blocks < 2^31: the divisions as multiplies) */
 __device__ __forceinline__ void f_place(const fast_prod &p, long b, int &li, int &mg, int &sp,
                                         int &nb)
 {
     li = 0;
     while (li + 1 < p.n_lin && b >= p.l[li + 1].blk0) li++;
-    long local = b - p.l[li].blk0;
-    mg = (int)(local % p.mgroups);
-    long rest = local / p.mgroups;
-    sp = (int)(rest % p.l[li].splits), nb = (int)(rest / p.l[li].splits);
+    uint32_t local = (uint32_t)(b - p.l[li].blk0);
+    uint32_t rest = muse_fast_divq(local, p.mg_div);
+    mg = (int)(local - rest * (uint32_t)p.mgroups);
+    uint32_t q = muse_fast_divq(rest, p.l[li].sp_div);
+    sp = (int)(rest - q * (uint32_t)p.l[li].splits), nb = (int)q;
+}
+
+/* muse_fast_split_begin of the linear's split s (k / 16 * splits < 2^31: f_run checks k) */
+__device__ __forceinline__ int64_t f_split_at(const fast_lin &L, int s)
+{
+    return muse_fast_divq((uint32_t)(L.k / 16) * (uint32_t)s, L.sp_div);
 }
 
 /* A grouped launch's m-group mg (the MoE), after the wait for the selection that made the

@@ -46,9 +46,8 @@ __global__ void __launch_bounds__(128) k_fast_product_wg(fast_prod p)
     int li, mg, sp, nb;
     f_place(p, blockIdx.x, li, mg, sp, nb);
     const fast_lin &L = p.l[li];
-    int64_t kt_all = L.k / 16, ntiles = L.n / 16;
-    int64_t kt0 = muse_fast_split_begin(kt_all, L.splits, sp);
-    int64_t kt1 = muse_fast_split_begin(kt_all, L.splits, sp + 1);
+    int64_t ntiles = L.n / 16;
+    int64_t kt0 = f_split_at(L, sp), kt1 = f_split_at(L, sp + 1);
     long R = p.R, m0 = (long)mg * ROWS, rend = R;
     const uint16_t *trellis = L.trellis;
     int64_t tiles_ld = L.tiles_ld;

@@ -68,8 +68,9 @@ __global__ void __launch_bounds__(WR_THREADS, NH == 4 || FUSED ? 1 : 2)
     if (FUSED) { /* the grid runs m-groups fastest, then 128-column blocks */
         li = 0;
         while (li + 1 < p.n_lin && (long)blockIdx.x >= p.l[li + 1].blk0) li++;
-        long local = (long)blockIdx.x - p.l[li].blk0;
-        mg = (int)(local % p.mgroups), nb = (int)(local / p.mgroups), sp = 0;
+        uint32_t local = (uint32_t)((long)blockIdx.x - p.l[li].blk0);
+        nb = (int)muse_fast_divq(local, p.mg_div), mg = (int)(local - nb * (uint32_t)p.mgroups);
+        sp = 0;
     } else {
         f_place(p, blockIdx.x, li, mg, sp, nb);
     }

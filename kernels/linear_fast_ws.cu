@@ -57,11 +57,10 @@ __device__ __forceinline__ bool ws_take(const fast_prod &p, long b, int n_groups
     int li, mg, sp, nb;
     f_place(p, b, li, mg, sp, nb);
     const fast_lin &L = p.l[li];
-    int64_t kt_all = L.k / 16;
     it.li = li;
     it.sp = sp;
-    it.kt0 = muse_fast_split_begin(kt_all, L.splits, sp);
-    it.kt_n = (int)(muse_fast_split_begin(kt_all, L.splits, sp + 1) - it.kt0);
+    it.kt0 = f_split_at(L, sp);
+    it.kt_n = (int)(f_split_at(L, sp + 1) - it.kt0);
     it.tn0 = (int64_t)nb * 8;
     it.m0 = (long)mg * ROWS;
     it.rend = p.R;

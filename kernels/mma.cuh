@@ -1,6 +1,6 @@
 /* mma.cuh: the warp-level instructions the fast kernels' tensor-core loops share, as inline PTX
  * (sm_80 and up): a shared-memory address, the 16-byte cp.async with zero fill and its commit and
- * wait, ldmatrix x4 (plain and transposed) and the m16n8k16 fp16 mma into fp32 accumulators. */
+ * wait, ldmatrix x2 and x4 (x4 also transposed) and the m16n8k16 fp16 mma into fp32 sums. */
 #ifndef MUSE_K_MMA_CUH
 #define MUSE_K_MMA_CUH
 
@@ -35,7 +35,15 @@ __device__ __forceinline__ void k_ldsm4(uint32_t r[4], const void *p)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(k_smem(p)));
 }
-/* the same, each matrix transposed */
+/* two 8x8 b16 matrices, lanes 8 i .. 8 i + 7 giving matrix i's row addresses (lanes 16-31
+ * unread, any shared address) */
+__device__ __forceinline__ void k_ldsm2(uint32_t r[2], const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(k_smem(p)));
+}
+/* four, each matrix transposed */
 __device__ __forceinline__ void k_ldsm4t(uint32_t r[4], const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

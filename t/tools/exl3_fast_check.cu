@@ -259,16 +259,26 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
             run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
             std::vector<float> got_y = dl(yf, R * n);
             diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
-            /* the 128- and the 64-column blocks of few rows alike (the default picks by size) */
-            for (long below : {0L, 1L << 40}) {
-                if (R > 16) break;
-                muse_k_linear_fast_narrow(below);
-                poison(yf, RB * n);
-                run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
-                muse_k_linear_fast_narrow(-1);
-                got_y = dl(yf, R * n);
-                diff += memcmp(got_y.data(), ref.data() + place * n, (size_t)R * n * 4) != 0;
-            }
+            /* the 128- and the 64-column blocks of few rows alike (the default picks by size),
+             * up to 8 rows transposed and not */
+            for (long below : {0L, 1L << 40})
+                for (int tr : {0, 1}) {
+                    if (R > 16 || (tr && R > 8)) break;
+                    muse_k_linear_fast_narrow(below);
+                    muse_k_linear_fast_tr_force(tr);
+                    poison(yf, RB * n);
+                    run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
+                    muse_k_linear_fast_narrow(-1);
+                    muse_k_linear_fast_tr_force(-1);
+                    got_y = dl(yf, R * n);
+                    long d = 0;
+                    for (long e = 0; e < R * n; e++)
+                        d += memcmp(&got_y[e], &ref[place * n + e], 4) != 0;
+                    if (d)
+                        printf("# R %ld at %ld, narrow %ld, transposed %d: %ld of %ld differ\n", R,
+                               place, below, tr, d, R * n);
+                    diff += d != 0;
+                }
             /* the wgmma form where the GPU code has it (blocks of 64 and 128 rows; 256 from
              * the register form's default, mode 1), in its three kernels (one warpgroup; warps
              * specialized; the weights as the register operand) */

@@ -1,6 +1,7 @@
 /* The fast EXL3 product's index and bit logic (kernels/linear_fast.h) on the CPU against
  * engine/pack/exl3.c: lane states vs muse_exl3_tile_states, lane elements vs the position map,
- * the two-stage decode vs muse_exl3_state_value for every state of every codebook, the k split. */
+ * the two-stage decode vs muse_exl3_state_value for every state of every codebook, the k split
+ * and its divisions as multiplies. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -145,6 +146,68 @@ static void test_splits(void)
     is_int(muse_fast_splits(6144, 3072, MUSE_FAST_GROUP_TARGET / 8), 3,
            "an expert's 6144 x 3072 at 8 a token: 3 splits (as at the plain target of 264)");
     is_int(muse_fast_splits(6144, 202112, MUSE_FAST_SPLIT_TARGET), 1, "the head: no split");
+}
+
+/* muse_fast_divq is n / d at the divisors' edges (1, powers of two and their neighbours, 2^31 -
+ * 1) and the small ones, for numerators at 0, near multiples of d, near 2^31 and at random; and
+ * it places every k split of every k the kernels take at muse_fast_split_begin's k-tile */
+static void test_magic_div(void)
+{
+    uint32_t ds[200];
+    int nd = 0;
+    for (uint32_t d = 1; d <= 64; d++) ds[nd++] = d;
+    for (int b = 7; b < 31; b++)
+        ds[nd++] = 1u << b, ds[nd++] = (1u << b) - 1, ds[nd++] = (1u << b) + 1;
+    ds[nd++] = 0x7FFFFFFFu;
+    ds[nd++] = 1000003u;
+    long bad = 0, tried = 0;
+    for (int i = 0; i < nd; i++) {
+        uint32_t d = ds[i];
+        muse_fast_div v = muse_fast_magic(d);
+        uint32_t edge[] = {0,
+                           1,
+                           d - 1,
+                           d,
+                           d + 1,
+                           0x7FFFFFFFu,
+                           0x7FFFFFFEu,
+                           0x7FFFFFFFu / d * d,
+                           0x7FFFFFFFu / d * d - 1};
+        for (size_t j = 0; j < sizeof edge / sizeof edge[0]; j++) {
+            uint32_t n = edge[j] & 0x7FFFFFFFu;
+            bad += muse_fast_divq(n, v) != n / d, tried++;
+        }
+        for (int j = 0; j < 20000; j++) {
+            uint32_t n = (j & 1 ? rng32() << 16 ^ rng32() : rng32() % 65536) & 0x7FFFFFFFu;
+            bad += muse_fast_divq(n, v) != n / d, tried++;
+        }
+    }
+    diag("%ld divisions", tried);
+    ok(bad == 0, "n / d as a multiply and a shift for n < 2^31 at every divisor tried");
+    bad = 0;
+    for (int64_t k = 128; k < (1 << 26); k = k * 3 / 2 / 128 * 128 + 128)
+        for (int S = 1; S <= MUSE_FAST_MAX_SPLITS; S++) {
+            muse_fast_div v = muse_fast_magic((uint32_t)S);
+            for (int s = 0; s <= S; s++)
+                bad += muse_fast_divq((uint32_t)(k / 16) * (uint32_t)s, v) !=
+                       muse_fast_split_begin(k / 16, S, s);
+        }
+    ok(bad == 0, "the split bounds by the multiply equal muse_fast_split_begin's, k < 2^26");
+}
+
+/* the transposed form's block widths by policy: 0 never 64 columns, 2 below 16 blocks an SM at
+ * every row count, 1 as 2 for plain launches past one row and never else */
+static void test_tr_narrow(void)
+{
+    int bad = 0;
+    for (long w = 1; w < 20000; w += 7)
+        for (long r = 1; r <= 8; r++)
+            for (int g = 0; g < 2; g++) {
+                bad += muse_fast_tr_narrow(w, r, g, 0);
+                bad += muse_fast_tr_narrow(w, r, g, 2) != (w < 2112);
+                bad += muse_fast_tr_narrow(w, r, g, 1) != (!g && r > 1 && w < 2112);
+            }
+    ok(bad == 0, "transposed form: 64-column blocks by policy 0, 1 and 2");
 }
 
 /* the block's m-tiles and the MoE's group rows: the fewest tiles that hold the rows (a plain
@@ -293,6 +356,8 @@ int main(void)
     test_lane_elements();
     test_decode();
     test_splits();
+    test_magic_div();
+    test_tr_narrow();
     test_block_mt();
     test_unrounded_sum();
     test_wg_layout();
