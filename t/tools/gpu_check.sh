@@ -26,7 +26,8 @@
 # (wgmma against mma.sync: bits and rates),
 # attnsplits (the fast attention's kernel-check under its split cap and switches), fastquick
 # (exl3-fast-check's checks without its timings), sanitizeops (the memory checker on the fast
-# kernel-check alone).
+# kernel-check alone), abdecode (the whole shape's decode of build/gpu/old's bench and this
+# one's, interleaved).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -541,6 +542,22 @@ if want wholevar; then
         [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
         step "whole-decode-$v" 90 env "${vv[@]}" build/muse-bench decode --backend "$B" "${cut[@]}" \
             --json "$logs/whole-decode-$v.json"
+    done
+fi
+# abdecode (by name): the whole shape's decode by an earlier build's bench carried as
+# build/gpu/old/muse-bench and by this one, taking turns GPU_CHECK_AB_REPS (2) times at
+# GPU_CHECK_AB_STREAMS (1,4,16), this one's also under each of GPU_CHECK_WHOLE_VARIANTS: a
+# change's speed against the same GPU's noise in one call
+if want abdecode && [ -x build/gpu/old/muse-bench ]; then
+    cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
+        --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_AB_STREAMS:-1,4,16}" --tokens 32 --prompt 64)
+    for i in $(seq 1 "${GPU_CHECK_AB_REPS:-2}"); do
+        step "whole-ab-old-$i" 90 build/gpu/old/muse-bench decode --backend "$B" "${cut[@]}"
+        for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
+            vv=()
+            [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
+            step "whole-ab-$v-$i" 90 env "${vv[@]}" build/muse-bench decode --backend "$B" "${cut[@]}"
+        done
     done
 fi
 # the whole shape's prompt under the same variants: GPU_CHECK_WHOLE_LENGTHS (4096) in rounds of
