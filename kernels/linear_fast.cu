@@ -399,8 +399,9 @@ static const f_dec_form f_dec_forms[2][2][3][2] = {{F_DEC_CB(16, 2, 0), F_DEC_CB
  * accumulators and staged rows (at 64 columns 45 registers and 17 KB, 10 blocks an SM; the
  * other form 52 and 25 KB, 9). The same bits (each output the same products summed the same way;
  * H200: every logit of main's). H200, 2026-12-04, the whole one-GPU shape: one token 15.42 ms a
- * round against 16.31, 2 to 16 tokens 0.2-1.0% faster (their experts' pairs past 8: the other
- * form). MUSE_FAST_TR=0 from the environment (tuning only, read once a process): never. */
+ * round against 16.31; 2 to 16 tokens, with the experts in groups of 8 rows (f_tr_groups),
+ * 7.6-8.4% faster. MUSE_FAST_TR=0 from the environment (tuning only, read once a process):
+ * never. */
 #define F_TR_DEFAULT 1
 #define F_TR_NARROW  1
 static int f_tr_set = -1; /* muse_k_linear_fast_tr_force: checks only */
@@ -669,8 +670,25 @@ MUSE_K_API void muse_k_linear_fast_fuse_force(long min_blocks)
     f_fuse_set = min_blocks;
 }
 
+/* The MoE's groups of at most 8 rows for rounds of 2 to 16 rows, so a 2-bit expert's blocks
+ * take the transposed form (other bits: one m-tile's blocks as for 16): H200, 2026-12-04, the
+ * whole one-GPU shape at 2, 4, 8 and 16 streams 21.94, 32.38, 49.29 and 68.91 ms a round
+ * against 23.49, 34.82, 53.45 and 74.68 with groups of 16, every logit the same bits.
+ * MUSE_FAST_TR_GROUPS=0 from the environment (tuning only, read once a process): groups of 16.
+ * Which pairs share a block, not their bits. */
+#define F_TR_GROUPS_DEFAULT 1
+static int f_tr_groups(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_FAST_TR_GROUPS");
+        return v && *v ? atoi(v) != 0 : F_TR_GROUPS_DEFAULT;
+    }();
+    return on && f_tr_on() && f_dec_env();
+}
+
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts)
 {
+    if (rows > 1 && rows <= 16 && f_tr_groups()) return 8;
     return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
 }
 
@@ -694,9 +712,9 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     if (rows <= 0) return 0;
     if (!muse_k_linear_fast_fits(shapes, n_lin, epilogue) || rows > 65535)
         return (int)cudaErrorInvalidValue;
-    if (g && (g->max_groups < 1 || g->group_rows < 16 || g->group_rows > 16 * MUSE_FAST_MT_MAX ||
+    if (g && (g->max_groups < 1 || g->group_rows < 8 || g->group_rows > 16 * MUSE_FAST_MT_MAX ||
               g->group_rows & (g->group_rows - 1)))
-        return (int)cudaErrorInvalidValue; /* 16, 32, 64 or 128 rows */
+        return (int)cudaErrorInvalidValue; /* 8 (the transposed form's), 16, 32, 64 or 128 */
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     float *part[MUSE_K_FAST_MAX_LIN];
     int target = g ? f_group_target(g) : muse_k_linear_fast_split_target();
@@ -714,7 +732,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     if (err) return err;
 
     /* step 2: one launch for each run of linears with the same bits (q, k, v: usually one) */
-    int mt = g ? g->group_rows / 16 : muse_fast_block_mt(rows, f_many_forced());
+    int mt = g ? (g->group_rows + 15) / 16 : muse_fast_block_mt(rows, f_many_forced());
     int mh = f_wg_halves(g ? g->group_rows : rows, g != NULL); /* 0: the mma.sync form */
     int nh = f_wr_units(rows, g != NULL, mh);                  /* 0: not the register form */
     long fuse_min = f_fuse_min();
@@ -740,7 +758,9 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             if (!done[j] && shapes[j].bits == shapes[i].bits)
                 wide += (long)(shapes[j].n / MUSE_FAST_BLOCK_COLS) *
                         muse_fast_splits(shapes[j].k, shapes[j].n, target) * mgroups;
-        int tr = !mh && mt == 1 && f_dec_tr(shapes[i].bits, rows);
+        /* a block's rows: at most the round's, and a group's */
+        long brows = g && g->group_rows < rows ? g->group_rows : rows;
+        int tr = !mh && mt == 1 && f_dec_tr(shapes[i].bits, brows);
         int shape = mh || mt == 8                         ? 1
                     : mt == 4                             ? 3
                     : mt == 2                             ? 4

@@ -47,7 +47,7 @@ MUSE_HD int muse_fast_splits(int64_t k, int64_t n, int target)
  * H200, 2026-12-04, the whole one-GPU shape (a round's p50): one token 15.30 ms with every
  * launch at 128 columns (0), 15.61 at 64 (2), 15.98 and 16.9 with the two mixed (plain
  * launches 128, the experts 64; or by waves); 2, 4 and 8 tokens 0.2-2.3% faster at 2 than at
- * 0 (their experts' pairs past 8: not this form). */
+ * 0 (their experts then in groups of 16 rows: not this form). */
 MUSE_HD int muse_fast_tr_narrow(long wide, long rows, int grouped, int policy)
 {
     if (policy == 0 || (policy == 1 && (rows == 1 || grouped))) return 0;

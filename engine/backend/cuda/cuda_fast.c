@@ -70,7 +70,7 @@ static size_t plan_ints(const muse_config *cfg, long rows, int *most)
 {
     long K = (long)cfg->num_experts_per_tok, E = (long)cfg->num_experts, P = rows * K;
     int a = muse_k_moe_max_groups(P, E, muse_k_linear_fast_group_rows(rows, K, E));
-    int b = muse_k_moe_max_groups(P, E, 16); /* fewer rows: smaller groups, at most this */
+    int b = muse_k_moe_max_groups(P, E, 8); /* fewer rows: smaller groups, at most this */
     *most = a > b ? a : b;
     return (size_t)*most * 4 + (size_t)P + 4;
 }
