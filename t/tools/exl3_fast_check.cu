@@ -191,6 +191,14 @@ static float *rand_x(long R, int64_t k)
     return (float *)upload(h.data(), h.size() * 4);
 }
 
+/* how many of got's floats differ from ref's bit for bit */
+static long n_differ(const std::vector<float> &got, const float *ref)
+{
+    long d = 0;
+    for (size_t e = 0; e < got.size(); e++) d += memcmp(&got[e], &ref[e], 4) != 0;
+    return d;
+}
+
 /* decoded weights bit for bit, y against the exact path, batch invariance */
 static int wr_outer = -1; /* the register form's setting around a check_one call */
 static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bias)
@@ -270,10 +278,7 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                     run_fast(&wp, 1, x + place * k, R, 1, &yf, &ys, MUSE_K_EPI_NONE);
                     muse_k_linear_fast_narrow(-1);
                     muse_k_linear_fast_tr_force(-1);
-                    got_y = dl(yf, R * n);
-                    long d = 0;
-                    for (long e = 0; e < R * n; e++)
-                        d += memcmp(&got_y[e], &ref[place * n + e], 4) != 0;
+                    long d = n_differ(dl(yf, R * n), ref.data() + place * n);
                     if (d)
                         printf("# R %ld at %ld, narrow %ld, transposed %d: %ld of %ld differ\n", R,
                                place, below, tr, d, R * n);
@@ -297,10 +302,7 @@ static void check_one(int64_t k, int64_t n, int bits, int cb, int legacy, int bi
                     muse_k_linear_fast_ws_force(-1);
                     muse_k_linear_fast_fuse_force(-1);
                     muse_k_linear_fast_wr_force(wr_outer);
-                    got_y = dl(yf, R * n);
-                    long d = 0;
-                    for (long e = 0; e < R * n; e++)
-                        d += memcmp(&got_y[e], &ref[place * n + e], 4) != 0;
+                    long d = n_differ(dl(yf, R * n), ref.data() + place * n);
                     if (d)
                         printf("# R %ld at %ld, wgmma mode %d kernel %d: %ld of %ld differ\n", R,
                                place, mode, kern, d, R * n);

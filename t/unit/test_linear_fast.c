@@ -1,7 +1,7 @@
 /* The fast EXL3 product's index and bit logic (kernels/linear_fast.h) on the CPU against
  * engine/pack/exl3.c: lane states vs muse_exl3_tile_states, lane elements vs the position map,
  * the two-stage decode vs muse_exl3_state_value for every state of every codebook, the k split
- * and its divisions as multiplies. */
+ * and its divisions as multiplies, the transposed form's block widths. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
