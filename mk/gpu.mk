@@ -20,5 +20,17 @@ gpu-carry: all
 	$(MAKE) --no-print-directory $(DEMO_TOK) && gzip -9c $(DEMO_TOK) >$(GPU_CARRY)/o200k-tokenizer.json.gz
 	# the carry is at most 64 MiB with the tree: no debug sections (the kernels' fatbins stay)
 	strip --strip-debug $(GPU_CARRY)/muse-* $(GPU_CARRY)/t/*
+	# the kernel tracer (gpu_check.sh's step trace) and CUPTI's library, which it loads
+	if [ -n "$(NVCC_BIN)" ]; then $(MAKE) --no-print-directory trace && \
+		cp $(BUILD)/t/libkernel-trace.so $(GPU_CARRY)/t/ && \
+		gzip -9c $(CUDA_HOME)/lib64/libcupti.so.13 >$(GPU_CARRY)/t/libcupti.so.13.gz; fi
 	cd $(GPU_CARRY)/debs && apt-get download $(GPU_DEBS)
 	@du -sh $(GPU_CARRY)
+
+# make trace: t/tools/kernel_trace.c, the CUPTI kernel tracer that gpu_check.sh's step `trace`
+# injects (CUDA_INJECTION64_PATH); CUPTI's library rides beside it in the carry
+.PHONY: trace
+trace: $(BUILD)/t/libkernel-trace.so
+$(BUILD)/t/libkernel-trace.so: t/tools/kernel_trace.c | $(BUILD)/t
+	$(CC) -std=c11 -Wall -Wextra -Werror -O2 -shared -fPIC -isystem $(CUDA_HOME)/include $< \
+		-o $@ -L$(CUDA_HOME)/lib64 -lcupti -Wl,-rpath,'$$ORIGIN'

@@ -27,7 +27,7 @@
 # attnsplits (the fast attention's kernel-check under its split cap and switches), fastquick
 # (exl3-fast-check's checks without its timings), sanitizeops (the memory checker on the fast
 # kernel-check alone), abdecode (the whole shape's decode of build/gpu/old's bench and this
-# one's, interleaved).
+# one's, interleaved), trace (a decode round's kernels on a timeline, by CUPTI).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -558,6 +558,22 @@ if want abdecode && [ -x build/gpu/old/muse-bench ]; then
             [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
             step "whole-ab-$v-$i" 90 env "${vv[@]}" build/muse-bench decode --backend "$B" "${cut[@]}"
         done
+    done
+fi
+# trace (by name): the whole shape's decode at each of GPU_CHECK_TRACE_STREAMS (1 4) under the
+# CUPTI kernel tracer (t/tools/kernel_trace.c, carried by make gpu-carry): every kernel's device
+# start and end, then t/tools/trace_round.py's timeline of a round and of GPU_CHECK_TRACE_LAYER
+# (10); the traces come back gzipped
+if want trace && [ -f build/t/libkernel-trace.so ]; then
+    [ -f build/t/libcupti.so.13 ] || gunzip -kf build/t/libcupti.so.13.gz
+    for s in ${GPU_CHECK_TRACE_STREAMS:-1 4}; do
+        step "trace-run-$s" 120 env CUDA_INJECTION64_PATH="$PWD/build/t/libkernel-trace.so" \
+            MUSE_TRACE_OUT="$logs/trace-$s.csv" build/muse-bench decode --backend "$B" \
+            --synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}" \
+            --bits 2 --codebook mcg --kernels fast --streams "$s" --tokens 8 --prompt 64
+        step "whole-trace-$s" 60 python3 t/tools/trace_round.py "$logs/trace-$s.csv" --rounds 3 \
+            --layer "${GPU_CHECK_TRACE_LAYER:-10}"
+        gzip -c "$logs/trace-$s.csv" >"$out/trace-$s.csv.gz" && rm -f "$logs/trace-$s.csv"
     done
 fi
 # the whole shape's prompt under the same variants: GPU_CHECK_WHOLE_LENGTHS (4096) in rounds of
