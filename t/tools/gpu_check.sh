@@ -560,17 +560,19 @@ if want abdecode && [ -x build/gpu/old/muse-bench ]; then
         done
     done
 fi
-# trace (by name): the whole shape's decode at each of GPU_CHECK_TRACE_STREAMS (1 4) under the
-# CUPTI kernel tracer (t/tools/kernel_trace.c, carried by make gpu-carry): every kernel's device
-# start and end, then t/tools/trace_round.py's timeline of a round and of GPU_CHECK_TRACE_LAYER
-# (10); the traces come back gzipped
+# trace (by name): the whole shape's decode at each of GPU_CHECK_TRACE_STREAMS (1 4) after a
+# prompt of GPU_CHECK_TRACE_PROMPT (64) tokens under the CUPTI kernel tracer
+# (t/tools/kernel_trace.c, carried by make gpu-carry): every kernel's device start and end, then
+# t/tools/trace_round.py's timeline of a round and of GPU_CHECK_TRACE_LAYER (10); the traces
+# come back gzipped
 if want trace && [ -f build/t/libkernel-trace.so ]; then
     [ -f build/t/libcupti.so.13 ] || gunzip -kf build/t/libcupti.so.13.gz
     for s in ${GPU_CHECK_TRACE_STREAMS:-1 4}; do
         step "trace-run-$s" 120 env CUDA_INJECTION64_PATH="$PWD/build/t/libkernel-trace.so" \
             MUSE_TRACE_OUT="$logs/trace-$s.csv" build/muse-bench decode --backend "$B" \
             --synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}" \
-            --bits 2 --codebook mcg --kernels fast --streams "$s" --tokens 8 --prompt 64
+            --bits 2 --codebook mcg --kernels fast --streams "$s" --tokens 8 \
+            --prompt "${GPU_CHECK_TRACE_PROMPT:-64}"
         step "whole-trace-$s" 60 python3 t/tools/trace_round.py "$logs/trace-$s.csv" --rounds 3 \
             --layer "${GPU_CHECK_TRACE_LAYER:-10}"
         gzip -c "$logs/trace-$s.csv" >"$out/trace-$s.csv.gz" && rm -f "$logs/trace-$s.csv"
