@@ -919,15 +919,23 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     }
 }
 
+/* Floats of a combine block's staged partials: AC_STAGE / (hd + 2) splits at once (64 at head_dim
+ * 64, 32 at 128), their acc rows then m then l */
+#define AC_STAGE (64 * (64 + 2))
+
 /* grid (hq, rows); hd threads: dimension d of (row, head) merged over the row's splits in
- * ascending order, then 1/sum, the gate and fp16 as the exact kernel rounds. */
+ * ascending order, then 1/sum, the gate and fp16 as the exact kernel rounds. The splits'
+ * partials come to shared memory a batch at a time, every load of a batch in flight at once
+ * (16-byte cp.async where the workspace is aligned), so the merges' chain waits for one round
+ * trip a batch, not one every few splits; the merges and their order are the same. */
 __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, long window,
                                const int32_t *seqs, const int64_t *positions, af_ws ws)
 {
+    __shared__ __align__(16) float ac_sm[AC_STAGE];
     K_PDL_NEXT();
     K_PDL_WAIT();
     long h = blockIdx.x, r = blockIdx.y;
-    int d = threadIdx.x;
+    int d = threadIdx.x, nt = (int)blockDim.x;
     float *o = oa + (r * hq + h) * hd;
     if (seqs[r] < 0) {
         o[d] = 0;
@@ -937,13 +945,29 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
     int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap, ws.least));
     if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
     size_t at = ((size_t)r * hq + h) * ws.splits;
+    int batch = AC_STAGE / (int)(hd + 2); /* at most hd: a thread an m and an l */
+    float *s_acc = ac_sm, *s_m = ac_sm + batch * hd, *s_l = s_m + batch;
+    bool al = (uintptr_t)ws.acc % 16 == 0; /* (at + s) * hd floats: 16-byte steps */
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
-#pragma unroll 8                      /* the loads of 8 splits ahead of the merges' chain */
-    for (int64_t s = 0; s < n; s++) { /* the running merge k_attn_flash makes at a chunk's end */
-        float w1, w2;
-        am_weights(m, ws.m[at + s], &w1, &w2);
-        l = muse_attn_mix(l, w1, ws.l[at + s], w2);
-        acc = muse_attn_mix(acc, w1, ws.acc[(at + s) * hd + d], w2);
+    for (int64_t s0 = 0; s0 < n; s0 += batch) {
+        int nb = n - s0 < batch ? (int)(n - s0) : batch;
+        const float *src = ws.acc + (at + s0) * hd;
+        if (al) {
+            for (int c = d; c < nb * (int)hd / 4; c += nt) k_cp16(s_acc + 4 * c, src + 4 * c, true);
+            k_cp_commit();
+        } else {
+            for (int s = 0; s < nb; s++) s_acc[s * hd + d] = src[s * hd + d];
+        }
+        if (d < nb) s_m[d] = ws.m[at + s0 + d], s_l[d] = ws.l[at + s0 + d];
+        if (al) k_cp_wait<0>();
+        __syncthreads();
+        for (int s = 0; s < nb; s++) { /* the running merge k_attn_flash makes at a chunk's end */
+            float w1, w2;
+            am_weights(m, s_m[s], &w1, &w2);
+            l = muse_attn_mix(l, w1, s_l[s], w2);
+            acc = muse_attn_mix(acc, w1, s_acc[s * hd + d], w2);
+        }
+        __syncthreads(); /* the batch read before the next one lands */
     }
     o[d] = am_out(acc, l, ga[(r * hq + h) * hd + d]);
 }
