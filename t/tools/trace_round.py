@@ -75,7 +75,8 @@ def main():
     ks = load(a[0])
     rs = rounds_of(ks)
     if len(rs) < back + nr - 1:
-        sys.exit(f"trace_round.py: {len(rs)} whole rounds in {a[0]}, asked for {back}")
+        sys.exit(f"trace_round.py: {len(rs)} whole rounds in {a[0]}; --round {back} --rounds {nr}"
+                 f" needs {back + nr - 1}")
     total = {}
     spans = []
     for j in range(nr):
