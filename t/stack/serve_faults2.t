@@ -332,7 +332,12 @@ if (case_on(25)) {
     ok(($by{503} // 0) + ($by{429} // 0) >= $BURST_N * 0.9, '25: the slots were full: rejected');
     is($bad_refusal // 0, 0, '25: every rejection is JSON with Retry-After');
     is($hung // 0, 0, '25: none hangs');
-    ok(@t && $t[int(@t / 2)] < 0.05 * $slow && $t[-1] < 1 * $slow, sprintf('25: fast rejects (median %.1f ms, max %.1f ms)', 1e3 * ($t[int(@t / 2)] // 0), 1e3 * ($t[-1] // 0)));
+    # "fast" means answered at admission, not queued until muse_queue_timeout (3 s) frees a slot;
+    # (CI's busy 2-core machine once went past the old 50 ms median / 1 s max; 3 busy loops here: 27 ms)
+    my ($med_max, $max_max) = (0.25 * $slow, 2.5);
+    ok(@t && $t[int(@t / 2)] < $med_max && $t[-1] < $max_max,
+       sprintf('25: fast rejects, before the queue timeout (median %.1f ms < %d, max %.1f ms < %d)',
+               1e3 * ($t[int(@t / 2)] // 0), 1e3 * $med_max, 1e3 * ($t[-1] // 0), 1e3 * $max_max));
     close $_ for @hold;
     my ($wrss1, $erss1) = (status_kb($wpid, 'VmRSS'), status_kb($n->engine_pid, 'VmRSS'));
     ok($wrss1 - $wrss0 < 4096, "25: nginx worker memory bounded (VmRSS $wrss0 -> $wrss1 KiB)");
