@@ -12,6 +12,7 @@
  * its own causal range. Shapes: q, g, o [R, hq * hd]; workspace [rows][hq][splits]
  * (max, sum) then [rows][hq][splits][hd]. */
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "attention_fast.cuh"
@@ -771,6 +772,183 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     }
 }
 
+/* The decode form with a ring of NS staged tiles and two barriers a tile (MUSE_ATTN_RING=NS from
+ * the environment, 2-4; 0 or unset: k_attn_split_coop). Each warp stages its own 16 keys of a
+ * tile (am_stage_block), so it computes its S n-tiles after its own wait alone; one barrier
+ * then shares the warps' maxima (and every warp's V rows), and is also where the tile NS - 1
+ * ahead is issued into the buffer the tile before read (muse_attn_ring_issue); a second shares
+ * p and the sums. early (MUSE_ATTN_EARLY, on unless 0): the tiles of keys below the round's first
+ * write for the row's sequence are staged before the wait for the kernel before (the cache the
+ * earlier rounds wrote; muse_attn_tile_early), so at a decode row every tile but the last is in
+ * flight while the attention's inputs are made. The per-value arithmetic and the merge order are
+ * k_attn_split_coop's: the same bits. */
+/* The whole round's rows (a launch in row groups sees its group's alone). */
+typedef struct {
+    const int32_t *seqs;
+    const int64_t *positions;
+    long rows;
+} af_round;
+
+/* The first position the round writes for sequence seq: the least of its rows' positions, by
+ * the block (one barrier); every thread gets it. */
+__device__ __forceinline__ int64_t am_first_written(const af_round &rd, int seq)
+{
+    __shared__ long long fw_warp[AM_WARPS];
+    long long mn = LLONG_MAX;
+    for (long i = threadIdx.x; i < rd.rows; i += blockDim.x)
+        if (rd.seqs[i] == seq) mn = min(mn, (long long)rd.positions[i]);
+    for (int o = 16; o > 0; o >>= 1) mn = min(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    if (threadIdx.x % 32 == 0) fw_warp[threadIdx.x / 32] = mn;
+    __syncthreads();
+    mn = fw_warp[0];
+    for (int w = 1; w < AM_WARPS; w++) mn = min(mn, fw_warp[w]);
+    return (int64_t)mn;
+}
+
+template <int NS> struct am_ring_sm {
+    __half k[NS][AM_TILE_HALVES], v[NS][AM_TILE_HALVES];
+    float mx[AM_WARPS][32][2], sum[AM_WARPS][32][2];
+    uint32_t p[AM_WARPS][32][8];
+};
+
+template <int NS>
+__global__ void __launch_bounds__(AM_WARPS * 32)
+    k_attn_split_ring(muse_k_kv kv, const float *qa, long hq, int group, int gp, long window,
+                      float scale_l2, const int32_t *seqs, const int64_t *positions, af_ws ws,
+                      af_round rd, int early)
+{
+    extern __shared__ __align__(16) unsigned char am_sm[];
+    am_ring_sm<NS> &sm = *(am_ring_sm<NS> *)am_sm;
+    K_PDL_NEXT(); /* the rows, tables and earlier rounds' cache are read before the wait */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
+    long kh = blockIdx.y, r = blockIdx.z, h0 = kh * group;
+    int64_t x = blockIdx.x;
+    int seq;
+    int64_t lo, hi;
+    if (!af_row_split(seqs, positions, window, ws, r, x, &seq, &lo, &hi)) return;
+    const int64_t base0 = lo / AF_T * AF_T, n = (hi - base0) / AF_T + 1;
+    /* tile t into its buffer, or an empty commit group past the split's end */
+    auto issue = [&](int64_t t) {
+        if (t < 0) {
+            k_cp_commit();
+            return;
+        }
+        int b = muse_attn_ring_buf(t, NS);
+        am_stage_block(kv, seq, kh, base0 + t * AF_T, lo, hi, sm.k[b], sm.v[b]);
+    };
+    /* early: the prologue's tiles below the round's first write for the sequence staged before
+     * the wait, while the kernels before run; the rest after it, in tile order */
+    int64_t i0 = -(NS - 1);
+    if (early) {
+        int64_t fw = am_first_written(rd, seq);
+        for (; i0 < 0; i0++) {
+            int64_t t = muse_attn_ring_issue(i0, NS, n);
+            if (t < 0 || !muse_attn_tile_early(base0, t, hi, fw)) break;
+            issue(t);
+        }
+    }
+    K_PDL_WAIT(); /* q, and this round's keys */
+    for (; i0 < 0; i0++) issue(muse_attn_ring_issue(i0, NS, n));
+    int head[2];
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* one slot: mma rows gp .. 15 are dead */
+        int i = g + 8 * h;
+        head[h] = i % gp;
+        live[h] = i / gp == 0 && head[h] < group && h0 + head[h] < hq;
+    }
+    uint32_t qh[AM_HD / 16][4], ql[AM_HD / 16][4];
+    am_q_frags(live[0] ? qa + (r * hq + h0 + head[0]) * AM_HD : NULL,
+               live[1] ? qa + (r * hq + h0 + head[1]) * AM_HD : NULL, quad, qh, ql);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t base = base0 + i * AF_T;
+        const int c = muse_attn_ring_buf(i, NS);
+        k_cp_wait<NS - 2>(); /* this thread's loads of tile i */
+        __syncwarp();        /* the warp's: its 16 keys of K */
+        const __half *tk = sm.k[c], *tv = sm.v[c];
+        float s[2][4];
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) am_s_ntile(s[jj], qh, ql, tk, 2 * warp + jj, lane);
+        float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int h = e >> 1;
+                int64_t key = base + 16 * warp + 8 * jj + 2 * quad + (e & 1);
+                bool in = live[h] && key >= lo && key <= hi;
+                s[jj][e] = in ? __fmul_rn(s[jj][e], scale_l2) : -INFINITY;
+                mt[h] = fmaxf(mt[h], s[jj][e]);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+            sm.mx[warp][lane][h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+        }
+        __syncthreads(); /* the maxima, every warp's V rows; every warp past tile i - 1 */
+        issue(muse_attn_ring_issue(i, NS, n));
+#pragma unroll
+        for (int h = 0; h < 2; h++) /* a max: the same in any order */
+            mt[h] = fmaxf(fmaxf(sm.mx[0][lane][h], sm.mx[1][lane][h]),
+                          fmaxf(sm.mx[2][lane][h], sm.mx[3][lane][h]));
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[jj][e] = am_rescale(s[jj][e], mt[e >> 1]);
+#pragma unroll
+        for (int h = 0; h < 2; h++) sm.sum[warp][lane][h] = am_sum16(s[0], s[1], h);
+        uint32_t *pw = sm.p[warp][lane]; /* k-step w of p: am_run's ph, pl of kk = w */
+        am_split2(s[0][0], s[0][1], &pw[0], &pw[4]);
+        am_split2(s[0][2], s[0][3], &pw[1], &pw[5]);
+        am_split2(s[1][0], s[1][1], &pw[2], &pw[6]);
+        am_split2(s[1][2], s[1][3], &pw[3], &pw[7]);
+        __syncthreads(); /* p and the sums */
+        float lt[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int w = 0; w < 4; w++) lt[h] += sm.sum[w][lane][h];
+            lt[h] = am_quad_sum(lt[h]);
+        }
+        float o[2][4]; /* dims n-tiles 2 w, 2 w + 1, chained over the k-steps as am_run */
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < AF_T / 16; kk++) {
+            uint4 h4 = *(const uint4 *)&sm.p[kk][lane][0], l4 = *(const uint4 *)&sm.p[kk][lane][4];
+            const uint32_t ph[4] = {h4.x, h4.y, h4.z, h4.w}, pl[4] = {l4.x, l4.y, l4.z, l4.w};
+            uint32_t b[4];
+            int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
+            k_ldsm4t(b, tv + key * AM_HD + muse_attn_swz(key, 2 * warp + (lane >> 4)) * 8);
+            k_mma16816(o[0], ph, b[0], b[1]);
+            k_mma16816(o[0], pl, b[0], b[1]);
+            k_mma16816(o[1], ph, b[2], b[3]);
+            k_mma16816(o[1], pl, b[2], b[3]);
+        }
+        am_merge_tile<2>(m, l, acc, mt, lt, o);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!live[h]) continue;
+        size_t at = ((size_t)r * hq + h0 + head[h]) * ws.splits + x;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            *(float2 *)&ws.acc[at * AM_HD + 16 * warp + 8 * j + 2 * quad] =
+                make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
+        if (warp == 0 && quad == 0) {
+            ws.m[at] = m[h];
+            ws.l[at] = l[h];
+        }
+    }
+}
+
 /* Row r's split x as a one-slot set; false where the row has no such split. */
 __device__ __forceinline__ bool am_one(am_set *S, long r, int64_t first, int64_t p, int64_t chunk,
                                        int64_t x)
@@ -972,6 +1150,78 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
     o[d] = am_out(acc, l, ga[(r * hq + h) * hd + d]);
 }
 
+/* k_attn_combine with each batch's merge weights made first (MUSE_ATTN_WEIGHTS=1 from the
+ * environment; 0 or unset: k_attn_combine): thread s of the batch takes split s's max, a scan
+ * of maxima by shuffles (then the warps' totals, then the running max: muse_attn_prefix_max's
+ * order) gives each step's new max, and thread s makes step s's two weights; the sums then fold
+ * in the same order with the same weights, a chain of a multiply and an fma a step where the
+ * fold made an exp2 a step. The same bits as k_attn_combine (t/unit/test_attention_fast.c). */
+__global__ void k_attn_combine_w(const float *ga, float *oa, long hq, long hd, long window,
+                                 const int32_t *seqs, const int64_t *positions, af_ws ws)
+{
+    __shared__ __align__(16) float ac_sm[AC_STAGE];
+    __shared__ float s_w1[64], s_w2[64], s_top[4];
+    K_PDL_NEXT();
+    K_PDL_WAIT();
+    long h = blockIdx.x, r = blockIdx.y;
+    int d = threadIdx.x, nt = (int)blockDim.x, lane = d % 32, wi = d / 32;
+    float *o = oa + (r * hq + h) * hd;
+    if (seqs[r] < 0) {
+        o[d] = 0;
+        return;
+    }
+    int64_t p = positions[r], first = muse_attn_first(p, window);
+    int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap, ws.least));
+    if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
+    size_t at = ((size_t)r * hq + h) * ws.splits;
+    int batch = AC_STAGE / (int)(hd + 2); /* at most hd (and 64): a thread a split's weights */
+    float *s_acc = ac_sm, *s_l = ac_sm + batch * hd;
+    bool al = (uintptr_t)ws.acc % 16 == 0; /* (at + s) * hd floats: 16-byte steps */
+    float run = -INFINITY, l = 0.0f, acc = 0.0f;
+    for (int64_t s0 = 0; s0 < n; s0 += batch) {
+        int nb = n - s0 < batch ? (int)(n - s0) : batch;
+        const float *src = ws.acc + (at + s0) * hd;
+        if (al) {
+            for (int c = d; c < nb * (int)hd / 4; c += nt) k_cp16(s_acc + 4 * c, src + 4 * c, true);
+            k_cp_commit();
+        } else {
+            for (int s = 0; s < nb; s++) s_acc[s * hd + d] = src[s * hd + d];
+        }
+        float ms = d < nb ? ws.m[at + s0 + d] : -INFINITY, M = ms;
+        if (d < nb) s_l[d] = ws.l[at + s0 + d];
+#pragma unroll
+        for (int off = 1; off < 32; off *= 2) {
+            float up = __shfl_up_sync(0xffffffffu, M, off);
+            if (lane >= off) M = fmaxf(M, up);
+        }
+        if (lane == 31) s_top[wi] = M;
+        __syncthreads();
+        float before = -INFINITY, all = -INFINITY;
+        for (int w = 0; w * 32 < batch && w < 4; w++) {
+            if (w < wi) before = fmaxf(before, s_top[w]);
+            all = fmaxf(all, s_top[w]);
+        }
+        M = fmaxf(run, fmaxf(before, M));
+        float Mprev = __shfl_up_sync(0xffffffffu, M, 1);
+        if (lane == 0) Mprev = fmaxf(run, before);
+        if (d < nb) {
+            s_w1[d] = am_rescale(Mprev, M);
+            s_w2[d] = am_rescale(ms, M);
+        }
+        run = fmaxf(run, all);
+        if (al) k_cp_wait<0>();
+        __syncthreads();
+#pragma unroll 8
+        for (int s = 0; s < nb; s++) { /* k_attn_combine's fold, its weights made above */
+            float w1 = s_w1[s], w2 = s_w2[s];
+            l = muse_attn_mix(l, w1, s_l[s], w2);
+            acc = muse_attn_mix(acc, w1, s_acc[s * hd + d], w2);
+        }
+        __syncthreads(); /* the batch read before the next one lands */
+    }
+    o[d] = am_out(acc, l, ga[(r * hq + h) * hd + d]);
+}
+
 MUSE_K_API int muse_k_attention_fast_fits(long hd, long group)
 {
     return (hd == 64 || hd == 128) && group >= 1 && group <= AF_G;
@@ -1059,6 +1309,54 @@ static int am_ahead_on(void)
     return on;
 }
 
+/* The decode form's ring (MUSE_ATTN_RING=NS from the environment, 2-4, read once a process: NS
+ * staged tiles, k_attn_split_ring; else k_attn_split_coop). The bits are the same. */
+static int am_ring_stages(void)
+{
+    static const int ns = [] {
+        const char *v = getenv("MUSE_ATTN_RING");
+        int n = v && *v ? atoi(v) : 0;
+        return n >= 2 && n <= 4 ? n : 0;
+    }();
+    return ns;
+}
+
+/* The combine's form (MUSE_ATTN_WEIGHTS=1 from the environment, read once a process: each
+ * batch's weights made first, k_attn_combine_w; else k_attn_combine). The bits are the same. */
+static int am_weights_first(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_ATTN_WEIGHTS");
+        return v && v[0] == '1' && !v[1];
+    }();
+    return on;
+}
+
+/* Whether the ring stages a row's tiles of earlier rounds' keys before the wait
+ * (MUSE_ATTN_EARLY=0 from the environment: after it; read once a process). The same bits. */
+static int am_early_on(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_ATTN_EARLY");
+        return !(v && v[0] == '0' && !v[1]);
+    }();
+    return on;
+}
+
+/* k_attn_split_ring<NS>'s launch: its shared memory past 48 KB at NS 3 and 4 */
+template <int NS>
+static int am_ring_launch(cudaStream_t st, dim3 grid, const muse_k_kv &kv, const float *q, long hq,
+                          int group, int gp, long window, float scale_l2, const int32_t *seqs,
+                          const int64_t *positions, af_ws ws, af_round rd)
+{
+    size_t smem = sizeof(am_ring_sm<NS>);
+    int err = (int)cudaFuncSetAttribute((const void *)k_attn_split_ring<NS>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err) return err;
+    return k_launch(k_attn_split_ring<NS>, grid, AM_WARPS * 32, smem, st, kv, q, hq, group, gp,
+                    window, scale_l2, seqs, positions, ws, rd, am_early_on());
+}
+
 /* The prompt rounds' form (MUSE_ATTN_FLASH from the environment, read once a process: 0 the
  * split and the combine in row groups, 1 k_attn_flash with a warp's own tiles, else k_attn_flash
  * with a block's tiles shared). The bits are the same every way. */
@@ -1089,10 +1387,20 @@ static int am_flash_launch(cudaStream_t st, const muse_k_kv &kv, const float *q,
 
 static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long hq, int group,
                      long window, float scale_l2, const int32_t *seqs, const int64_t *positions,
-                     long rows, int pair, af_ws ws)
+                     long rows, int pair, af_ws ws, af_round rd)
 {
     unsigned kvb = (unsigned)((hq + group - 1) / group);
     int gp = muse_attn_gp(group);
+    dim3 one((unsigned)ws.splits, kvb, (unsigned)rows);
+    if (!pair && am_ring_stages() == 2)
+        return am_ring_launch<2>(st, one, kv, q, hq, group, gp, window, scale_l2, seqs, positions,
+                                 ws, rd);
+    if (!pair && am_ring_stages() == 3)
+        return am_ring_launch<3>(st, one, kv, q, hq, group, gp, window, scale_l2, seqs, positions,
+                                 ws, rd);
+    if (!pair && am_ring_stages() == 4)
+        return am_ring_launch<4>(st, one, kv, q, hq, group, gp, window, scale_l2, seqs, positions,
+                                 ws, rd);
     if (!pair && am_coop_on())
         return k_launch(k_attn_split_coop, dim3((unsigned)ws.splits, kvb, (unsigned)rows),
                         AM_WARPS * 32, sizeof(am_coop_sm), st, kv, q, hq, group, gp, window,
@@ -1138,6 +1446,7 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
     if (am_on() && hd == AM_HD && muse_attn_paired(rows) && am_flash_form())
         return am_flash_launch(ctx->st, kv, q, g, o, hq, (int)group, window, scale_l2, ctx->seqs,
                                ctx->positions, rows, cap, w.least);
+    const af_round rd = {ctx->seqs, ctx->positions, rows};
     /* row groups run one after another on the stream: a row's arithmetic is its own in any */
     for (long r0 = 0; r0 < rows; r0 += step) {
         long n = rows - r0 < step ? rows - r0 : step;
@@ -1146,13 +1455,14 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
         const float *qr = q + r0 * hq * hd;
         int rc = am_on() && hd == AM_HD
                      ? am_launch(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs, positions,
-                                 n, muse_attn_paired(rows), w)
+                                 n, muse_attn_paired(rows), w, rd)
                  : hd == 64 ? af_launch<64>(ctx->st, kv, qr, hq, (int)group, window, scale_l2, seqs,
                                             positions, n, w)
                             : af_launch<128>(ctx->st, kv, qr, hq, (int)group, window, scale_l2,
                                              seqs, positions, n, w);
         if (!rc)
-            rc = k_launch(k_attn_combine, dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st,
+            rc = k_launch(am_weights_first() ? k_attn_combine_w : k_attn_combine,
+                          dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st,
                           g + r0 * hq * hd, o + r0 * hq * hd, hq, hd, window, seqs, positions, w);
         if (rc) return rc;
     }

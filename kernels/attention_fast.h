@@ -155,4 +155,63 @@ MUSE_HD float muse_attn_mix(float acc, float w1, float ot, float w2)
     return fmaf(ot, w2, acc * w1);
 }
 
+/* ---- the decode form's ring (k_attn_split_ring): NS staged tiles, two barriers a tile ----
+ * The split's tiles 0 .. n-1 go through NS buffers: tile t lands in buffer t % NS; the prologue
+ * issues tiles 0 .. NS-2 and iteration i, once every warp is past tile i-1, issues tile i + NS-1
+ * (a commit group a tile, an empty one past the split's end, so a thread's wait for tile i
+ * always leaves NS - 2 younger groups pending). */
+
+/* Buffer of tile t. */
+MUSE_HD int muse_attn_ring_buf(int64_t t, int ns)
+{
+    return (int)(t % ns);
+}
+
+/* The tile iteration i issues (the prologue's, i < 0: tile NS - 1 + i for i in [-(NS-1), -1]),
+ * or -1 where it is past the split's n tiles (an empty commit group). */
+MUSE_HD int64_t muse_attn_ring_issue(int64_t i, int ns, int64_t n)
+{
+    int64_t t = i + ns - 1;
+    return t < n ? t : -1;
+}
+
+/* Whether tile t of a split from base0 whose keys end at hi reads only keys below fw, the first
+ * position the round writes for the row's sequence: the cache below it is the earlier rounds'
+ * (a sliding ring holds window + a round's rows - 1, so this round's writes land on no key a row
+ * reads), so the tile may be staged before the wait for the kernel that writes this round's keys.
+ * The early tiles are a prefix of the split's. */
+MUSE_HD int muse_attn_tile_early(int64_t base0, int64_t t, int64_t hi, int64_t fw)
+{
+    int64_t last = base0 + (t + 1) * MUSE_ATTN_TILE - 1;
+    return (last < hi ? last : hi) < fw;
+}
+
+/* ---- the combine's weights made apart from its sums (k_attn_combine, MUSE_ATTN_WEIGHTS) ----
+ * The fold over a row's splits in order, step s: M_s = max(M_{s-1}, m_s), w1 = rescale(M_{s-1},
+ * M_s), w2 = rescale(m_s, M_s), l = mix(l, w1, l_s, w2), acc = mix(acc, w1, acc_s, w2). The
+ * maxima are a running max (exact: any order gives M_s), so every step's weights can be made at
+ * once before the sums, whose chain is then two multiplies a step, not an exp2. */
+
+/* M[s] = max(m0, m[0..s]) for s < n by a Hillis-Steele scan in lanes of width lanes (the
+ * kernel's shuffles: offsets 1, 2, 4, .. within a lane group, then each group after the
+ * groups before it), m0 taken last; the host's copy of the kernel's order, for the tests. */
+MUSE_HD void muse_attn_prefix_max(const float *m, int n, float m0, int lanes, float *M)
+{
+    for (int s = 0; s < n; s++) M[s] = m[s];
+    for (int off = 1; off < lanes; off *= 2) /* each step reads the step before's values */
+        for (int s = n - 1; s >= 0; s--)
+            if (s % lanes >= off) M[s] = fmaxf(M[s], M[s - off]);
+    float top[64]; /* each group's total (a group's last lane), as the kernel stores them */
+    for (int g = 0; g < 64; g++) top[g] = -INFINITY;
+    int groups = (n + lanes - 1) / lanes;
+    for (int g = 0; g < groups && g < 64; g++)
+        top[g] = M[(g + 1) * lanes - 1 < n ? (g + 1) * lanes - 1 : n - 1];
+    for (int s = lanes; s < n; s++) {
+        float before = -INFINITY;
+        for (int g = 0; g < s / lanes && g < 64; g++) before = fmaxf(before, top[g]);
+        M[s] = fmaxf(before, M[s]);
+    }
+    for (int s = 0; s < n; s++) M[s] = fmaxf(m0, M[s]);
+}
+
 #endif

@@ -237,11 +237,13 @@ fi
 # and of this one, bit for bit (a change meant to keep every bit), on the 4-layer cut and the
 # tiny shape (2 bits mcg, synthetic weights), the prompt whole and a row a round; this build's
 # under each of GPU_CHECK_OLDNEW_VARIANTS ("NAME=VALUE"), its bits against the earlier build's.
-# GPU_CHECK_OLDNEW_TOKENS: the tokens (48; from 65 the prompt whole takes the product's wgmma form)
+# GPU_CHECK_OLDNEW_TOKENS: the tokens (48; from 65 the prompt whole takes the product's wgmma form);
+# GPU_CHECK_OLDNEW_SHAPES: the shapes (tiny alone with 4000 tokens: a row a round reaches 63
+# splits a row in its full layers, the combine's batch of 64; the cut's logits would be GBs)
 if want oldnew && [ "$B" = cuda ] && [ -x build/gpu/old/muse-engine ]; then
     ntok=${GPU_CHECK_OLDNEW_TOKENS:-48}
-    ids=$(seq -s, 1 "$ntok")
-    for shape in muse-spark-open-1gpu-4l tiny; do
+    ids=$(awk -v n="$ntok" 'BEGIN { for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? "," : ""), 1 + (i - 1) % 1000 }')
+    for shape in ${GPU_CHECK_OLDNEW_SHAPES:-muse-spark-open-1gpu-4l tiny}; do
         for chunk in "$ntok" 1; do
             for bin in build/gpu/old/muse-engine build/muse-engine; do
                 tag=$shape-$chunk-$([ "$bin" = build/muse-engine ] && echo new || echo old)
@@ -411,17 +413,26 @@ fi
 # heads, 2 KV heads, window 100); a warp a decode row (MUSE_ATTN_COOP=0), the CUDA-core split
 # (MUSE_ATTN_TC=0), the decode form's tiles one after another (MUSE_ATTN_AHEAD=0), chunks of
 # at least 4 tiles (MUSE_ATTN_CHUNK=256), and prompt rounds by the split and the combine
-# (MUSE_ATTN_FLASH=0) or k_attn_flash with a warp's own tiles (MUSE_ATTN_FLASH=1) beside them.
+# (MUSE_ATTN_FLASH=0) or k_attn_flash with a warp's own tiles (MUSE_ATTN_FLASH=1) beside them;
+# the decode form's ring of 2-4 tiles (MUSE_ATTN_RING, alone and with one split a row: many
+# tiles a block) and the combine's weights made first (MUSE_ATTN_WEIGHTS=1, with splits of a
+# tile: many splits a row). GPU_CHECK_ATTNSPLITS_VARIANTS: another list (VAR=VALUE,...; "-" the
+# defaults).
 if want attnsplits && [ "$B" = cuda ]; then
     /usr/bin/python3 -c 'import json,sys; c=json.load(open("conf/packs/tiny.json"));
 c.update(num_attention_heads=16, num_key_value_heads=2, sliding_window=100); json.dump(c, open(sys.argv[1], "w"))' "$logs/g8.json"
     step attn-g8-pack 90 build/muse-pack --config "$logs/g8.json" --out "$packs/g8" --seed 4 --exl3-random 2 --codebook mcg
     for pk in q2-mcg g8; do
-        for v in MUSE_ATTN_SPLITS=1 MUSE_ATTN_SPLITS=2 MUSE_ATTN_COOP=0 MUSE_ATTN_TC=0 \
-            MUSE_ATTN_AHEAD=0 MUSE_ATTN_CHUNK=256 MUSE_ATTN_FLASH=0 MUSE_ATTN_FLASH=1 -; do
+        for v in ${GPU_CHECK_ATTNSPLITS_VARIANTS:-MUSE_ATTN_SPLITS=1 MUSE_ATTN_SPLITS=2 MUSE_ATTN_COOP=0 \
+            MUSE_ATTN_TC=0 MUSE_ATTN_AHEAD=0 MUSE_ATTN_CHUNK=256 MUSE_ATTN_FLASH=0 MUSE_ATTN_FLASH=1 \
+            MUSE_ATTN_RING=2 MUSE_ATTN_RING=3,MUSE_ATTN_SPLITS=1 MUSE_ATTN_RING=4,MUSE_ATTN_SPLITS=2 \
+            MUSE_ATTN_RING=4,MUSE_ATTN_CHUNK=256 MUSE_ATTN_WEIGHTS=1 \
+            MUSE_ATTN_WEIGHTS=1,MUSE_ATTN_RING=3 -}; do
+            e=()
             [ "$v" = - ] && v=MUSE_ATTN_DEFAULT=1
-            (export "$v" && step "attnsplits-$pk-${v%%=*}${v##*=}" 120 build/muse-engine kernel-check \
-                --model "$packs/$pk" --backend cuda --kernels fast --max-rows 256)
+            IFS=, read -ra e <<<"$v"
+            step "attnsplits-$pk-$(tr -d '=_,' <<<"${v//MUSE_ATTN_/}")" 120 env "${e[@]}" \
+                build/muse-engine kernel-check --model "$packs/$pk" --backend cuda --kernels fast --max-rows 256
         done
     done
 fi

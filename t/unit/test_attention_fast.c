@@ -492,6 +492,128 @@ static void test_emulation(split_fn *split, double bound, const char *what)
     free(v);
 }
 
+/* The decode ring (k_attn_split_ring) at NS buffers over a split of n tiles, its commit groups
+ * modelled a thread's way: each tile issued once, before it is read; the wait that leaves NS - 2
+ * younger groups pending covers the tile read; the buffer an iteration fills is the one its tile
+ * before last read (every warp past it at the barrier before the issue), never the one it reads. */
+static void test_ring(void)
+{
+    long bad_once = 0, bad_wait = 0, bad_buf = 0, cases = 0;
+    for (int ns = 2; ns <= 4; ns++)
+        for (int64_t n = 1; n <= 40; n++) {
+            int64_t group_tile[64] = {0}; /* commit group g's tile, -1 empty */
+            int groups = 0, issued[41] = {0};
+            for (int64_t i = -(ns - 1); i < 0; i++) { /* the prologue */
+                int64_t t = muse_attn_ring_issue(i, ns, n);
+                group_tile[groups++] = t;
+                if (t >= 0) issued[t]++;
+            }
+            for (int64_t i = 0; i < n; i++) {
+                /* wait_group(ns - 2): groups [0, groups - (ns - 2)) are complete */
+                int done = groups - (ns - 2), seen = 0;
+                for (int g = 0; g < done; g++) seen += group_tile[g] == i;
+                bad_wait += seen != 1;
+                int64_t t = muse_attn_ring_issue(i, ns, n);
+                if (t >= 0) {
+                    issued[t]++;
+                    /* the filled buffer: not this tile's, and its last tile was i - 1 */
+                    bad_buf += muse_attn_ring_buf(t, ns) == muse_attn_ring_buf(i, ns) ||
+                               (t - ns >= 0 && t - ns != i - 1);
+                }
+                group_tile[groups++] = t;
+                cases++;
+            }
+            for (int64_t t = 0; t < n; t++) bad_once += issued[t] != 1;
+        }
+    ok(bad_once == 0, "the ring issues each tile once (NS 2-4, splits of 1-40 tiles)");
+    ok(bad_wait == 0, "the wait leaving NS - 2 groups pending covers the tile read (%ld reads)",
+       cases);
+    ok(bad_buf == 0, "an iteration fills the buffer of the tile before it, never its own");
+}
+
+/* The tiles a ring stages before the wait (muse_attn_tile_early): never one that holds a key at
+ * or past the round's first written position fw within the split, a prefix of the split's tiles,
+ * and at a decode row (fw = p, the split's last key) every tile but the last. */
+static void test_tile_early(void)
+{
+    long bad_key = 0, bad_prefix = 0, bad_decode = 0, n_early = 0;
+    for (int i = 0; i < 20000; i++) {
+        int64_t lo = (int64_t)((urand() + 1) * 5000), hi = lo + (int64_t)((urand() + 1) * 700);
+        int64_t fw = lo + (int64_t)((urand() + 0.8) * 600),
+                base0 = lo / MUSE_ATTN_TILE * MUSE_ATTN_TILE;
+        int64_t n = (hi - base0) / MUSE_ATTN_TILE + 1;
+        int was = 1;
+        for (int64_t t = 0; t < n; t++) {
+            int e = muse_attn_tile_early(base0, t, hi, fw);
+            for (int64_t k = base0 + t * MUSE_ATTN_TILE; e && k < base0 + (t + 1) * MUSE_ATTN_TILE;
+                 k++)
+                bad_key += k >= lo && k <= hi && k >= fw;
+            bad_prefix += e && !was;
+            was = e;
+            n_early += e;
+        }
+        for (int64_t t = 0; t < n; t++)
+            bad_decode += muse_attn_tile_early(base0, t, hi, hi) != (t < n - 1);
+    }
+    ok(bad_key == 0, "no early tile reads a key the round writes (%ld early tiles)", n_early);
+    ok(bad_prefix == 0, "the early tiles are a prefix of the split's");
+    ok(bad_decode == 0, "a decode row stages every tile but its last before the wait");
+}
+
+/* The combine with its weights made first (MUSE_ATTN_WEIGHTS) against the sequential fold, in
+ * batches of 64 (head_dim 64) and 32 (128) carrying the running max: l and acc the same bits,
+ * with empty splits (-inf), ties, signed zeros and peaked maxima among the splits. */
+static void test_combine_weights(void)
+{
+    long bad = 0, rows = 0;
+    for (int trial = 0; trial < 4000; trial++) {
+        int n = 1 + (int)((urand() + 1) * 100), batch = trial % 2 ? 32 : 64;
+        float m[200], ls[200], as[200];
+        for (int s = 0; s < n; s++) {
+            double u = urand();
+            m[s] = u < -0.8   ? -INFINITY
+                   : u < -0.6 ? 0.0f
+                   : u < -0.5 ? -0.0f
+                   : u < -0.3 ? (float)(int)(urand() * 4)
+                              : (float)(urand() * (trial % 3 ? 8 : 80));
+            ls[s] = m[s] == -INFINITY ? 0.0f : (float)(urand() + 1.2);
+            as[s] = m[s] == -INFINITY ? 0.0f : (float)urand();
+        }
+        float m1 = -INFINITY, l1 = 0.0f, a1 = 0.0f; /* k_attn_combine's fold */
+        for (int s = 0; s < n; s++) {
+            float w1, w2;
+            m1 = muse_attn_merge(m1, m[s], &w1, &w2);
+            l1 = muse_attn_mix(l1, w1, ls[s], w2);
+            a1 = muse_attn_mix(a1, w1, as[s], w2);
+        }
+        float run = -INFINITY, l2 = 0.0f, a2 = 0.0f, w1[64], w2[64], M[64];
+        for (int s0 = 0; s0 < n; s0 += batch) {
+            int nb = n - s0 < batch ? n - s0 : batch;
+            muse_attn_prefix_max(m + s0, nb, run, 32, M);
+            for (int s = 0; s < nb; s++) {
+                w1[s] = muse_attn_rescale(s ? M[s - 1] : run, M[s]);
+                w2[s] = muse_attn_rescale(m[s0 + s], M[s]);
+            }
+            for (int s = 0; s < nb; s++) {
+                l2 = muse_attn_mix(l2, w1[s], ls[s0 + s], w2[s]);
+                a2 = muse_attn_mix(a2, w1[s], as[s0 + s], w2[s]);
+            }
+            run = M[nb - 1];
+        }
+        bad += memcmp(&l1, &l2, sizeof l1) || memcmp(&a1, &a2, sizeof a1);
+        rows++;
+    }
+    ok(bad == 0, "the combine's weights made first: l and acc bit for bit as the fold (%ld rows)",
+       rows);
+    float M[40], m[40];
+    for (int s = 0; s < 40; s++) m[s] = s == 33 ? 100.0f : (float)((s * 7) % 13);
+    muse_attn_prefix_max(m, 40, -INFINITY, 32, M);
+    long bad_scan = 0;
+    float want = -INFINITY;
+    for (int s = 0; s < 40; s++) bad_scan += M[s] != (want = fmaxf(want, m[s]));
+    ok(bad_scan == 0 && M[39] == 100.0f, "the scan across two lane groups is the running max");
+}
+
 int main(void)
 {
     test_splits(64, MUSE_ATTN_TILE);
@@ -510,6 +632,9 @@ int main(void)
     test_flash_walk(2, MUSE_ATTN_TILE);
     test_flash_walk(64, 4 * MUSE_ATTN_TILE);
     test_flash_bits();
+    test_ring();
+    test_tile_early();
+    test_combine_weights();
     test_emulation(emulate_split, 2e-5, "the CUDA-core split: chunked fp32 online softmax");
     test_emulation(emulate_split_mma, 2e-5,
                    "the tensor-core split: fp16 high and low parts, tile partials merged");
