@@ -6,6 +6,8 @@
  * The attention's inputs in one launch (k_attn_in_fast): q's heads and k's heads so, and each
  * of the rank's k heads written to the layer's cache with v's as muse_k_kv_write writes them.
  */
+#include <stdlib.h>
+
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "pdl.cuh"
@@ -14,10 +16,30 @@
 
 #define QK_HEADS 4
 
+/* The rotation of lane's pairs d = lane + 32 i < hd / 2 at position p (i < QK_ROT: head_dim
+ * up to 128): cos and sin of p theta^(-2d/hd), in double, as qk_head turns them. They depend on
+ * the position alone, so a launch can make them before it waits for the kernel before. */
+#define QK_ROT 2
+__device__ __forceinline__ void qk_rot(long hd, double p, double theta, int lane, double cs[QK_ROT],
+                                       double sn[QK_ROT])
+{
+#pragma unroll
+    for (int i = 0; i < QK_ROT; i++) {
+        long d = lane + 32 * i;
+        cs[i] = 1.0, sn[i] = 0.0;
+        if (theta != 0 && d < hd / 2) {
+            double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
+            cs[i] = cos(angle), sn[i] = sin(angle);
+        }
+    }
+}
+
 /* One head v[hd] of a row at position p, by one warp, in place; kc: the head's cache row (fp16
- * bits of what is written) or NULL. */
+ * bits of what is written) or NULL; rcs, rsn: qk_rot's of the row (hd <= 64 * QK_ROT), or NULL:
+ * made here. */
 __device__ __forceinline__ void qk_head(float *v, long hd, double p, double theta, double eps,
-                                        int lane, uint16_t *kc)
+                                        int lane, uint16_t *kc, const double *rcs = NULL,
+                                        const double *rsn = NULL)
 {
     double acc = 0;
     for (long d = lane; d < hd; d += 32) acc += (double)v[d] * (double)v[d];
@@ -25,8 +47,14 @@ __device__ __forceinline__ void qk_head(float *v, long hd, double p, double thet
     long half = hd / 2;
     for (long d = lane; d < hd; d += 32) {
         if (theta != 0 && d < half) {
-            double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
-            double cs = cos(angle), sn = sin(angle);
+            double cs, sn;
+            if (rcs) { /* d < hd / 2 <= 32 QK_ROT: pair 0 or 1, selected (no local array) */
+                bool second = d >= lane + 32;
+                cs = second ? rcs[1] : rcs[0], sn = second ? rsn[1] : rsn[0];
+            } else {
+                double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
+                cs = cos(angle), sn = sin(angle);
+            }
             double x1 = (float)((double)v[d] * s), x2 = (float)((double)v[d + half] * s);
             float y1 = muse_round_f16((float)(x1 * cs - x2 * sn));
             float y2 = muse_round_f16((float)(x2 * cs + x1 * sn));
@@ -56,19 +84,25 @@ __global__ void k_qk_norm_rope_fast(float *x, long heads, long hd, const int64_t
 /* Shape: grid (qb + ceil(hk / QK_HEADS), rows), qb = ceil(hq / QK_HEADS), block 32 * QK_HEADS:
  * blocks below qb take q's heads, the rest k's; a k head inside the cache's [off, off + kv_width)
  * goes to the row's cache slot with the same columns of v (a padding row or an unreserved block:
- * no write, as muse_k_kv_write). */
+ * no write, as muse_k_kv_write). EARLY (MUSE_ROPE_EARLY=1 from the environment; head_dim <= 128):
+ * the row's rotations (qk_rot: a double pow, cos and sin a pair) made before the wait for the
+ * kernel before, from the round's positions, off the chain the wait ends; the same bits. */
+template <int EARLY>
 __global__ void k_attn_in_fast(float *q, long hq, float *k, long hk, const float *v, long hd,
                                long off, muse_k_kv kv, const int32_t *seqs,
                                const int64_t *positions, double theta, double eps)
 {
     K_PDL_NEXT();
-    K_PDL_WAIT();
     long r = blockIdx.y, qb = (hq + QK_HEADS - 1) / QK_HEADS;
     long hh = ((long)blockIdx.x - (blockIdx.x < qb ? 0 : qb)) * QK_HEADS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     double p = (double)positions[r];
+    double cs[QK_ROT], sn[QK_ROT];
+    if (EARLY) qk_rot(hd, p, theta, lane, cs, sn);
+    const double *rcs = EARLY ? cs : NULL, *rsn = EARLY ? sn : NULL;
+    K_PDL_WAIT();
     if (blockIdx.x < qb) {
-        if (hh < hq) qk_head(q + (r * hq + hh) * hd, hd, p, theta, eps, lane, NULL);
+        if (hh < hq) qk_head(q + (r * hq + hh) * hd, hd, p, theta, eps, lane, NULL, rcs, rsn);
         return;
     }
     if (hh >= hk) return; /* a whole warp: the shuffles see only full warps */
@@ -78,7 +112,8 @@ __global__ void k_attn_in_fast(float *q, long hq, float *k, long hk, const float
     if (seq >= 0 && c0 >= 0 && c0 < kv.kv_width)
         at = muse_kv_offset(kv.tables, kv.blocks_per_seq, kv.cap, seq, positions[r], 0,
                             kv.kv_width);
-    qk_head(k + (r * hk + hh) * hd, hd, p, theta, eps, lane, at >= 0 ? kv.k + at + c0 : NULL);
+    qk_head(k + (r * hk + hh) * hd, hd, p, theta, eps, lane, at >= 0 ? kv.k + at + c0 : NULL, rcs,
+            rsn);
     if (at < 0) return;
     const float *vr = v + r * hk * hd + hh * hd;
     for (long d = lane; d < hd; d += 32) kv.v[at + c0 + d] = muse_f32_to_f16(vr[d]);
@@ -102,6 +137,10 @@ MUSE_K_API int muse_k_attn_in_fast(const muse_k_ctx *ctx, float *q, long hq, flo
         return (int)cudaErrorInvalidValue;
     long blocks = (hq + QK_HEADS - 1) / QK_HEADS + (hk + QK_HEADS - 1) / QK_HEADS;
     dim3 grid((unsigned)blocks, (unsigned)ctx->rows);
-    return k_launch(k_attn_in_fast, grid, 32 * QK_HEADS, 0, ctx->st, q, hq, k, hk, v, head_dim, off,
+    static const int early = [] {
+        const char *e = getenv("MUSE_ROPE_EARLY");
+        return e && e[0] == '1' && !e[1];
+    }();
+    return k_launch(early && head_dim <= 64 * QK_ROT ? k_attn_in_fast<1> : k_attn_in_fast<0>, grid, 32 * QK_HEADS, 0, ctx->st, q, hq, k, hk, v, head_dim, off,
                     kv, ctx->seqs, ctx->positions, theta, eps);
 }

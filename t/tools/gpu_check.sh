@@ -544,10 +544,12 @@ if want attnlong && [ "$B" = cuda ]; then
 fi
 
 # the whole shape's decode under the engine's tuning switches (variants of one binary, e.g.
-# MUSE_CUDA_SIDE=0, MUSE_PDL=0; "-": the defaults), at 1 and 4 streams
+# MUSE_CUDA_SIDE=0, MUSE_PDL=0; "-": the defaults), at 1 and 4 streams, after a prompt of
+# GPU_CHECK_WHOLE_PROMPT (64) tokens
 if want wholevar; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
-        --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4}" --tokens 16 --prompt 64)
+        --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_WHOLE_STREAMS:-1,4}" --tokens 16
+        --prompt "${GPU_CHECK_WHOLE_PROMPT:-64}")
     for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
         vv=()
         [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
@@ -557,11 +559,13 @@ if want wholevar; then
 fi
 # abdecode (by name): the whole shape's decode by an earlier build's bench carried as
 # build/gpu/old/muse-bench and by this one, taking turns GPU_CHECK_AB_REPS (2) times at
-# GPU_CHECK_AB_STREAMS (1,4,16), this one's also under each of GPU_CHECK_WHOLE_VARIANTS: a
-# change's speed against the same GPU's noise in one call
+# GPU_CHECK_AB_STREAMS (1,4,16) after a prompt of GPU_CHECK_AB_PROMPT (64) tokens, this one's
+# also under each of GPU_CHECK_WHOLE_VARIANTS: a change's speed against the same GPU's noise in
+# one call
 if want abdecode && [ -x build/gpu/old/muse-bench ]; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
-        --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_AB_STREAMS:-1,4,16}" --tokens 32 --prompt 64)
+        --bits 2 --codebook mcg --kernels fast --streams "${GPU_CHECK_AB_STREAMS:-1,4,16}" --tokens 32
+        --prompt "${GPU_CHECK_AB_PROMPT:-64}")
     for i in $(seq 1 "${GPU_CHECK_AB_REPS:-2}"); do
         step "whole-ab-old-$i" 90 build/gpu/old/muse-bench decode --backend "$B" "${cut[@]}"
         for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
