@@ -772,16 +772,6 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     }
 }
 
-/* The decode form with a ring of NS staged tiles and two barriers a tile (MUSE_ATTN_RING=NS from
- * the environment, 2-4; 0 or unset: k_attn_split_coop). Each warp stages its own 16 keys of a
- * tile (am_stage_block), so it computes its S n-tiles after its own wait alone; one barrier
- * then shares the warps' maxima (and every warp's V rows), and is also where the tile NS - 1
- * ahead is issued into the buffer the tile before read (muse_attn_ring_issue); a second shares
- * p and the sums. early (MUSE_ATTN_EARLY, on unless 0): the tiles of keys below the round's first
- * write for the row's sequence are staged before the wait for the kernel before (the cache the
- * earlier rounds wrote; muse_attn_tile_early), so at a decode row every tile but the last is in
- * flight while the attention's inputs are made. The per-value arithmetic and the merge order are
- * k_attn_split_coop's: the same bits. */
 /* The whole round's rows (a launch in row groups sees its group's alone). */
 typedef struct {
     const int32_t *seqs;
@@ -805,6 +795,16 @@ __device__ __forceinline__ int64_t am_first_written(const af_round &rd, int seq)
     return (int64_t)mn;
 }
 
+/* The decode form with a ring of NS staged tiles and two barriers a tile (MUSE_ATTN_RING=NS from
+ * the environment, 2-4; 0 or unset: k_attn_split_coop). Each warp stages its own 16 keys of a
+ * tile (am_stage_block), so it computes its S n-tiles after its own wait alone; one barrier
+ * then shares the warps' maxima (and every warp's V rows), and is also where the tile NS - 1
+ * ahead is issued into the buffer the tile before read (muse_attn_ring_issue); a second shares
+ * p and the sums. early (MUSE_ATTN_EARLY, on unless 0): the tiles of keys below the round's first
+ * write for the row's sequence are staged before the wait for the kernel before (the cache the
+ * earlier rounds wrote; muse_attn_tile_early), so at a decode row every tile but the last is in
+ * flight while the attention's inputs are made. The per-value arithmetic and the merge order are
+ * k_attn_split_coop's: the same bits. */
 template <int NS> struct am_ring_sm {
     __half k[NS][AM_TILE_HALVES], v[NS][AM_TILE_HALVES];
     float mx[AM_WARPS][32][2], sum[AM_WARPS][32][2];

@@ -93,14 +93,15 @@ __global__ void k_attn_in_fast(float *q, long hq, float *k, long hk, const float
                                const int64_t *positions, double theta, double eps)
 {
     K_PDL_NEXT();
+    if (!EARLY) K_PDL_WAIT();
     long r = blockIdx.y, qb = (hq + QK_HEADS - 1) / QK_HEADS;
     long hh = ((long)blockIdx.x - (blockIdx.x < qb ? 0 : qb)) * QK_HEADS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
-    double p = (double)positions[r];
+    double p = (double)positions[r]; /* the round's, copied in before its first kernel */
     double cs[QK_ROT], sn[QK_ROT];
     if (EARLY) qk_rot(hd, p, theta, lane, cs, sn);
     const double *rcs = EARLY ? cs : NULL, *rsn = EARLY ? sn : NULL;
-    K_PDL_WAIT();
+    if (EARLY) K_PDL_WAIT();
     if (blockIdx.x < qb) {
         if (hh < hq) qk_head(q + (r * hq + hh) * hd, hd, p, theta, eps, lane, NULL, rcs, rsn);
         return;
@@ -141,6 +142,7 @@ MUSE_K_API int muse_k_attn_in_fast(const muse_k_ctx *ctx, float *q, long hq, flo
         const char *e = getenv("MUSE_ROPE_EARLY");
         return e && e[0] == '1' && !e[1];
     }();
-    return k_launch(early && head_dim <= 64 * QK_ROT ? k_attn_in_fast<1> : k_attn_in_fast<0>, grid, 32 * QK_HEADS, 0, ctx->st, q, hq, k, hk, v, head_dim, off,
-                    kv, ctx->seqs, ctx->positions, theta, eps);
+    return k_launch(early && head_dim <= 64 * QK_ROT ? k_attn_in_fast<1> : k_attn_in_fast<0>, grid,
+                    32 * QK_HEADS, 0, ctx->st, q, hq, k, hk, v, head_dim, off, kv, ctx->seqs,
+                    ctx->positions, theta, eps);
 }
