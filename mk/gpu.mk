@@ -27,6 +27,23 @@ gpu-carry: all
 	cd $(GPU_CARRY)/debs && apt-get download $(GPU_DEBS)
 	@du -sh $(GPU_CARRY)
 
+# make gpu-carry-small: the carry for one H200 (sm_90a alone, built in build/a90), its large
+# binaries gzipped, into build/gpu (under the 64 MiB a call carries with the tree); GPU_OLD=DIR
+# adds DIR's muse-engine and muse-bench (an earlier build's) as build/gpu/old, for gpu_check.sh's
+# oldnew and abdecode. gpu_check.sh's setup unpacks it; the call is then `bash
+# t/tools/gpu_check.sh` with carry build/gpu.
+.PHONY: gpu-carry-small
+gpu-carry-small:
+	$(MAKE) --no-print-directory BUILD=build/a90 CUDA_ARCHS=90a gpu-carry
+	rm -rf build/gpu && cp -r build/a90/gpu build/gpu
+	rm -rf build/gpu/t/synth-check build/gpu/t/mma-probe build/gpu/obj
+	gzip -9 build/gpu/muse-bench build/gpu/muse-engine build/gpu/muse-pack \
+		build/gpu/t/exl3-fast-check build/gpu/t/muse-engine-test
+	if [ -n "$(GPU_OLD)" ]; then mkdir -p build/gpu/old && \
+		for b in muse-engine muse-bench; do strip --strip-debug -o build/gpu/old/$$b $(GPU_OLD)/$$b && \
+		gzip -9 build/gpu/old/$$b || exit 1; done; fi
+	@du -sh build/gpu
+
 # make trace: t/tools/kernel_trace.c, the CUPTI kernel tracer that gpu_check.sh's step `trace`
 # injects (CUDA_INJECTION64_PATH); CUPTI's library rides beside it in the carry
 .PHONY: trace

@@ -69,12 +69,20 @@ step() {
 if want setup; then
     note "== setup $(date -u +%FT%TZ) backend $B"
     if [ -d build/gpu ]; then
+        # a gzipped carry (make gpu-carry-small) unpacked in place: then the carry is what the
+        # call tests, over whatever an earlier call left in build/
+        cpu=-u
+        for f in build/gpu/muse-*.gz build/gpu/t/*.gz build/gpu/old/*.gz; do
+            [ -e "$f" ] || continue
+            case $f in *libcupti*) continue ;; esac
+            gunzip -f "$f" && chmod +x "${f%.gz}" && cpu=
+        done
         # -u: a carried binary replaces an older one only (where build/ is newer, as on the
         # machine that built them, its own binaries are the ones to test)
         mkdir -p build/t build/nginx
         mkdir -p build/obj/kernels
-        cp -u build/gpu/muse-engine build/gpu/muse-pack build/gpu/muse-bench build/
-        cp -u build/gpu/t/* build/t/ && cp -u build/gpu/nginx/ngx_muse_module.so build/nginx/
+        cp $cpu build/gpu/muse-engine build/gpu/muse-pack build/gpu/muse-bench build/
+        cp $cpu build/gpu/t/* build/t/ && cp $cpu build/gpu/nginx/ngx_muse_module.so build/nginx/
         cp -u build/gpu/obj/*.o build/obj/kernels/ 2>/dev/null
         deb=/tmp/muse-debs
         for f in build/gpu/debs/*.deb; do dpkg -x "$f" "$deb"; done
