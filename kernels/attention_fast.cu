@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(AF_THREADS)
  * the SFU: am_rescale) in ascending tile order. A row's arithmetic is its own mma rows and its
  * own mask, so it does not matter which row shares its warp, nor whether a warp takes one row or
  * two; decode launches spread each tile over four warps with the same arithmetic
- * (k_attn_split_coop). */
+ * (k_attn_split_ring). */
 #define AM_WARPS       4
 #define AM_HD          64
 #define AM_TILE_HALVES (AF_T * AM_HD) /* a staged K (or V) tile */
@@ -632,146 +632,6 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
     }
 }
 
-/* The decode form: a block of 4 warps on one (row, KV head, split), each 64-key tile's work
- * spread over them with am_run's arithmetic per value: warp w stages keys 16 w .. 16 w + 15,
- * computes S n-tiles 2 w, 2 w + 1 (their chains as am_run's), its 16 keys' p and their sums
- * (am_sum16), which the block adds in am_run's order; it hands its k-step of p (keys 16 w ..)
- * to the others through shared memory and takes O's dims 16 w .. 16 w + 15 over all four. So a
- * decode row's bits are those of the same row in a prompt's pair. grid (splits, KV heads, rows). */
-typedef struct {
-    __half k[2][AM_TILE_HALVES], v[2][AM_TILE_HALVES]; /* the tile, and the next one's loads */
-    float mx[AM_WARPS][32][2], sum[AM_WARPS][32][2];
-    uint32_t p[AM_WARPS][32][8]; /* warp w's k-step of p: high parts a0..a3, then low */
-} am_coop_sm;
-
-__global__ void __launch_bounds__(AM_WARPS * 32)
-    k_attn_split_coop(muse_k_kv kv, const float *qa, long hq, int group, int gp, long window,
-                      float scale_l2, const int32_t *seqs, const int64_t *positions, af_ws ws,
-                      int ahead)
-{
-    extern __shared__ __align__(16) unsigned char am_sm[];
-    am_coop_sm &sm = *(am_coop_sm *)am_sm;
-    K_PDL_NEXT();
-    K_PDL_WAIT();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
-    long kh = blockIdx.y, r = blockIdx.z, h0 = kh * group;
-    int64_t x = blockIdx.x;
-    int seq;
-    int64_t lo, hi;
-    if (!af_row_split(seqs, positions, window, ws, r, x, &seq, &lo, &hi)) return;
-    int64_t base = lo / AF_T * AF_T;
-    /* stage the tile at b into buffer c (am_stage_block: zeros outside [lo, hi], unreserved);
-     * ahead: the next tile's loads issued as soon as this one has landed, into the other buffer
-     * (whose readers passed the last barrier), else after the tile's work */
-    int cur = 0;
-    auto stage = [&](int64_t b, int c) {
-        am_stage_block(kv, seq, kh, b, lo, hi, sm.k[c], sm.v[c]);
-    };
-    stage(base, 0);
-    int head[2];
-    bool live[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) { /* one slot: mma rows gp .. 15 are dead */
-        int i = g + 8 * h;
-        head[h] = i % gp;
-        live[h] = i / gp == 0 && head[h] < group && h0 + head[h] < hq;
-    }
-    uint32_t qh[AM_HD / 16][4], ql[AM_HD / 16][4];
-    am_q_frags(live[0] ? qa + (r * hq + h0 + head[0]) * AM_HD : NULL,
-               live[1] ? qa + (r * hq + h0 + head[1]) * AM_HD : NULL, quad, qh, ql);
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-    for (;;) {
-        k_cp_wait<0>();
-        __syncthreads(); /* the tile landed, every warp's part */
-        bool more = base + AF_T <= hi;
-        if (ahead && more) stage(base + AF_T, cur ^ 1);
-        const __half *tk = sm.k[cur], *tv = sm.v[cur];
-        float s[2][4];
-#pragma unroll
-        for (int jj = 0; jj < 2; jj++) am_s_ntile(s[jj], qh, ql, tk, 2 * warp + jj, lane);
-        float mt[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                int64_t key = base + 16 * warp + 8 * jj + 2 * quad + (e & 1);
-                bool in = live[h] && key >= lo && key <= hi;
-                s[jj][e] = in ? __fmul_rn(s[jj][e], scale_l2) : -INFINITY;
-                mt[h] = fmaxf(mt[h], s[jj][e]);
-            }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-            sm.mx[warp][lane][h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
-        }
-        __syncthreads();
-#pragma unroll
-        for (int h = 0; h < 2; h++) /* a max: the same in any order */
-            mt[h] = fmaxf(fmaxf(sm.mx[0][lane][h], sm.mx[1][lane][h]),
-                          fmaxf(sm.mx[2][lane][h], sm.mx[3][lane][h]));
-#pragma unroll
-        for (int jj = 0; jj < 2; jj++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[jj][e] = am_rescale(s[jj][e], mt[e >> 1]);
-#pragma unroll
-        for (int h = 0; h < 2; h++) sm.sum[warp][lane][h] = am_sum16(s[0], s[1], h);
-        uint32_t *pw = sm.p[warp][lane]; /* k-step w of p: am_run's ph, pl of kk = w */
-        am_split2(s[0][0], s[0][1], &pw[0], &pw[4]);
-        am_split2(s[0][2], s[0][3], &pw[1], &pw[5]);
-        am_split2(s[1][0], s[1][1], &pw[2], &pw[6]);
-        am_split2(s[1][2], s[1][3], &pw[3], &pw[7]);
-        __syncthreads();
-        float lt[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int w = 0; w < 4; w++) lt[h] += sm.sum[w][lane][h];
-            lt[h] = am_quad_sum(lt[h]);
-        }
-        float o[2][4]; /* dims n-tiles 2 w, 2 w + 1, chained over the k-steps as am_run */
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < AF_T / 16; kk++) {
-            uint4 h4 = *(const uint4 *)&sm.p[kk][lane][0], l4 = *(const uint4 *)&sm.p[kk][lane][4];
-            const uint32_t ph[4] = {h4.x, h4.y, h4.z, h4.w}, pl[4] = {l4.x, l4.y, l4.z, l4.w};
-            uint32_t b[4];
-            int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
-            k_ldsm4t(b, tv + key * AM_HD + muse_attn_swz(key, 2 * warp + (lane >> 4)) * 8);
-            k_mma16816(o[0], ph, b[0], b[1]);
-            k_mma16816(o[0], pl, b[0], b[1]);
-            k_mma16816(o[1], ph, b[2], b[3]);
-            k_mma16816(o[1], pl, b[2], b[3]);
-        }
-        __syncthreads(); /* every warp is done with the tile and the p of this one */
-        if (!ahead && more) stage(base + AF_T, cur);
-        am_merge_tile<2>(m, l, acc, mt, lt, o);
-        if (!more) break;
-        base += AF_T;
-        cur ^= ahead;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if (!live[h]) continue;
-        size_t at = ((size_t)r * hq + h0 + head[h]) * ws.splits + x;
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            *(float2 *)&ws.acc[at * AM_HD + 16 * warp + 8 * j + 2 * quad] =
-                make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-        if (warp == 0 && quad == 0) {
-            ws.m[at] = m[h];
-            ws.l[at] = l[h];
-        }
-    }
-}
-
 /* The whole round's rows (a launch in row groups sees its group's alone). */
 typedef struct {
     const int32_t *seqs;
@@ -795,16 +655,20 @@ __device__ __forceinline__ int64_t am_first_written(const af_round &rd, int seq)
     return (int64_t)mn;
 }
 
-/* The decode form with a ring of NS staged tiles and two barriers a tile (MUSE_ATTN_RING=NS from
- * the environment, 2-4; 0 or unset: k_attn_split_coop). Each warp stages its own 16 keys of a
- * tile (am_stage_block), so it computes its S n-tiles after its own wait alone; one barrier
- * then shares the warps' maxima (and every warp's V rows), and is also where the tile NS - 1
- * ahead is issued into the buffer the tile before read (muse_attn_ring_issue); a second shares
- * p and the sums. early (MUSE_ATTN_EARLY, on unless 0): the tiles of keys below the round's first
+/* The decode form: a block of 4 warps on one (row, KV head, split), grid (splits, KV heads,
+ * rows), each 64-key tile's work spread over them with am_run's arithmetic per value: warp w
+ * stages keys 16 w .. 16 w + 15, computes S n-tiles 2 w, 2 w + 1 (their chains as am_run's), its
+ * 16 keys' p and their sums (am_sum16), which the block adds in am_run's order; it hands its
+ * k-step of p (keys 16 w ..) to the others through shared memory and takes O's dims 16 w .. 16 w
+ * + 15 over all four. So a decode row's bits are those of the same row in a prompt's pair.
+ * The tiles go through a ring of NS buffers (3; MUSE_ATTN_RING=2 from the environment: 2), NS - 1
+ * in flight, with two barriers a tile: a warp's S needs only the K rows it staged itself, so one
+ * barrier shares the warps' maxima (and every warp's V rows) and is where the tile NS - 1 ahead
+ * is issued into the buffer the tile before read (muse_attn_ring_issue); a second shares p and
+ * the sums. early (MUSE_ATTN_EARLY, on unless 0): the tiles of keys below the round's first
  * write for the row's sequence are staged before the wait for the kernel before (the cache the
  * earlier rounds wrote; muse_attn_tile_early), so at a decode row every tile but the last is in
- * flight while the attention's inputs are made. The per-value arithmetic and the merge order are
- * k_attn_split_coop's: the same bits. */
+ * flight while the attention's inputs are made. */
 template <int NS> struct am_ring_sm {
     __half k[NS][AM_TILE_HALVES], v[NS][AM_TILE_HALVES];
     float mx[AM_WARPS][32][2], sum[AM_WARPS][32][2];
@@ -1102,62 +966,16 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
 #define AC_STAGE (64 * (64 + 2))
 
 /* grid (hq, rows); hd threads: dimension d of (row, head) merged over the row's splits in
- * ascending order, then 1/sum, the gate and fp16 as the exact kernel rounds. The splits'
- * partials come to shared memory a batch at a time, every load of a batch in flight at once
- * (16-byte cp.async where the workspace is aligned), so the merges' chain waits for one round
- * trip a batch, not one every few splits; the merges and their order are the same. */
+ * ascending order (the running merge k_attn_flash makes at a chunk's end), then 1/sum, the gate
+ * and fp16 as the exact kernel rounds. The splits' partials come to shared memory a batch at a
+ * time, every load of a batch in flight at once (16-byte cp.async where the workspace is
+ * aligned). Each batch's merge weights are made first: thread s of the batch takes split s's
+ * max, a scan of maxima by shuffles (then the warps' totals, then the running max:
+ * muse_attn_prefix_max's order) gives each step's new max, and thread s makes step s's two
+ * weights; the sums then fold in order with those weights, a chain of a multiply and an fma a
+ * step (t/unit/test_attention_fast.c: the same bits as the fold making its weights in turn). */
 __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, long window,
                                const int32_t *seqs, const int64_t *positions, af_ws ws)
-{
-    __shared__ __align__(16) float ac_sm[AC_STAGE];
-    K_PDL_NEXT();
-    K_PDL_WAIT();
-    long h = blockIdx.x, r = blockIdx.y;
-    int d = threadIdx.x, nt = (int)blockDim.x;
-    float *o = oa + (r * hq + h) * hd;
-    if (seqs[r] < 0) {
-        o[d] = 0;
-        return;
-    }
-    int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap, ws.least));
-    if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
-    size_t at = ((size_t)r * hq + h) * ws.splits;
-    int batch = AC_STAGE / (int)(hd + 2); /* at most hd: a thread an m and an l */
-    float *s_acc = ac_sm, *s_m = ac_sm + batch * hd, *s_l = s_m + batch;
-    bool al = (uintptr_t)ws.acc % 16 == 0; /* (at + s) * hd floats: 16-byte steps */
-    float m = -INFINITY, l = 0.0f, acc = 0.0f;
-    for (int64_t s0 = 0; s0 < n; s0 += batch) {
-        int nb = n - s0 < batch ? (int)(n - s0) : batch;
-        const float *src = ws.acc + (at + s0) * hd;
-        if (al) {
-            for (int c = d; c < nb * (int)hd / 4; c += nt) k_cp16(s_acc + 4 * c, src + 4 * c, true);
-            k_cp_commit();
-        } else {
-            for (int s = 0; s < nb; s++) s_acc[s * hd + d] = src[s * hd + d];
-        }
-        if (d < nb) s_m[d] = ws.m[at + s0 + d], s_l[d] = ws.l[at + s0 + d];
-        if (al) k_cp_wait<0>();
-        __syncthreads();
-        for (int s = 0; s < nb; s++) { /* the running merge k_attn_flash makes at a chunk's end */
-            float w1, w2;
-            am_weights(m, s_m[s], &w1, &w2);
-            l = muse_attn_mix(l, w1, s_l[s], w2);
-            acc = muse_attn_mix(acc, w1, s_acc[s * hd + d], w2);
-        }
-        __syncthreads(); /* the batch read before the next one lands */
-    }
-    o[d] = am_out(acc, l, ga[(r * hq + h) * hd + d]);
-}
-
-/* k_attn_combine with each batch's merge weights made first (MUSE_ATTN_WEIGHTS=1 from the
- * environment; 0 or unset: k_attn_combine): thread s of the batch takes split s's max, a scan
- * of maxima by shuffles (then the warps' totals, then the running max: muse_attn_prefix_max's
- * order) gives each step's new max, and thread s makes step s's two weights; the sums then fold
- * in the same order with the same weights, a chain of a multiply and an fma a step where the
- * fold made an exp2 a step. The same bits as k_attn_combine (t/unit/test_attention_fast.c). */
-__global__ void k_attn_combine_w(const float *ga, float *oa, long hq, long hd, long window,
-                                 const int32_t *seqs, const int64_t *positions, af_ws ws)
 {
     __shared__ __align__(16) float ac_sm[AC_STAGE];
     __shared__ float s_w1[64], s_w2[64], s_top[4];
@@ -1212,7 +1030,7 @@ __global__ void k_attn_combine_w(const float *ga, float *oa, long hq, long hd, l
         if (al) k_cp_wait<0>();
         __syncthreads();
 #pragma unroll 8
-        for (int s = 0; s < nb; s++) { /* k_attn_combine's fold, its weights made above */
+        for (int s = 0; s < nb; s++) { /* the fold, its weights made above */
             float w1 = s_w1[s], w2 = s_w2[s];
             l = muse_attn_mix(l, w1, s_l[s], w2);
             acc = muse_attn_mix(acc, w1, s_acc[s * hd + d], w2);
@@ -1285,51 +1103,18 @@ static int am_on(void)
     return on;
 }
 
-/* The form of a launch (muse_attn_paired: pairs of a sequence's rows a warp in a prompt's rounds,
- * else k_attn_split_coop; MUSE_ATTN_COOP=0 from the environment: a warp a split, four splits a
- * block, read once a process). The bits are the same every way. */
-
-static int am_coop_on(void)
-{
-    static const int on = [] {
-        const char *v = getenv("MUSE_ATTN_COOP");
-        return !(v && v[0] == '0' && !v[1]);
-    }();
-    return on;
-}
-
-/* Whether the decode form loads a tile's successor while it works on the tile (MUSE_ATTN_AHEAD=0
- * from the environment: after, as before; read once a process). The bits are the same. */
-static int am_ahead_on(void)
-{
-    static const int on = [] {
-        const char *v = getenv("MUSE_ATTN_AHEAD");
-        return !(v && v[0] == '0' && !v[1]);
-    }();
-    return on;
-}
-
-/* The decode form's ring (MUSE_ATTN_RING=NS from the environment, 2-4, read once a process: NS
- * staged tiles, k_attn_split_ring; else k_attn_split_coop). The bits are the same. */
+/* The form of a launch: muse_attn_paired, pairs of a sequence's rows a warp in a prompt's rounds,
+ * else k_attn_split_ring with NS tiles (MUSE_ATTN_RING=2 from the environment: 2, else 3;
+ * MUSE_ATTN_COOP=0: k_attn_split_mma<0>, a warp a split, four splits a block; read once a
+ * process). The bits are the same every way. */
 static int am_ring_stages(void)
 {
     static const int ns = [] {
-        const char *v = getenv("MUSE_ATTN_RING");
-        int n = v && *v ? atoi(v) : 0;
-        return n >= 2 && n <= 4 ? n : 0;
+        const char *c = getenv("MUSE_ATTN_COOP"), *v = getenv("MUSE_ATTN_RING");
+        if (c && c[0] == '0' && !c[1]) return 0;
+        return v && v[0] == '2' && !v[1] ? 2 : 3;
     }();
     return ns;
-}
-
-/* The combine's form (MUSE_ATTN_WEIGHTS=1 from the environment, read once a process: each
- * batch's weights made first, k_attn_combine_w; else k_attn_combine). The bits are the same. */
-static int am_weights_first(void)
-{
-    static const int on = [] {
-        const char *v = getenv("MUSE_ATTN_WEIGHTS");
-        return v && v[0] == '1' && !v[1];
-    }();
-    return on;
 }
 
 /* Whether the ring stages a row's tiles of earlier rounds' keys before the wait
@@ -1343,7 +1128,7 @@ static int am_early_on(void)
     return on;
 }
 
-/* k_attn_split_ring<NS>'s launch: its shared memory past 48 KB at NS 3 and 4 */
+/* k_attn_split_ring<NS>'s launch: its shared memory past 48 KB at NS 3 */
 template <int NS>
 static int am_ring_launch(cudaStream_t st, dim3 grid, const muse_k_kv &kv, const float *q, long hq,
                           int group, int gp, long window, float scale_l2, const int32_t *seqs,
@@ -1398,13 +1183,6 @@ static int am_launch(cudaStream_t st, const muse_k_kv &kv, const float *q, long 
     if (!pair && am_ring_stages() == 3)
         return am_ring_launch<3>(st, one, kv, q, hq, group, gp, window, scale_l2, seqs, positions,
                                  ws, rd);
-    if (!pair && am_ring_stages() == 4)
-        return am_ring_launch<4>(st, one, kv, q, hq, group, gp, window, scale_l2, seqs, positions,
-                                 ws, rd);
-    if (!pair && am_coop_on())
-        return k_launch(k_attn_split_coop, dim3((unsigned)ws.splits, kvb, (unsigned)rows),
-                        AM_WARPS * 32, sizeof(am_coop_sm), st, kv, q, hq, group, gp, window,
-                        scale_l2, seqs, positions, ws, am_ahead_on());
     size_t smem = (size_t)AM_WARPS * 2 * AM_TILE_HALVES * sizeof(__half);
     void (*fn)(muse_k_kv, const float *, long, int, int, long, float, const int32_t *,
                const int64_t *, long, af_ws) = pair ? k_attn_split_mma<1> : k_attn_split_mma<0>;
@@ -1461,8 +1239,7 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
                             : af_launch<128>(ctx->st, kv, qr, hq, (int)group, window, scale_l2,
                                              seqs, positions, n, w);
         if (!rc)
-            rc = k_launch(am_weights_first() ? k_attn_combine_w : k_attn_combine,
-                          dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st,
+            rc = k_launch(k_attn_combine, dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st,
                           g + r0 * hq * hd, o + r0 * hq * hd, hq, hd, window, seqs, positions, w);
         if (rc) return rc;
     }

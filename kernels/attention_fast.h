@@ -186,7 +186,7 @@ MUSE_HD int muse_attn_tile_early(int64_t base0, int64_t t, int64_t hi, int64_t f
     return (last < hi ? last : hi) < fw;
 }
 
-/* ---- the combine's weights made apart from its sums (k_attn_combine, MUSE_ATTN_WEIGHTS) ----
+/* ---- the combine's weights made apart from its sums (k_attn_combine) ----
  * The fold over a row's splits in order, step s: M_s = max(M_{s-1}, m_s), w1 = rescale(M_{s-1},
  * M_s), w2 = rescale(m_s, M_s), l = mix(l, w1, l_s, w2), acc = mix(acc, w1, acc_s, w2). The
  * maxima are a running max (exact: any order gives M_s), so every step's weights can be made at

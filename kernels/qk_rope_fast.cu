@@ -84,9 +84,10 @@ __global__ void k_qk_norm_rope_fast(float *x, long heads, long hd, const int64_t
 /* Shape: grid (qb + ceil(hk / QK_HEADS), rows), qb = ceil(hq / QK_HEADS), block 32 * QK_HEADS:
  * blocks below qb take q's heads, the rest k's; a k head inside the cache's [off, off + kv_width)
  * goes to the row's cache slot with the same columns of v (a padding row or an unreserved block:
- * no write, as muse_k_kv_write). EARLY (MUSE_ROPE_EARLY=1 from the environment; head_dim <= 128):
- * the row's rotations (qk_rot: a double pow, cos and sin a pair) made before the wait for the
- * kernel before, from the round's positions, off the chain the wait ends; the same bits. */
+ * no write, as muse_k_kv_write). EARLY (head_dim <= 128, unless MUSE_ROPE_EARLY=0 from the
+ * environment): the row's rotations (qk_rot: a double pow, cos and sin a pair) made before the
+ * wait for the kernel before, from the round's positions, off the chain the wait ends; the same
+ * bits. */
 template <int EARLY>
 __global__ void k_attn_in_fast(float *q, long hq, float *k, long hk, const float *v, long hd,
                                long off, muse_k_kv kv, const int32_t *seqs,
@@ -140,7 +141,7 @@ MUSE_K_API int muse_k_attn_in_fast(const muse_k_ctx *ctx, float *q, long hq, flo
     dim3 grid((unsigned)blocks, (unsigned)ctx->rows);
     static const int early = [] {
         const char *e = getenv("MUSE_ROPE_EARLY");
-        return e && e[0] == '1' && !e[1];
+        return !(e && e[0] == '0' && !e[1]);
     }();
     return k_launch(early && head_dim <= 64 * QK_ROT ? k_attn_in_fast<1> : k_attn_in_fast<0>, grid,
                     32 * QK_HEADS, 0, ctx->st, q, hq, k, hk, v, head_dim, off, kv, ctx->seqs,

@@ -198,7 +198,7 @@ fi
 # left out, then GPU_CHECK_NCUSMALL_COUNT (60: a decode round's) profiled
 if want ncusmall && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     step ncusmall 240 ncu --clock-control none --set full --import-source no \
-        -k 'regex:k_(add_norm_fast|select_group_fast|moe_combine_norm_fast|router_vec|fast_finish|fast_prepare|attn_in_fast|attn_split_coop|attn_combine)' \
+        -k 'regex:k_(add_norm_fast|select_group_fast|moe_combine_norm_fast|router_vec|fast_finish|fast_prepare|attn_in_fast|attn_split_ring|attn_combine)' \
         --launch-skip "${GPU_CHECK_NCUSMALL_SKIP:-130}" -c "${GPU_CHECK_NCUSMALL_COUNT:-60}" \
         -o "$logs/small" build/muse-bench decode --backend cuda --synthetic-weights 1 \
         --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --kernels fast \
@@ -419,23 +419,21 @@ fi
 # the exact path's bound) where splits span several tiles and paired rows differ in chunk size
 # (MUSE_ATTN_SPLITS=1 and 2), on tiny (group 2, window 8) and on a group-8 cut of it (16 query
 # heads, 2 KV heads, window 100); a warp a decode row (MUSE_ATTN_COOP=0), the CUDA-core split
-# (MUSE_ATTN_TC=0), the decode form's tiles one after another (MUSE_ATTN_AHEAD=0), chunks of
-# at least 4 tiles (MUSE_ATTN_CHUNK=256), and prompt rounds by the split and the combine
-# (MUSE_ATTN_FLASH=0) or k_attn_flash with a warp's own tiles (MUSE_ATTN_FLASH=1) beside them;
-# the decode form's ring of 2-4 tiles (MUSE_ATTN_RING, alone and with one split a row: many
-# tiles a block) and the combine's weights made first (MUSE_ATTN_WEIGHTS=1, with splits of a
-# tile: many splits a row). GPU_CHECK_ATTNSPLITS_VARIANTS: another list (VAR=VALUE,...; "-" the
-# defaults).
+# (MUSE_ATTN_TC=0), chunks of at least 4 tiles (MUSE_ATTN_CHUNK=256), and prompt rounds by the
+# split and the combine (MUSE_ATTN_FLASH=0) or k_attn_flash with a warp's own tiles
+# (MUSE_ATTN_FLASH=1) beside them; the decode form's ring of 2 tiles (MUSE_ATTN_RING=2, alone,
+# with one split a row: many tiles a block, and with chunks of 4 tiles), its tiles all staged
+# after the wait (MUSE_ATTN_EARLY=0), and the rotations made after it (MUSE_ROPE_EARLY=0).
+# GPU_CHECK_ATTNSPLITS_VARIANTS: another list (VAR=VALUE,...; "-" the defaults).
 if want attnsplits && [ "$B" = cuda ]; then
     /usr/bin/python3 -c 'import json,sys; c=json.load(open("conf/packs/tiny.json"));
 c.update(num_attention_heads=16, num_key_value_heads=2, sliding_window=100); json.dump(c, open(sys.argv[1], "w"))' "$logs/g8.json"
     step attn-g8-pack 90 build/muse-pack --config "$logs/g8.json" --out "$packs/g8" --seed 4 --exl3-random 2 --codebook mcg
     for pk in q2-mcg g8; do
         for v in ${GPU_CHECK_ATTNSPLITS_VARIANTS:-MUSE_ATTN_SPLITS=1 MUSE_ATTN_SPLITS=2 MUSE_ATTN_COOP=0 \
-            MUSE_ATTN_TC=0 MUSE_ATTN_AHEAD=0 MUSE_ATTN_CHUNK=256 MUSE_ATTN_FLASH=0 MUSE_ATTN_FLASH=1 \
-            MUSE_ATTN_RING=2 MUSE_ATTN_RING=3,MUSE_ATTN_SPLITS=1 MUSE_ATTN_RING=4,MUSE_ATTN_SPLITS=2 \
-            MUSE_ATTN_RING=4,MUSE_ATTN_CHUNK=256 MUSE_ATTN_WEIGHTS=1 \
-            MUSE_ATTN_WEIGHTS=1,MUSE_ATTN_RING=3 -}; do
+            MUSE_ATTN_TC=0 MUSE_ATTN_CHUNK=256 MUSE_ATTN_FLASH=0 MUSE_ATTN_FLASH=1 MUSE_ATTN_RING=2 \
+            MUSE_ATTN_RING=2,MUSE_ATTN_SPLITS=1 MUSE_ATTN_RING=2,MUSE_ATTN_CHUNK=256 \
+            MUSE_ATTN_EARLY=0 MUSE_ROPE_EARLY=0 -}; do
             e=()
             [ "$v" = - ] && v=MUSE_ATTN_DEFAULT=1
             IFS=, read -ra e <<<"$v"

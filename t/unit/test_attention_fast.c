@@ -560,7 +560,7 @@ static void test_tile_early(void)
     ok(bad_decode == 0, "a decode row stages every tile but its last before the wait");
 }
 
-/* The combine with its weights made first (MUSE_ATTN_WEIGHTS) against the sequential fold, in
+/* The combine with its weights made first against the sequential fold, in
  * batches of 64 (head_dim 64) and 32 (128) carrying the running max: l and acc the same bits,
  * with empty splits (-inf), ties, signed zeros and peaked maxima among the splits. */
 static void test_combine_weights(void)

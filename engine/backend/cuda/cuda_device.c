@@ -352,18 +352,11 @@ static int setup_nccl(cuda_backend *c, muse_err *e)
 static int start_rank(cuda_backend *c, int r, muse_err *e)
 {
     cuda_rank *rk = on(c, r);
-    /* the streams' priorities (c->prio: MUSE_CUDA_SIDE_PRIO), the default's where it is 0 */
-    int lo = 0, hi = 0, prio_main = 0, prio_side = 0;
-    if (c->prio && !CHECK(c, cudaDeviceGetStreamPriorityRange(&lo, &hi))) {
-        prio_side = c->prio > 0 ? hi : lo; /* the greater priority: the lower number (hi) */
-        prio_main = c->prio > 0 ? lo : hi;
-    }
-    if (c->failed ||
-        CHECK(c, cudaStreamCreateWithPriority(&rk->st, cudaStreamNonBlocking, prio_main)) ||
+    if (c->failed || CHECK(c, cudaStreamCreateWithFlags(&rk->st, cudaStreamNonBlocking)) ||
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_ready, cudaEventDisableTiming)) ||
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_done, cudaEventDisableTiming)) ||
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_join, cudaEventDisableTiming)) ||
-        CHECK(c, cudaStreamCreateWithPriority(&rk->side, cudaStreamNonBlocking, prio_side)) ||
+        CHECK(c, cudaStreamCreateWithFlags(&rk->side, cudaStreamNonBlocking)) ||
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_fork, cudaEventDisableTiming)) ||
         CHECK(c, cudaEventCreateWithFlags(&rk->ev_side, cudaEventDisableTiming)))
         return -1;
@@ -423,8 +416,6 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
     c->replay = !(replay && !strcmp(replay, "0"));
     const char *side = getenv("MUSE_CUDA_SIDE"); /* 0: the shared experts after the routed */
     c->side_on = !(side && !strcmp(side, "0"));
-    const char *sp = getenv("MUSE_CUDA_SIDE_PRIO");
-    c->prio = sp && !strcmp(sp, "1") ? 1 : sp && !strcmp(sp, "-1") ? -1 : 0;
     const char *prof = getenv("MUSE_CUDA_PROFILE");
     c->prof = prof && !strcmp(prof, "1");
     if (c->prof) c->graphs = 0; /* each op synchronized on its own */

@@ -175,10 +175,6 @@ typedef struct {
      * read from the staged buffers), so the capture would be the same graph */
     int replay, keyed; /* keyed: this round's capture may be replayed (a forward's round) */
     int side_on; /* rank 0 gets a side workspace for the shared experts (MUSE_CUDA_SIDE=0: not) */
-    /* MUSE_CUDA_SIDE_PRIO (tuning, scheduling alone: the same bits): 1 the side stream at the
-     * greater priority (the shared experts' blocks ahead of the routed ones' where both wait for
-     * an SM), -1 the main stream; the graphs then run with their kernels' captured priorities */
-    int prio;
     cuda_exec_key exec_key[CUDA_GRAPH_SLOTS];
     /* MUSE_CUDA_PROFILE=1: each op timed with events on rank 0's stream (eager, synchronized),
      * printed at exit */

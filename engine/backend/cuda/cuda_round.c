@@ -267,8 +267,7 @@ static void replay(cuda_backend *c)
             *x = NULL;
         }
     }
-    if (!*x)
-        CHECK(c, cudaGraphInstantiate(x, g, c->prio ? cudaGraphInstantiateFlagUseNodePriority : 0));
+    if (!*x) CHECK(c, cudaGraphInstantiate(x, g, 0));
     if (*x) CHECK(c, cudaGraphLaunch(*x, st0));
     cudaGraphDestroy(g);
     if (*x && !c->failed && c->keyed) /* a forward's round: the next of its key replays it */
