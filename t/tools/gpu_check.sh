@@ -197,7 +197,8 @@ fi
 # GPU_CHECK_NCUSMALL_SKIP launches (130: the prompt round's and the first decode round's) are
 # left out, then GPU_CHECK_NCUSMALL_COUNT (60: a decode round's) profiled
 if want ncusmall && [ "$B" = cuda ] && command -v ncu >/dev/null; then
-    step ncusmall 240 ncu --clock-control none --set full --import-source no \
+    # GPU_CHECK_NCUSMALL_ARGS: more ncu options (split on spaces)
+    step ncusmall 240 ncu --clock-control none --set full --import-source no ${GPU_CHECK_NCUSMALL_ARGS:-} \
         -k 'regex:k_(add_norm_fast|select_group_fast|moe_combine_norm_fast|router_vec|fast_finish|fast_prepare|attn_in_fast|attn_split_ring|attn_combine)' \
         --launch-skip "${GPU_CHECK_NCUSMALL_SKIP:-130}" -c "${GPU_CHECK_NCUSMALL_COUNT:-60}" \
         -o "$logs/small" build/muse-bench decode --backend cuda --synthetic-weights 1 \
