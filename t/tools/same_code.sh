@@ -3,8 +3,8 @@
 # that differ from BASE) compiles to the same sm_90a machine code at BASE and in the working
 # tree, with the Makefile's flags. A change that keeps a kernel's bytes keeps its bits: the
 # no-GPU check that a refactor left the default path alone. Prints SAME (also under a new name,
-# as a kernel made a template), DIFF, NEW or GONE a kernel (its .text section's words, addresses
-# left out); exits 1 where one differs or is gone.
+# as a kernel made a template), DIFF (with its instructions before and after), NEW or GONE a
+# kernel (its .text section's words, addresses left out); exits 1 where one differs or is gone.
 set -u
 base=${1:?usage: same_code.sh BASE [FILE.cu ...]}
 shift
@@ -19,6 +19,12 @@ git archive "$base" kernels engine | tar -x -C "$tmp" || exit 2
 # a kernel section's words without the dump's address column
 words() { readelf -x "$1" "$2" 2>/dev/null | tail -n +3 | awk '{print $2, $3, $4, $5}' | md5sum; }
 sections() { readelf -SW "$1" 2>/dev/null | grep -o '\.text\.[^ ]*' | sort -u; }
+# a section's size in instructions (16 bytes each on sm_90a)
+count() {
+    local h
+    h=$(readelf -SW "$1" 2>/dev/null | awk -v s="$2" '{for (i = 1; i < NF; i++) if ($i == s) print $(i + 4)}')
+    echo $((16#${h:-0} / 16))
+}
 bad=0
 for f in "${files[@]}"; do
     flags=(-O2 -std=c++17 -arch=sm_90a -cubin)
@@ -46,7 +52,7 @@ for f in "${files[@]}"; do
         elif [ "$(words "$s" "$tmp/old.cubin")" = "$(words "$s" "$tmp/new.cubin")" ]; then
             echo "SAME $f ${s#.text.}"
         else
-            echo "DIFF $f ${s#.text.}"
+            echo "DIFF $f ${s#.text.} ($(count "$tmp/old.cubin" "$s") -> $(count "$tmp/new.cubin" "$s") instructions)"
             bad=1
         fi
     done < <(sections "$tmp/old.cubin")
