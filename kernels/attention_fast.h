@@ -190,7 +190,7 @@ MUSE_HD int muse_attn_tile_early(int64_t base0, int64_t t, int64_t hi, int64_t f
  * The fold over a row's splits in order, step s: M_s = max(M_{s-1}, m_s), w1 = rescale(M_{s-1},
  * M_s), w2 = rescale(m_s, M_s), l = mix(l, w1, l_s, w2), acc = mix(acc, w1, acc_s, w2). The
  * maxima are a running max (exact: any order gives M_s), so every step's weights can be made at
- * once before the sums, whose chain is then two multiplies a step, not an exp2. */
+ * once before the sums, whose chain is then a multiply and an fma a step, not an exp2. */
 
 /* M[s] = max(m0, m[0..s]) for s < n by a Hillis-Steele scan in lanes of width lanes (the
  * kernel's shuffles: offsets 1, 2, 4, .. within a lane group, then each group after the

@@ -16,6 +16,14 @@
 
 #define QK_HEADS 4
 
+/* cos and sin of pair d's angle at position p: p theta^(-2d/hd), in double */
+__device__ __forceinline__ void qk_angle(long hd, double p, double theta, long d, double *cs,
+                                         double *sn)
+{
+    double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
+    *cs = cos(angle), *sn = sin(angle);
+}
+
 /* The rotation of lane's pairs d = lane + 32 i < hd / 2 at position p (i < QK_ROT: head_dim
  * up to 128): cos and sin of p theta^(-2d/hd), in double, as qk_head turns them. They depend on
  * the position alone, so a launch can make them before it waits for the kernel before. */
@@ -27,10 +35,7 @@ __device__ __forceinline__ void qk_rot(long hd, double p, double theta, int lane
     for (int i = 0; i < QK_ROT; i++) {
         long d = lane + 32 * i;
         cs[i] = 1.0, sn[i] = 0.0;
-        if (theta != 0 && d < hd / 2) {
-            double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
-            cs[i] = cos(angle), sn[i] = sin(angle);
-        }
+        if (theta != 0 && d < hd / 2) qk_angle(hd, p, theta, d, &cs[i], &sn[i]);
     }
 }
 
@@ -52,8 +57,7 @@ __device__ __forceinline__ void qk_head(float *v, long hd, double p, double thet
                 bool second = d >= lane + 32;
                 cs = second ? rcs[1] : rcs[0], sn = second ? rsn[1] : rsn[0];
             } else {
-                double angle = p * pow(theta, -2.0 * (double)d / (double)hd);
-                cs = cos(angle), sn = sin(angle);
+                qk_angle(hd, p, theta, d, &cs, &sn);
             }
             double x1 = (float)((double)v[d] * s), x2 = (float)((double)v[d + half] * s);
             float y1 = muse_round_f16((float)(x1 * cs - x2 * sn));
