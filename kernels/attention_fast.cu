@@ -426,7 +426,7 @@ __device__ __forceinline__ void am_stage_block(const muse_k_kv &kv, int seq, lon
 __device__ __forceinline__ float am_out(float acc, float l, float g)
 {
     float a = l > 0.0f ? acc / l : 0.0f;
-    return muse_round_f16(__fmul_rn(a, k_sigmoid(g)));
+    return k_round_f16_hw(__fmul_rn(a, k_sigmoid(g)));
 }
 
 /* A staged tile's partial for the lane's two mma rows (h 0: g, 1: g + 8), the keys at offsets

@@ -87,7 +87,7 @@ __device__ __forceinline__ void d_router_chunk(const void *row, int dtype, long 
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         uint16_t e = (uint16_t)(h[i / 2] >> (16 * (i % 2)));
-        v[i] = dtype == MUSE_K_BF16 ? muse_bf16_to_f32(e) : muse_f16_to_f32(e);
+        v[i] = dtype == MUSE_K_BF16 ? muse_bf16_to_f32(e) : k_f16_to_f32_hw(e);
     }
 }
 

@@ -13,7 +13,7 @@ __device__ __forceinline__ float k_nf_weigh_v(float v, float wj, int mode, int r
 {
     if (mode == MUSE_K_NORM_PLUS1) v = __fmul_rn(v, __fadd_rn(1.0f, wj));
     if (mode == MUSE_K_NORM_PLAIN) v = __fmul_rn(v, wj);
-    return round16 ? muse_round_f16(v) : v;
+    return round16 ? k_round_f16_hw(v) : v;
 }
 
 __device__ __forceinline__ float k_nf_weigh(float v, const float *w, long j, int mode, int round16)

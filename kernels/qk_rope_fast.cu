@@ -60,15 +60,15 @@ __device__ __forceinline__ void qk_head(float *v, long hd, double p, double thet
                 qk_angle(hd, p, theta, d, &cs, &sn);
             }
             double x1 = (float)((double)v[d] * s), x2 = (float)((double)v[d + half] * s);
-            float y1 = muse_round_f16((float)(x1 * cs - x2 * sn));
-            float y2 = muse_round_f16((float)(x2 * cs + x1 * sn));
+            float y1 = k_round_f16_hw((float)(x1 * cs - x2 * sn));
+            float y2 = k_round_f16_hw((float)(x2 * cs + x1 * sn));
             v[d] = y1;
             v[d + half] = y2;
-            if (kc) kc[d] = muse_f32_to_f16(y1), kc[d + half] = muse_f32_to_f16(y2);
+            if (kc) kc[d] = k_f32_to_f16_hw(y1), kc[d + half] = k_f32_to_f16_hw(y2);
         } else if (theta == 0 || d >= 2 * half) {
-            float y = muse_round_f16((float)((double)v[d] * s));
+            float y = k_round_f16_hw((float)((double)v[d] * s));
             v[d] = y;
-            if (kc) kc[d] = muse_f32_to_f16(y);
+            if (kc) kc[d] = k_f32_to_f16_hw(y);
         }
     }
 }
@@ -122,7 +122,7 @@ __global__ void k_attn_in_fast(float *q, long hq, float *k, long hk, const float
             rsn);
     if (at < 0) return;
     const float *vr = v + r * hk * hd + hh * hd;
-    for (long d = lane; d < hd; d += 32) kv.v[at + c0 + d] = muse_f32_to_f16(vr[d]);
+    for (long d = lane; d < hd; d += 32) kv.v[at + c0 + d] = k_f32_to_f16_hw(vr[d]);
 }
 
 MUSE_K_API int muse_k_qk_norm_rope_fast(const muse_k_ctx *ctx, float *x, long heads, long head_dim,

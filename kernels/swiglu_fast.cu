@@ -9,7 +9,7 @@
 __device__ __forceinline__ float k_sw_one(float g, float u)
 {
     double gv = g;
-    return muse_round_f16(__fmul_rn((float)(gv / (1.0 + exp(-gv))), u));
+    return k_round_f16_hw(__fmul_rn((float)(gv / (1.0 + exp(-gv))), u));
 }
 
 /* Shape: grid ceil(n / 4 / 256), block 256; thread i: elements 4i .. 4i + 3 (those < n). */
