@@ -31,7 +31,8 @@ typedef struct {
     muse_kernels kernels;
     int devices[MUSE_MAX_RANKS]; /* each rank's GPU, from --gpus */
     long long synthetic, bits;   /* the seed (-1: none), EXL3 bits (0: fp16) */
-    long long streams, queue, context, max_rows, threads, script_delay_ms, drain_ms, ranks;
+    long long streams, queue, context, max_rows, busy_rows, threads, script_delay_ms, drain_ms;
+    long long ranks;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
     bool fault_heap_overflow;
@@ -62,6 +63,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .synthetic = -1,
                        .queue = 16,
                        .max_rows = 256,
+                       .busy_rows = 0, /* not given: min(256, --max-rows) */
                        .drain_ms = 30000,
                        .request_kib = 4100,
                        .prompt_cache_gib = 1,
@@ -79,7 +81,11 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         MUSE_FLAG_L("context", &f->context, 1, 1 << 30, "N", "positions a stream may hold",
                     .def = "min(max_position_embeddings, 4096)"),
         MUSE_FLAG_L("max-rows", &f->max_rows, 1, 4096, "N",
-                    "rows a round (prompt chunks + decode tokens)"),
+                    "rows a round (prompt chunks + decode tokens); sizes the workspace"),
+        MUSE_FLAG_L("busy-rows", &f->busy_rows, 1, 4096, "N",
+                    "prompt rows a round while another stream decodes (its gap between\n"
+                    "tokens is one such round); at most --max-rows",
+                    .def = "min(256, --max-rows)"),
         MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
                     "tensor-parallel ranks in this process (sums in rank order); the config\n"
                     "must allow it (heads divisible, split widths multiples of 128)",
@@ -183,6 +189,12 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                 "it (leave out --listen)",
                                 f->tp.rank);
     if (!follower && !f->listen) return muse_flags_error(&set, "--listen SOCKET is required");
+    if (f->busy_rows > f->max_rows)
+        return muse_flags_error(&set,
+                                "--busy-rows %lld is more than --max-rows %lld (the rows a round "
+                                "may hold): lower --busy-rows or raise --max-rows",
+                                f->busy_rows, f->max_rows);
+    if (!f->busy_rows) f->busy_rows = f->max_rows < 256 ? f->max_rows : 256;
     if (muse_tp_on(&f->tp)) f->ranks = f->tp.world; /* the plan is of the world's ranks */
     muse_backend_opts go = {0};
     const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
@@ -551,6 +563,7 @@ int muse_cmd_serve(int argc, char **argv)
     }
     muse_sched_opts o = {.streams = (int)f.streams,
                          .max_rows = (long)f.max_rows,
+                         .busy_rows = (long)f.busy_rows,
                          .context = f.context,
                          .model_id = f.model_id,
                          .script = (const int32_t *const *)script_seqs,

@@ -116,6 +116,7 @@ char *muse_health_json(const muse_health *h)
     cJSON_AddItemToObject(hist, "ttft_seconds", muse_hist_json(&st->ttft_seconds));
     cJSON_AddItemToObject(hist, "decode_tokens_per_second",
                           muse_hist_json(&st->decode_tokens_per_second));
+    cJSON_AddItemToObject(hist, "round_rows", muse_hist_json(&st->round_rows));
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     MUSE_CHECK(json);

@@ -321,6 +321,11 @@ static long model_round(muse_sched *s)
     long rows = 0, nlogits = 0;
     bool masked = false; /* a round with no constrained row passes no masks */
     s->grammar_wait = false;
+    /* prompt rows: busy_rows while a lane decodes (its next token waits one short round), else
+     * max_rows (a lone prompt's rounds share each expert's decode among more rows) */
+    long prompt_cap = s->o.max_rows, prompt_rows = 0;
+    for (int k = 0; k < n && s->o.busy_rows > 0 && s->o.busy_rows < prompt_cap; k++)
+        if (s->lanes[order[k]].state == LANE_DECODE) prompt_cap = s->o.busy_rows;
     for (int k = 0; k < n && rows < s->o.max_rows; k++) {
         lane *l = &s->lanes[order[k]];
         long take = 1;
@@ -337,6 +342,8 @@ static long model_round(muse_sched *s)
                 continue;
             }
             if (take > s->o.max_rows - rows) take = s->o.max_rows - rows;
+            if (take > prompt_cap - prompt_rows) take = prompt_cap - prompt_rows;
+            if (take <= 0) continue; /* the round's prompt rows are taken */
             /* a chunk ends at the next prefix point so the cache can keep its state */
             if (l->next_cut < l->n_cuts && l->cuts[l->next_cut] > l->fed &&
                 l->cuts[l->next_cut] - l->fed < take)
@@ -370,13 +377,16 @@ static long model_round(muse_sched *s)
             }
             rows++;
         }
-        if (l->state == LANE_PREFILL) l->fed += take;
+        if (l->state == LANE_PREFILL) l->fed += take, prompt_rows += take;
         l->served = s->round;
     }
     if (!rows) {
         if (waiting) refuse_kv_starved(s);
         return 0;
     }
+    pthread_mutex_lock(&s->stats_mu);
+    muse_hist_observe(&s->stats.round_rows, (double)rows);
+    pthread_mutex_unlock(&s->stats_mu);
     muse_round b = {.rows = rows,
                     .tokens = s->b_tokens,
                     .positions = s->b_pos,
@@ -560,6 +570,8 @@ muse_sched *muse_sched_create(const muse_sched_opts *o, muse_forward *fwd, const
     muse_hist_init(&s->stats.ttft_seconds, ttft_le, (int)(sizeof ttft_le / sizeof *ttft_le));
     muse_hist_init(&s->stats.decode_tokens_per_second, rate_le,
                    (int)(sizeof rate_le / sizeof *rate_le));
+    static const double rows_le[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096};
+    muse_hist_init(&s->stats.round_rows, rows_le, (int)(sizeof rows_le / sizeof *rows_le));
     return s;
 }
 

@@ -1,7 +1,9 @@
 /* The scheduler: up to `streams` lanes decode together, round by round. Each round takes
  * every running lane's next decode token and chunks of newly admitted prompts (within the
- * row budget, least recently served first) into one forward. Admission and cancellation
- * happen between rounds; a lane whose output ring is full waits (back-pressure). */
+ * row budget, least recently served first) into one forward: up to max_rows prompt rows when
+ * no lane decodes, busy_rows while one does (its gap between tokens stays one short round).
+ * Admission and cancellation happen between rounds; a lane whose output ring is full waits
+ * (back-pressure). */
 #ifndef MUSE_SCHEDULER_H
 #define MUSE_SCHEDULER_H
 
@@ -15,6 +17,7 @@
 typedef struct {
     int streams;          /* lanes = KV sequence slots */
     long max_rows;        /* row budget of a round (the backend's max_rows) */
+    long busy_rows;       /* prompt rows a round while a lane decodes (0: max_rows) */
     int64_t context;      /* positions a lane may hold */
     const char *model_id; /* served id, in every response */
     /* script backend (tests): replays these token ids instead of running the model */
@@ -37,6 +40,7 @@ typedef struct {
     int running, max;
     uint64_t requests, tokens_in, tokens_out, errors, cancelled;
     muse_hist ttft_seconds, decode_tokens_per_second;
+    muse_hist round_rows; /* rows of each round the model ran */
     uint64_t cache_budget, cache_bytes, cache_entries, cache_hits, cache_misses;
     uint64_t kv_free_blocks; /* full-attention KV blocks no stream or cache entry holds */
 } muse_sched_stats;

@@ -53,7 +53,7 @@ step() {
     rc=$?
     note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
     case $name in # tables come back whole; other steps their verdict lines
-    fastcheck | shape-* | whole-* | prompt-* | many-* | demo-decode-* | oldnew-diff) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
+    fastcheck | shape-* | whole-* | prompt-* | many-* | demo-decode-* | oldnew-diff | serveprompt-trace-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
     attn-*) grep -E "attention|copy bandwidth" "$logs/$name.txt" | head -8 | tee -a "$sum" ;;
     synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
@@ -451,6 +451,8 @@ if want serve; then
     MUSE_CUDA_REPLAY=0 MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-fast-noreplay 240 prove -v \
         t/stack/serve_exactness.t
     MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve 240 prove -v t/stack/serve_exactness.t
+    # the rows of a round (the exact path: its long stream's tokens are the CPU's, run to length)
+    MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve-rounds 120 prove -v t/stack/serve_rounds.t
     # structured outputs: the round's token masks through the CUDA sample kernels
     MUSE_CUDA_PATH=fast MUSE_TEST_BACKEND=$B step serve-grammar-fast 240 prove -v t/stack/serve_grammar.t
     MUSE_CUDA_PATH=exact MUSE_TEST_BACKEND=$B step serve-grammar 240 prove -v t/stack/serve_grammar.t
@@ -476,14 +478,55 @@ fi
 
 # issue 21 item 3: the whole one-GPU shape (synthetic weights on the GPU, the o200k tokenizer
 # make gpu-carry brings) behind nginx: 1, 4 and 16 streams, /health's memory beside the
-# device's, context 131072 with a pool of 65536 blocks (1M positions), requests past it refused
+# device's, context 131072 with a pool of 65536 blocks (1M positions), requests past it refused;
+# prompts of GPU_CHECK_SERVE_PROMPT (64) tokens, under each of GPU_CHECK_SERVE_VARIANTS (engine
+# flags, comma-separated, e.g. --max-rows,256; "-": the defaults)
 if want servewhole && [ -f build/gpu/o200k-tokenizer.json.gz ]; then
     zcat build/gpu/o200k-tokenizer.json.gz >"$packs/o200k-tokenizer.json"
-    STREAMS=${GPU_CHECK_SERVE_STREAMS:-1,4,16} TOKENS=32 REPS=1 step serve-whole 300 t/tools/serve_measure.sh \
-        "$logs/serve-whole" 18891 - --backend "$B" --kernels fast --synthetic-weights 1 \
-        --config conf/packs/muse-spark-open-1gpu.json --bits 2 --codebook mcg \
-        --tokenizer "$packs/o200k-tokenizer.json" --streams 16 --queue 32 --context 131072 --kv-blocks 65536
-    cat "$logs/serve-whole/verdict.txt" "$logs/serve-whole/concurrent.txt" 2>/dev/null | tee -a "$sum"
+    for v in ${GPU_CHECK_SERVE_VARIANTS:--}; do
+        vv=()
+        [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
+        d="$logs/serve-whole-${v//[^a-z0-9]/}"
+        STREAMS=${GPU_CHECK_SERVE_STREAMS:-1,4,16} TOKENS=32 REPS=1 PROMPT=${GPU_CHECK_SERVE_PROMPT:-64} \
+            step "serve-whole-${v//[^a-z0-9]/}" 300 t/tools/serve_measure.sh "$d" 18891 - --backend "$B" \
+            --kernels fast --synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu.json --bits 2 \
+            --codebook mcg --tokenizer "$packs/o200k-tokenizer.json" --streams 16 --queue 32 \
+            --context 131072 --kv-blocks 65536 "${vv[@]}"
+        cat "$d/verdict.txt" "$d/concurrent.txt" 2>/dev/null | tee -a "$sum"
+    done
+fi
+
+# serveprompt (by name): the whole one-GPU shape behind nginx, a lone prompt of
+# GPU_CHECK_SERVE_PROMPT (4096) tokens timed through HTTP (muse-bench prompt --url: TTFT cold and
+# from the prompt cache) under each of GPU_CHECK_SERVE_VARIANTS (engine flags, comma-separated;
+# "-": the defaults); with GPU_CHECK_SERVE_TRACE=1 each engine under the kernel tracer, then
+# its rounds listed (t/tools/trace_rounds.py: each round's span, busy time and the gap before it)
+if want serveprompt && [ -f build/gpu/o200k-tokenizer.json.gz ]; then
+    zcat build/gpu/o200k-tokenizer.json.gz >"$packs/o200k-tokenizer.json"
+    for v in ${GPU_CHECK_SERVE_VARIANTS:--}; do
+        vv=()
+        [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
+        n=${v//[^a-z0-9]/}
+        tr=()
+        if [ "${GPU_CHECK_SERVE_TRACE:-0}" = 1 ] && [ -f build/t/libkernel-trace.so ]; then
+            [ -f build/t/libcupti.so.13 ] || gunzip -kf build/t/libcupti.so.13.gz
+            tr=(CUDA_INJECTION64_PATH="$PWD/build/t/libkernel-trace.so" MUSE_TRACE_OUT="$logs/sp-$n.csv")
+        fi
+        rd=$(mktemp -d) # under /tmp: nginx's workers (www-data) reach its socket, not under $logs (0700)
+        step "serveprompt-start-$n" 120 env "${tr[@]}" NGINX_BIN="${MUSE_NGINX:-nginx}" t/tools/bench_serve.sh start 18892 - "$rd" build \
+            --backend "$B" --kernels fast --synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu.json \
+            --bits 2 --codebook mcg --tokenizer "$packs/o200k-tokenizer.json" "${vv[@]}"
+        step "prompt-serve-$n" 200 build/muse-bench prompt --url http://127.0.0.1:18892 \
+            --lengths "${GPU_CHECK_SERVE_PROMPT:-4096}" --reps 2
+        curl -fs http://127.0.0.1:18892/health >"$logs/sp-$n-health.json"
+        step "serveprompt-stop-$n" 30 t/tools/bench_serve.sh stop "$rd"
+        cp -r "$rd/logs" "$logs/sp-$n-logs" 2>/dev/null
+        rm -rf "$rd"
+        if [ -f "$logs/sp-$n.csv" ]; then
+            step "serveprompt-trace-$n" 60 python3 t/tools/trace_rounds.py "$logs/sp-$n.csv"
+            gzip -c "$logs/sp-$n.csv" >"$out/sp-$n.csv.gz" && rm -f "$logs/sp-$n.csv"
+        fi
+    done
 fi
 
 # the first tables, with the copy bandwidth of the same run; their JSON comes back in the logs

@@ -104,6 +104,8 @@ static void health_json(void)
                            .kv_free_blocks = 5};
     st.ttft_seconds =
         (muse_hist){.n = 2, .le = {0.5, 1}, .counts = {1, 3}, .count = 4, .sum = 1.25};
+    st.round_rows =
+        (muse_hist){.n = 3, .le = {1, 8, 64}, .counts = {5, 7, 9}, .count = 10, .sum = 300};
     muse_health h = {.status = muse_health_status(1, 10, 5),
                      .model_id = "muse-spark",
                      .backend = "cpu",
@@ -164,7 +166,10 @@ static void health_json(void)
                   {"histograms.ttft_seconds.counts.1", 3},
                   {"histograms.ttft_seconds.sum", 1.25},
                   {"histograms.ttft_seconds.count", 4},
-                  {"histograms.decode_tokens_per_second.count", 0}};
+                  {"histograms.decode_tokens_per_second.count", 0},
+                  {"histograms.round_rows.le.2", 64},
+                  {"histograms.round_rows.counts.2", 9},
+                  {"histograms.round_rows.count", 10}};
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
         ok(num(root, fields[i].path) == fields[i].want, "%s = %g (got %g)", fields[i].path,
            fields[i].want, num(root, fields[i].path));
