@@ -59,4 +59,20 @@ MUSE_HD int64_t muse_kv_window_first(int64_t end_pos, int64_t window)
     return end_pos > window ? end_pos - window : 0;
 }
 
+/* Positions [first, end) of sequence seq's ring (end - first <= cap) as at most two runs of
+ * contiguous rows, in position order: run i is n[i] rows from row[i] (the second where the ring
+ * wraps). Returns the runs: a snapshot copies a layer's window in two copies, not one a row. */
+MUSE_HD int muse_kv_ring_runs(int seq, int64_t first, int64_t end, int64_t cap, int64_t row[2],
+                              int64_t n[2])
+{
+    if (first >= end) return 0;
+    int64_t at = first % cap, len = end - first;
+    row[0] = (int64_t)seq * cap + at;
+    n[0] = len < cap - at ? len : cap - at;
+    if (n[0] == len) return 1;
+    row[1] = (int64_t)seq * cap;
+    n[1] = len - n[0];
+    return 2;
+}
+
 #endif

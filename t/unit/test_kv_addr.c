@@ -1,6 +1,6 @@
 /* model/kv_addr.h: block and ring offsets of every position of a few sequences against a
  * plain computation (a walk that counts rows), ring wrap-around, the last block, unreserved
- * blocks, and the snapshot window's first position. */
+ * blocks, the snapshot window's first position and a window's runs of ring rows. */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -102,11 +102,48 @@ static void test_window(void)
     is_int(muse_kv_window_first(20, 8), 12, "window first: the last 8 of 20");
 }
 
+/* every window [first, end) of rings of a few caps: the runs, walked row by row in order, are
+ * the rows muse_kv_ring_offset gives each position; no run is empty */
+static void test_ring_runs(void)
+{
+    const int64_t caps[] = {1, 7, 16, 33};
+    int good = 1, two = 0, checked = 0;
+    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++) {
+        int64_t cap = caps[i];
+        for (int seq = 0; seq < SEQS; seq++)
+            for (int64_t first = 0; first < 3 * cap; first++)
+                for (int64_t end = first; end <= first + cap; end++) {
+                    int64_t row[2] = {-1, -1}, n[2] = {-1, -1};
+                    int runs = muse_kv_ring_runs(seq, first, end, cap, row, n);
+                    good &=
+                        runs == (end > first) + (end > first && first % cap + end - first > cap);
+                    int64_t s = first;
+                    for (int u = 0; u < runs; u++) {
+                        good &= n[u] > 0;
+                        for (int64_t k = 0; k < n[u]; k++, s++)
+                            good &=
+                                (row[u] + k) * WIDTH == muse_kv_ring_offset(seq, s, 0, cap, WIDTH);
+                    }
+                    good &= s == end;
+                    two += runs == 2;
+                    checked++;
+                }
+    }
+    ok(good && two > 0,
+       "ring runs of %d windows (%d wrapping): the rows of their positions in order", checked, two);
+    int64_t row[2], n[2];
+    is_int(muse_kv_ring_runs(1, 4090, 8186, 4351, row, n), 2,
+           "a window of 4096 wrapping a ring of 4351");
+    ok(row[0] == 4351 + 4090 && n[0] == 261 && row[1] == 4351 && n[1] == 3835,
+       "its runs: 261 rows from slot 4090, then 3835 from slot 0");
+}
+
 int main(void)
 {
     test_blocks();
     test_rings();
     test_offset32_far();
     test_window();
+    test_ring_runs();
     return done_testing();
 }

@@ -713,26 +713,28 @@ static void cpu_sample(muse_backend *be, muse_act logits)
     muse_pool_run_t(c->pool, draw_rows, c, c->wanted);
 }
 
-/* Copies K then V of each sliding layer, positions ascending, between the rings and a slot.
- * Reads the live block tables: snapshots are taken between rounds. */
+/* Copies K then V of each sliding layer, positions ascending, between the rings and a slot: a
+ * layer's window is at most two runs of its ring (muse_kv_ring_runs), as the CUDA backend's. */
 static void sliding_copy(cpu_backend *c, int seq, int64_t end_pos, int slot, int save)
 {
     MUSE_CHECK(!c->in_round && slot >= 0 && slot < c->base.opts.snapshot_slots);
     const muse_config *cfg = &c->base.model->cfg;
+    int64_t first = sliding_first(cfg, end_pos);
     for (int r = 0; r < c->n_ranks; r++) { /* each rank keeps its heads in its own slot */
         const cpu_rank *rk = &c->rank[r];
         uint16_t *buf = rk->snapshots + (size_t)slot * (c->base.snapshot_bytes / sizeof *buf);
         long KV = rk->kv_width;
         for (int i = 0; i < (int)cfg->num_layers; i++) {
             if (cfg->attn_kind[i] != MUSE_ATTN_SLIDING) continue;
+            int64_t at[2], n[2];
+            MUSE_CHECK(c->kv_cap[i] > 0 && end_pos - first <= c->kv_cap[i]);
+            int runs = muse_kv_ring_runs(seq, first, end_pos, c->kv_cap[i], at, n);
             for (int kv = 0; kv < 2; kv++) {
                 uint16_t *cache = kv ? rk->v_cache[i] : rk->k_cache[i];
-                for (int64_t s = sliding_first(cfg, end_pos); s < end_pos; s++, buf += KV) {
-                    uint16_t *row = cache + kv_offset(c, i, seq, s, KV);
-                    if (save)
-                        memcpy(buf, row, (size_t)KV * sizeof *buf);
-                    else
-                        memcpy(row, buf, (size_t)KV * sizeof *buf);
+                for (int u = 0; u < runs; buf += n[u] * KV, u++) {
+                    uint16_t *ring = cache + at[u] * KV;
+                    size_t bytes = (size_t)(n[u] * KV) * sizeof *buf;
+                    memcpy(save ? buf : ring, save ? ring : buf, bytes);
                 }
             }
         }
