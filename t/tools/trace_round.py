@@ -40,10 +40,8 @@ def rounds_of(ks):
     return [(starts[i], starts[i + 1]) for i in range(len(starts) - 1)]
 
 
-def analyse(ks, lo, hi):
-    rk = ks[lo:hi]
-    t0 = rk[0][0]
-    span = max(k[1] for k in rk) - t0
+def busy_of(rk):
+    """the time some kernel of rk (sorted by start) ran: the union of their intervals"""
     busy, cur_s, cur_e = 0, None, None
     for s, e, *_ in rk:
         if cur_e is None or s > cur_e:
@@ -52,7 +50,14 @@ def analyse(ks, lo, hi):
             cur_s, cur_e = s, e
         else:
             cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
+    return busy + (cur_e - cur_s if cur_e is not None else 0)
+
+
+def analyse(ks, lo, hi):
+    rk = ks[lo:hi]
+    t0 = rk[0][0]
+    span = max(k[1] for k in rk) - t0
+    busy = busy_of(rk)
     by_end = sorted(rk, key=lambda k: k[1])
     inc = {}
     prev = t0

@@ -4,40 +4,22 @@ embed kernel to the next) a line: its kernels, span (first start to last end), t
 kernel ran, and the gap since the previous round's last end (host time between rounds: the
 scheduler, staging, a graph's capture); rounds and gaps under 2 ms are counted, not listed.
 Usage: trace_rounds.py FILE.csv[.gz]"""
-import csv
-import gzip
 import sys
 
-
-def load(path):
-    raw = gzip.open(path, "rt") if path.endswith(".gz") else open(path)
-    ks = [(int(r["start_ns"]), int(r["end_ns"]), r["name"]) for r in csv.DictReader(raw)]
-    ks.sort()
-    return ks
-
-
-def busy_of(ks):
-    busy, cur_s, cur_e = 0, None, None
-    for s, e, _ in ks:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return busy + (cur_e - cur_s if cur_e is not None else 0)
+from trace_round import busy_of, load
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     ks = load(sys.argv[1])
-    starts = [i for i, k in enumerate(ks) if "k_embed" in k[2]] + [len(ks)]
+    starts = [i for i, k in enumerate(ks) if "k_embed" in k[3]] + [len(ks)]
+    rs = list(zip(starts, starts[1:]))  # the last round runs to the trace's end
     print("| round | kernels | span ms | busy ms | gap before ms |")
     print("|---|---|---|---|---|")
     prev_end, rows, total = None, [], [0, 0, 0]
-    for r in range(len(starts) - 1):
-        rk = ks[starts[r]:starts[r + 1]]
+    for r, (lo, hi) in enumerate(rs):
+        rk = ks[lo:hi]
         end = max(k[1] for k in rk)
         span, busy = end - rk[0][0], busy_of(rk)
         gap = rk[0][0] - prev_end if prev_end is not None else 0
