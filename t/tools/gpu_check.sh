@@ -374,9 +374,11 @@ fi
 if (want sanitize || want sanitizeops) && [ "$B" = cuda ] && command -v compute-sanitizer >/dev/null; then
     want sanitize &&
         step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
-    # every fast kernel of the round (attention, MoE, norms, sampler) under the memory checker
+    # every fast kernel of the round (attention, MoE, norms, sampler) under the memory checker;
+    # GPU_CHECK_SANITIZE_KERNELS=exact: the exact path's
     step sanitize-ops 120 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/muse-engine \
-        kernel-check --model "$packs/q2-mcg" --backend cuda --kernels fast --sample-rows 300
+        kernel-check --model "$packs/q2-mcg" --backend cuda --kernels "${GPU_CHECK_SANITIZE_KERNELS:-fast}" \
+        --sample-rows 300
 fi
 
 # two ranks on one GPU (--gpus 0,0) against the CPU backend at --ranks 2, bitwise, on tiny-tp
