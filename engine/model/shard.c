@@ -267,3 +267,39 @@ void muse_model_each_linear(const muse_model *m, void (*fn)(void *ctx, const mus
     }
     fn(ctx, &m->head);
 }
+
+typedef struct {
+    const muse_model *m;
+    size_t rows, pairs, floats, doubles;
+} ws_job;
+
+/* Whether l is one of a layer's routed experts' linears (the experts' array holds it). */
+static int routed_expert(const muse_model *m, const muse_linear *l)
+{
+    uintptr_t at = (uintptr_t)l;
+    for (int64_t i = 0; i < m->cfg.num_layers; i++) {
+        const muse_layer *ly = &m->layers[i];
+        if (m->cfg.mlp_kind[i] == MUSE_MLP_DENSE || !ly->experts) continue;
+        uintptr_t lo = (uintptr_t)ly->experts;
+        if (at >= lo && at < lo + (uintptr_t)m->cfg.num_experts * sizeof *ly->experts) return 1;
+    }
+    return 0;
+}
+
+static void ws_need(void *ctx, const muse_linear *l)
+{
+    ws_job *j = ctx;
+    if (l->kind != MUSE_LIN_EXL3) return;
+    size_t rows = routed_expert(j->m, l) ? j->pairs : j->rows;
+    size_t a = rows * (size_t)l->exl3.k, t = rows * (size_t)l->exl3.n;
+    if (a > j->floats) j->floats = a;
+    if (t > j->doubles) j->doubles = t;
+}
+
+void muse_model_exl3_ws(const muse_model *m, long rows, long pairs, size_t *floats, size_t *doubles)
+{
+    ws_job j = {m, (size_t)rows, (size_t)pairs, 0, 0};
+    muse_model_each_linear(m, ws_need, &j);
+    *floats = j.floats;
+    *doubles = j.doubles;
+}

@@ -1,7 +1,8 @@
 /* muse_shard_pack (model/shard.h): every rank's view of every linear of the tiny-tp pack (fp16
  * and EXL3, 2 and 4 ranks), packed compactly, computes bit for bit what the strided view does
  * through the CPU backend's linear (muse_exl3_linear, muse_dense_row): the CUDA backend uploads
- * these packed views to a GPU holding one rank, so this proves its layout without a GPU. */
+ * these packed views to a GPU holding one rank, so this proves its layout without a GPU; and
+ * muse_model_exl3_ws, the exact product's workspace of a round, against its config by hand. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,8 +139,33 @@ static void check_whole(void)
     muse_model_free(&m);
 }
 
+/* The exact product's workspace of a round of 10 rows and 20 pairs on tiny.json (hidden 256,
+ * dense MLPs of 384, experts of 128, vocab 1024), from its config by hand: the floats of the
+ * widest input, the dense down's 384 a row at 10 rows or an expert's 256 a pair at 20; the
+ * doubles of the widest output, the head's 1024 at 10 rows or an expert's 256 at 20. */
+static void check_exl3_ws(void)
+{
+    muse_synthetic o = {.config = "conf/packs/tiny.json", .seed = 5, .bits = 2};
+    muse_model m;
+    muse_err e = {{0}};
+    if (muse_model_synthetic(&o, &m, &e)) {
+        ok(0, "synthetic tiny: %s", e.msg);
+        return;
+    }
+    size_t f = 0, d = 0;
+    muse_model_exl3_ws(&m, 10, 20, &f, &d);
+    is_int((long)f, 20 * 256, "10 rows, 20 pairs: the experts' inputs, 20 x 256 floats");
+    is_int((long)d, 10 * 1024, "and the head's outputs, 10 x 1024 doubles");
+    muse_model_exl3_ws(&m, 10, 10, &f, &d);
+    is_int((long)f, 10 * 384, "10 rows, 10 pairs: the dense down's inputs, 10 x 384 floats");
+    muse_model_exl3_ws(&m, 1, 8, &f, &d);
+    is_int((long)d, 8 * 256, "1 row, 8 pairs: the experts' down, 8 x 256 doubles");
+    muse_model_free(&m);
+}
+
 int main(void)
 {
+    check_exl3_ws();
     check_whole();
     for (int bits = 0; bits <= 3; bits += 3) {
         check_pack(bits, 2);

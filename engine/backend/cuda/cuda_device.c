@@ -77,19 +77,6 @@ static void *halloc(cuda_backend *c, size_t bytes)
     return p;
 }
 
-typedef struct {
-    size_t a, t; /* EXL3 workspace floats / doubles a row */
-} exl3_need;
-
-/* Sized from the whole linears: a rank's views are never wider. */
-static void exl3_size(void *ctx, const muse_linear *l)
-{
-    exl3_need *n = ctx;
-    if (l->kind != MUSE_LIN_EXL3) return;
-    if ((size_t)l->exl3.k > n->a) n->a = (size_t)l->exl3.k;
-    if ((size_t)l->exl3.n > n->t) n->t = (size_t)l->exl3.n;
-}
-
 /* Rank r's staging, workspaces, KV and snapshots on its GPU, all sized from the options. */
 static int allocate_rank(cuda_backend *c, int r)
 {
@@ -103,15 +90,16 @@ static int allocate_rank(cuda_backend *c, int r)
     size_t K = (size_t)cfg->num_experts_per_tok, V = (size_t)cfg->vocab_size;
     size_t N = (size_t)m->head.n, L = (size_t)cfg->num_layers;
     size_t P = R * (K > 0 ? K : 1); /* (row, slot) pairs */
-    size_t rows_cap = P > R ? P : R;
     size_t I = (size_t)cfg->moe_intermediate_size;
     size_t Ish = (size_t)(cfg->num_shared_experts * cfg->moe_intermediate_size);
     size_t mlp = P * I > R * Ish ? P * I : R * Ish;
     size_t head_w = r ? (size_t)rk->lin[m->head.id].n : N; /* rank 0 lays out every slice */
-    exl3_need need = {0, 0};
-    muse_model_each_linear(m, exl3_size, &need);
-    rk->ws_a = dalloc(c, rows_cap * need.a * sizeof(float), &mem->workspace);
-    rk->ws_t = dalloc(c, rows_cap * need.t * sizeof(double), &mem->workspace);
+    /* the exact product's a and t: the experts' linears at P rows, the rest at R (the head's
+     * 202048 columns at R rows, not P: 0.41 GB where R = 256, K = 8, not 3.3) */
+    size_t ws_floats, ws_doubles;
+    muse_model_exl3_ws(m, (long)R, (long)P, &ws_floats, &ws_doubles);
+    rk->ws_a = dalloc(c, ws_floats * sizeof(float), &mem->workspace);
+    rk->ws_t = dalloc(c, ws_doubles * sizeof(double), &mem->workspace);
     if (be->kernels == MUSE_KERNELS_FAST) cuda_fast_moe_prepare(c, rk);
     if (be->kernels == MUSE_KERNELS_FAST) CHECK(c, muse_k_linear_fast_init());
     if (be->kernels == MUSE_KERNELS_FAST &&
