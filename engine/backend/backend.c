@@ -81,6 +81,24 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
     return 0; /* cpu and script: host memory, no limit unless --device-gib */
 }
 
+int muse_backend_plan_memory(const char *name, const muse_model *m, const muse_backend_opts *o,
+                             long act_floats, muse_rank_mem out[MUSE_MAX_RANKS], muse_err *e)
+{
+#ifdef MUSE_HAVE_CUDA
+    if (!strcmp(name, "cuda")) return muse_cuda_plan_memory(m, o, act_floats, out, e) ? -1 : 1;
+#else
+    (void)m;
+    (void)o;
+    (void)act_floats;
+    (void)out;
+    if (!strcmp(name, "cuda"))
+        return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
+                            "use --backend cpu");
+#endif
+    (void)e;
+    return 0; /* cpu: the plan's own estimate is how it sizes its buffers */
+}
+
 void muse_backend_destroy(muse_backend *be)
 {
     if (be) be->ops->destroy(be);

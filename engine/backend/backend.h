@@ -125,6 +125,9 @@ typedef struct {
      * MUSE_CUDA_PROFILE=1 at create, each op timed with events, eager): at most max entries
      * into out, the count; 0 when the profile is off. Names live as long as the backend. */
     int (*profile)(muse_backend *be, muse_prof_entry *out, int max);
+    /* Optional (NULL: the ranks live in host memory), outside a round: rank r's device memory
+     * now, free and total (cuda: cudaMemGetInfo on its GPU); -1 when the device cannot say. */
+    int (*device_memory)(muse_backend *be, int rank, uint64_t *free_bytes, uint64_t *total_bytes);
 } muse_backend_ops;
 
 struct muse_backend {
@@ -235,6 +238,17 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
 /* The CUDA backend's part of it (MUSE_HAVE_CUDA). */
 int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char *desc,
                             size_t desc_len, muse_err *e);
+
+/* Before the weights go anywhere, for the memory plan: what backend name would hold on each
+ * rank for m and o (workspace and staging, KV and rings, snapshots; muse_forward_create's
+ * activations of act_floats a row among the workspace), worked out without a GPU. 1 with out[]
+ * filled (weights left 0: the plan's own count stands); 0 where the plan's estimate is the
+ * backend's own sizing (cpu); -1 with the reason. */
+int muse_backend_plan_memory(const char *name, const muse_model *m, const muse_backend_opts *o,
+                             long act_floats, muse_rank_mem out[MUSE_MAX_RANKS], muse_err *e);
+/* The CUDA backend's part of it (MUSE_HAVE_CUDA): allocate_rank's own arithmetic, counted. */
+int muse_cuda_plan_memory(const muse_model *m, const muse_backend_opts *o, long act_floats,
+                          muse_rank_mem out[], muse_err *e);
 
 /* The CPU reference backend. */
 muse_backend *muse_cpu_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e);

@@ -18,8 +18,8 @@ int bench_weights_load(const bench_weights *w, const char *backend, muse_model *
 {
     if (muse_model_flags_check(w->dir, w->synthetic, w->config, w->bits, w->codebook, e)) return -1;
     if (w->dir) return muse_model_load(w->dir, m, e);
-    muse_synthetic syn = {w->config, (uint64_t)w->synthetic, (int)w->bits, w->codebook,
-                          !strcmp(backend, "cuda")};
+    muse_synthetic syn = {w->config,   (uint64_t)w->synthetic,   (int)w->bits,
+                          w->codebook, !strcmp(backend, "cuda"), 0};
     return muse_model_synthetic(&syn, m, e);
 }
 

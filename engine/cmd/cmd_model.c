@@ -152,8 +152,8 @@ static void session_close(session *s)
 static int session_start(const char *cmd, const run_flags *f, long long extra, session *s)
 {
     muse_err e = {{0}};
-    muse_synthetic syn = {f->config, (uint64_t)f->synthetic, (int)f->bits, f->codebook,
-                          !strcmp(f->backend, "cuda")};
+    muse_synthetic syn = {f->config,   (uint64_t)f->synthetic,      (int)f->bits,
+                          f->codebook, !strcmp(f->backend, "cuda"), 0};
     if (f->synthetic >= 0 ? muse_model_synthetic(&syn, &s->model, &e)
                           : muse_model_load(f->model, &s->model, &e)) {
         fprintf(stderr, "muse-engine %s: %s\n", cmd, e.msg);

@@ -1,26 +1,52 @@
 /* muse-engine plan: the serve plan per rank (weights by the sharding rules, KV pool, rings,
  * snapshots, workspace, request areas, reserve) for a config and a device, with the context
- * that fits. Exit 0 when it fits, 3 when it does not (with the fix), 2 for bad input. */
+ * that fits; --backend cuda counts the CUDA backend's own workspace (no GPU needed). Exit 0
+ * when it fits, 3 when it does not (with the fix), 2 for bad input. */
 #include "cmd/cmd_plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "base/flags.h"
+#include "model/forward.h"
 #include "model/shard.h"
 #include "serve/memory_plan.h"
 
 #define PLAN_MISFIT 3 /* the plan does not fit the device: documented in docs/operations.md */
 
 static const char *const kinds[] = {"cpu", "discrete", "unified", NULL};
+static const char *const backends[] = {"cpu", "cuda", NULL};
+
+/* The CUDA backend sized from the config's shapes: a synthetic model with nothing filled. */
+typedef struct {
+    muse_model m;
+    muse_backend_opts bo;
+    muse_err *e;
+} cuda_job;
+
+/* Its workspace and staging a rank (the widest) at rows a round; 0 with e set on failure. */
+static uint64_t cuda_workspace(void *ctx, long rows)
+{
+    cuda_job *j = ctx;
+    muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}};
+    uint64_t ws = 0;
+    j->bo.max_rows = rows;
+    if (muse_backend_plan_memory("cuda", &j->m, &j->bo, muse_forward_act_floats(&j->m), mem, j->e) >
+        0)
+        for (int r = 0; r < j->bo.ranks; r++)
+            if (mem[r].workspace + mem[r].staging > ws) ws = mem[r].workspace + mem[r].staging;
+    return ws;
+}
 
 int muse_cmd_plan(int argc, char **argv)
 {
     const char *config = NULL;
-    long long ranks = 1, streams = 4, context = 0, max_rows = 256, queue = 16, request_kib = 4100;
+    long long ranks = 1, streams = 4, context = 0, max_rows = 0, queue = 16, request_kib = 4100;
     long long threads = 1;
+    long long kv_blocks = 0;
     double device_gib = 0, bits = 0, head_bits = 6, prompt_cache_gib = 1, reserve_gib = -1;
-    int kind = -1;
+    int kind = -1, backend = 0;
+    const char *codebook = NULL, *kernels = NULL;
     const muse_flag table[] = {
         MUSE_FLAG_S("config", &config, "FILE", "the config.json to plan for", .required = true),
         MUSE_FLAG_L("ranks", &ranks, 1, MUSE_PLAN_MAX_RANKS, "N", "tensor-parallel ranks"),
@@ -39,10 +65,22 @@ int muse_cmd_plan(int argc, char **argv)
                     "prompt cache budget (KV blocks + sliding state); 0: off"),
         MUSE_FLAG_G("reserve-gib", &reserve_gib, 1 << 20, "memory kept back on each device",
                     .def = MUSE_RESERVE_ENV ", else by --device-kind (serve's rule)"),
-        MUSE_FLAG_L("max-rows", &max_rows, 1, 4096, "N", "rows a round"),
+        MUSE_FLAG_L("max-rows", &max_rows, 1, 4096, "N", "rows a round",
+                    .def = "--backend cuda: serve's choice (the most of 2048 .. 256 that fits);\n"
+                           "else 256"),
         MUSE_FLAG_L("queue", &queue, 0, 4096, "N", "requests waiting behind the streams"),
         MUSE_FLAG_L("request-kib", &request_kib, 1, 65536, "N", "one slot's request area"),
         MUSE_FLAG_L("threads", &threads, 1, 1024, "N", "the CPU backend's threads (scratch)"),
+        MUSE_FLAG_L("kv-blocks", &kv_blocks, 1, INT32_MAX, "N",
+                    "full-attention KV blocks of 16 positions in the pool",
+                    .def = "every stream's whole context plus the prompt cache"),
+        MUSE_FLAG_E("backend", &backend, backends,
+                    "cuda: the workspace as the CUDA backend allocates it, worked\n"
+                    "out from the config's shapes (no GPU needed; whole --bits)",
+                    .def = "cpu"),
+        MUSE_KERNELS_FLAG(&kernels),
+        MUSE_FLAG_S("codebook", &codebook, "mul1|mcg|3inst", "--backend cuda: the EXL3 codebook",
+                    .def = "mul1"),
     };
     const muse_flags set = {.prog = "muse-engine plan",
                             .usage = "--config FILE [flags]",
@@ -57,7 +95,11 @@ int muse_cmd_plan(int argc, char **argv)
     if (!config) return muse_flags_error(&set, "--config FILE is required"); /* for cppcheck */
     if (bits > 0 && bits < 1)
         return muse_flags_error(&set, "--bits %g: give 0 (fp16) or 1 .. 8 (EXL3)", bits);
-    if (kind < 0) kind = device_gib > 0 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
+    if (backend == 1 && bits != (double)(int)bits)
+        return muse_flags_error(&set, "--bits %g: --backend cuda plans whole bits (0 .. 8)", bits);
+    if (kind < 0) kind = device_gib > 0 || backend == 1 ? MUSE_DEVICE_DISCRETE : MUSE_DEVICE_CPU;
+    int auto_rows = !max_rows && backend == 1;
+    if (!max_rows) max_rows = 256;
     muse_err e = {{0}};
     static muse_config cfg; /* large (per-layer arrays) */
     if (muse_config_load_file("--config", config, &cfg, &e) ||
@@ -80,13 +122,35 @@ int muse_cmd_plan(int argc, char **argv)
                            .bits = bits,
                            .head_bits = head_bits,
                            .max_rows = (long)max_rows,
+                           .kv_blocks = kv_blocks,
                            .threads = (int)threads};
     muse_memory_plan p;
     muse_memory_plan_make(&mo, &p);
-    printf("plan: %s, %lld rank%s, %s, %lld streams x %lld tokens, prompt cache %g GiB, "
-           "reserve %.2f GiB (%s device%s)\n",
+    if (backend == 1) { /* a model of the config's shapes, nothing filled, nothing on a GPU */
+        cuda_job j = {.bo = {.max_rows = (long)max_rows,
+                             .max_seqs = (int)streams,
+                             .context = context,
+                             .ranks = (int)ranks,
+                             .kv_blocks = p.ranks[0].kv_blocks,
+                             .snapshot_slots = p.ranks[0].snapshot_slots},
+                      .e = &e};
+        for (int r = 0; r < (int)ranks; r++) j.bo.devices[r] = r;
+        muse_synthetic syn = {config, 1, (int)bits, codebook, 1, 1};
+        if (muse_kernels_parse("--kernels", kernels, &j.bo.kernels, &e) ||
+            muse_model_synthetic(&syn, &j.m, &e))
+            return muse_flags_error(&set, "--backend cuda: %s", e.msg);
+        if (auto_rows) mo.max_rows = muse_memory_plan_most_rows(&mo, 2048, cuda_workspace, &j);
+        max_rows = mo.max_rows;
+        mo.workspace_bytes = e.msg[0] ? 0 : cuda_workspace(&j, mo.max_rows);
+        muse_model_free(&j.m);
+        if (!mo.workspace_bytes) return muse_flags_error(&set, "--backend cuda: %s", e.msg);
+        muse_memory_plan_make(&mo, &p);
+    }
+    printf("plan: %s, %lld rank%s, %s, %lld streams x %lld tokens, %lld rows a round, %s "
+           "workspace, prompt cache %g GiB, reserve %.2f GiB (%s device%s)\n",
            config, ranks, ranks > 1 ? "s" : "", bits > 0 ? "EXL3" : "fp16", streams, context,
-           prompt_cache_gib, reserve, muse_device_kind_name((muse_device_kind)kind),
+           max_rows, backends[backend], prompt_cache_gib, reserve,
+           muse_device_kind_name((muse_device_kind)kind),
            reserve_gib >= 0           ? ", --reserve-gib"
            : getenv(MUSE_RESERVE_ENV) ? ", " MUSE_RESERVE_ENV
                                       : ", default");

@@ -22,6 +22,12 @@
 #include "tp/follow.h"
 #include "tp/rendezvous.h"
 
+/* --max-rows not given on a GPU: the largest of these powers of two the plan fits. A lone
+ * prompt is read faster in larger rounds (the one-GPU shape on the H200, a 4096-token prompt:
+ * 1295 tok/s in rounds of 256, 2076 in rounds of 2048) for workspace the plan counts. */
+#define AUTO_ROWS_LEAST 256
+#define AUTO_ROWS_MOST  2048
+
 typedef struct {
     const char *model, *tokenizer, *listen, *shm, *backend, *script, *model_id, *group;
     const char *worker_key;        /* --worker-key FILE */
@@ -32,6 +38,7 @@ typedef struct {
     int devices[MUSE_MAX_RANKS]; /* each rank's GPU, from --gpus */
     long long synthetic, bits;   /* the seed (-1: none), EXL3 bits (0: fp16) */
     long long streams, queue, context, max_rows, busy_rows, threads, script_delay_ms, drain_ms;
+    int auto_rows; /* --max-rows not given on --backend cuda in one process: size_plan picks it */
     long long ranks;
     long long fault_after_tokens, fault_stall_after_tokens, fault_oom_request;
     long long fault_sticky_after_tokens, kv_blocks, keepalive_ms, request_kib;
@@ -62,7 +69,7 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                        .ranks = 0, /* not given: 1, or the count of --gpus */
                        .synthetic = -1,
                        .queue = 16,
-                       .max_rows = 256,
+                       .max_rows = 0,  /* not given: auto_rows, then size_plan */
                        .busy_rows = 0, /* not given: min(256, --max-rows) */
                        .drain_ms = 30000,
                        .request_kib = 4100,
@@ -81,7 +88,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
         MUSE_FLAG_L("context", &f->context, 1, 1 << 30, "N", "positions a stream may hold",
                     .def = "min(max_position_embeddings, 4096)"),
         MUSE_FLAG_L("max-rows", &f->max_rows, 1, 4096, "N",
-                    "rows a round (prompt chunks + decode tokens); sizes the workspace"),
+                    "rows a round (prompt chunks + decode tokens); sizes the workspace",
+                    .def = "--backend cuda in one process: the most of 2048, 1024, 512 and 256\n"
+                           "that the memory plan fits; else 256"),
         MUSE_FLAG_L("busy-rows", &f->busy_rows, 1, 4096, "N",
                     "prompt rows a round while another stream decodes (its gap between\n"
                     "tokens is one such round); at most --max-rows",
@@ -189,13 +198,18 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                                 "it (leave out --listen)",
                                 f->tp.rank);
     if (!follower && !f->listen) return muse_flags_error(&set, "--listen SOCKET is required");
+    f->auto_rows = !f->max_rows && backend == 2 && !muse_tp_on(&f->tp);
+    if (!f->max_rows) /* 256; where auto the floor, for the first plan and --busy-rows' check */
+        f->max_rows =
+            f->auto_rows && f->busy_rows > AUTO_ROWS_LEAST ? f->busy_rows : AUTO_ROWS_LEAST;
     if (f->busy_rows > f->max_rows)
         return muse_flags_error(&set,
                                 "--busy-rows %lld is more than --max-rows %lld (the rows a round "
                                 "may hold): lower --busy-rows or raise --max-rows",
                                 f->busy_rows, f->max_rows);
     if (!f->busy_rows) f->busy_rows = f->max_rows < 256 ? f->max_rows : 256;
-    if (muse_tp_on(&f->tp)) f->ranks = f->tp.world; /* the plan is of the world's ranks */
+    if (f->max_rows >= AUTO_ROWS_MOST) f->auto_rows = 0; /* --busy-rows 2048 or more: that */
+    if (muse_tp_on(&f->tp)) f->ranks = f->tp.world;      /* the plan is of the world's ranks */
     muse_backend_opts go = {0};
     const muse_rank_flags names = {"--gpus", "--ranks", "--backend"};
     if (muse_backend_ranks(&names, f->backend, f->gpus, muse_tp_on(&f->tp) ? 1 : f->ranks, &go,
@@ -304,6 +318,7 @@ typedef struct {
     const muse_model *model;
     const muse_memory_plan *plan;
     const muse_comm *comm; /* --tp-world: the links to the other ranks, watched */
+    uint64_t dev_total[MUSE_PLAN_MAX_RANKS], dev_free[MUSE_PLAN_MAX_RANKS]; /* GPUs, started */
     double started;
     /* 0 starting, 1 ok, 2 down. The pointers above are set before state becomes 1 (release)
      * and read only after it is seen (acquire). */
@@ -338,6 +353,10 @@ static void publish_health(health_ctx *h)
         .reserve_bytes = muse_gib_bytes(f->reserve_gib),
         .free_bytes = muse_proc_kb("/proc/meminfo", "MemAvailable:"),
         .peak_bytes = muse_proc_kb("/proc/self/status", "VmHWM:")};
+    if (up) {
+        memcpy(hl.rank_total, h->dev_total, sizeof hl.rank_total);
+        memcpy(hl.rank_free, h->dev_free, sizeof hl.rank_free);
+    }
     hl.status = muse_health_status(state, hl.free_bytes, hl.reserve_bytes);
     char *json = muse_health_json(&hl);
     muse_server_set_health(h->srv, json, strlen(json));
@@ -366,29 +385,40 @@ static void *health_main(void *p)
     return NULL;
 }
 
-/* The memory plan of these flags for cfg (NULL: the script backend), before any large
- * allocation; -1 with the refusal (every term, the fix) when it does not fit the device. */
-static int make_plan(const serve_flags *f, const muse_config *cfg, double bits, double head_bits,
-                     muse_memory_plan *plan, muse_err *e)
+/* What the memory plan of these flags for cfg (NULL: the script backend) is made from, with a
+ * backend's own workspace count where given (ws, 0: the estimate). */
+static muse_memory_opts plan_opts(const serve_flags *f, const muse_config *cfg, double bits,
+                                  double head_bits, uint64_t ws)
 {
-    muse_memory_opts mo = {.streams = (int)f->streams,
-                           .queue = (int)f->queue,
-                           .context = f->context,
-                           .kv_blocks = f->kv_blocks,
-                           .prompt_cache_gib = f->prompt_cache_gib,
-                           .reserve_gib = f->reserve_gib,
-                           .request_bytes = (uint64_t)f->request_kib * 1024,
-                           .ranks = (int)f->ranks,
-                           .device_kind = f->device_kind,
-                           .device_bytes = muse_gib_bytes(f->device_gib),
-                           .cfg = cfg,
-                           .bits = bits,
-                           .head_bits = head_bits,
-                           .max_rows = (long)f->max_rows,
-                           .threads =
-                               (int)(f->threads > 0 ? f->threads : sysconf(_SC_NPROCESSORS_ONLN))};
+    return (muse_memory_opts){
+        .streams = (int)f->streams,
+        .queue = (int)f->queue,
+        .context = f->context,
+        .kv_blocks = f->kv_blocks,
+        .prompt_cache_gib = f->prompt_cache_gib,
+        .reserve_gib = f->reserve_gib,
+        .request_bytes = (uint64_t)f->request_kib * 1024,
+        .ranks = (int)f->ranks,
+        .device_kind = f->device_kind,
+        .device_bytes = muse_gib_bytes(f->device_gib),
+        .cfg = cfg,
+        .bits = bits,
+        .head_bits = head_bits,
+        .max_rows = (long)f->max_rows,
+        .workspace_bytes = ws,
+        .threads = (int)(f->threads > 0 ? f->threads : sysconf(_SC_NPROCESSORS_ONLN))};
+}
+
+/* The plan before any large allocation; -1 with the refusal (every term, the fix) when it does
+ * not fit the device. say: print the context that fits (the last plan before the weights go
+ * to the backend). */
+static int make_plan(const serve_flags *f, const muse_config *cfg, double bits, double head_bits,
+                     uint64_t ws, int say, muse_memory_plan *plan, muse_err *e)
+{
+    muse_memory_opts mo = plan_opts(f, cfg, bits, head_bits, ws);
     muse_memory_plan_make(&mo, plan);
     if (muse_memory_plan_misfit(plan) < 0) {
+        if (!say) return 0;
         if (cfg && mo.device_bytes)
             fprintf(stderr,
                     "muse-engine serve: context that fits: 1 x %lld tokens, 4 x %lld tokens\n",
@@ -404,6 +434,66 @@ static int make_plan(const serve_flags *f, const muse_config *cfg, double bits, 
     char text[4096];
     muse_memory_plan_refusal(plan, text, sizeof text);
     return muse_fail(e, "%s: %s", f->device_src, text);
+}
+
+/* Whether the plan is made again from the backend's own sizes (muse_backend_plan_memory). */
+static int sized_by_backend(const serve_flags *f)
+{
+    return strcmp(f->backend, "cuda") == 0;
+}
+
+/* The backend's own count of its workspace and staging at bo (the widest rank's); 0 where the
+ * plan's estimate is the backend's sizing, with e clear; 0 with e set on failure. */
+static uint64_t backend_workspace(const serve_flags *f, const muse_model *m,
+                                  const muse_backend_opts *bo, muse_err *e)
+{
+    muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}};
+    uint64_t ws = 0;
+    if (muse_backend_plan_memory(f->backend, m, bo, muse_forward_act_floats(m), mem, e) <= 0)
+        return 0;
+    for (int r = 0; r < (bo->ranks > 0 ? bo->ranks : 1); r++)
+        if (mem[r].workspace + mem[r].staging > ws) ws = mem[r].workspace + mem[r].staging;
+    return ws;
+}
+
+typedef struct {
+    const serve_flags *f;
+    const muse_model *m;
+    muse_backend_opts bo;
+    muse_err *e;
+} rows_job;
+
+static uint64_t workspace_at(void *ctx, long rows)
+{
+    rows_job *j = ctx;
+    j->bo.max_rows = rows;
+    return backend_workspace(j->f, j->m, &j->bo, j->e);
+}
+
+/* The plan again with the backend's own count of its workspace, worked out before any weight
+ * goes to it: a start that cannot fit is refused here, naming the flags that fix it, not by an
+ * allocation after the upload. With auto_rows, --max-rows becomes the most rows a round (2048
+ * down to the floor already in f) that fits, and bo follows. */
+static int size_plan(serve_flags *f, const muse_config *cfg, double bits, double head_bits,
+                     const muse_model *m, muse_backend_opts *bo, muse_memory_plan *plan,
+                     muse_err *e)
+{
+    if (!sized_by_backend(f)) return 0;
+    if (f->auto_rows) {
+        muse_memory_opts mo = plan_opts(f, cfg, bits, head_bits, 0);
+        rows_job j = {f, m, *bo, e};
+        long rows = muse_memory_plan_most_rows(&mo, AUTO_ROWS_MOST, workspace_at, &j);
+        if (e->msg[0]) return -1;
+        f->max_rows = rows;
+        bo->max_rows = rows;
+        fprintf(stderr,
+                "muse-engine serve: --max-rows %ld (the most rows a round the plan fits, up to "
+                "%d; give --max-rows to choose)\n",
+                rows, AUTO_ROWS_MOST);
+    }
+    uint64_t ws = backend_workspace(f, m, bo, e);
+    if (e->msg[0]) return -1;
+    return make_plan(f, cfg, bits, head_bits, ws, 1, plan, e);
 }
 
 /* The config alone (no weights): what the plan is made from before loading. */
@@ -428,9 +518,9 @@ static int serve_follower(serve_flags *f)
     if (load_config(f, &cfg, &e) || muse_config_context(&cfg, &f->context, &e)) goto out;
     double bits = f->synthetic >= 0 ? (double)f->bits : cfg.quantized ? cfg.quant_bits : 0;
     double head_bits = f->synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
-    if (make_plan(f, &cfg, bits, head_bits, &plan, &e)) goto out;
-    muse_synthetic syn = {f->config, (uint64_t)f->synthetic, (int)f->bits, f->codebook,
-                          !strcmp(f->backend, "cuda")};
+    if (make_plan(f, &cfg, bits, head_bits, 0, !sized_by_backend(f), &plan, &e)) goto out;
+    muse_synthetic syn = {f->config,   (uint64_t)f->synthetic,      (int)f->bits,
+                          f->codebook, !strcmp(f->backend, "cuda"), 0};
     if (f->synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
                           : muse_model_load(f->model, &model, &e))
         goto out;
@@ -442,7 +532,9 @@ static int serve_follower(serve_flags *f)
                             .kernels = f->kernels,
                             .kv_blocks = plan.ranks[0].kv_blocks,
                             .snapshot_slots = plan.ranks[0].snapshot_slots};
-    if (muse_tp_join(&f->tp, &model, &bo, &comm, &e)) goto out;
+    if (muse_tp_join(&f->tp, &model, &bo, &comm, &e) ||
+        size_plan(f, &cfg, bits, head_bits, &model, &bo, &plan, &e))
+        goto out;
     if (!(be = muse_backend_create(f->backend, &model, &bo, &e))) goto out;
     fwd = muse_forward_create(be);
     fprintf(stderr, "muse-engine serve: rank %lld of %lld following rank 0 at %s\n", f->tp.rank,
@@ -498,15 +590,16 @@ int muse_cmd_serve(int argc, char **argv)
 
     /* the plan from the config alone, checked before any large allocation (the segment too) */
     static muse_config cfg; /* large (per-layer arrays); one serve a process */
+    double bits = 0, head_bits = 0;
     if (script) {
         if (!f.context) f.context = 4096;
-        if (make_plan(&f, NULL, 0, 0, &plan, &e)) goto fail;
+        if (make_plan(&f, NULL, 0, 0, 0, 1, &plan, &e)) goto fail;
     } else {
         if (load_config(&f, &cfg, &e) || muse_config_context(&cfg, &f.context, &e)) goto fail;
-        double bits = f.synthetic >= 0 ? (double)f.bits : cfg.quantized ? cfg.quant_bits : 0;
+        bits = f.synthetic >= 0 ? (double)f.bits : cfg.quantized ? cfg.quant_bits : 0;
         /* a pack without quantization_config.head_bits: EXL3.md's default head of 6 bits */
-        double head_bits = f.synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
-        if (make_plan(&f, &cfg, bits, head_bits, &plan, &e)) goto fail;
+        head_bits = f.synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
+        if (make_plan(&f, &cfg, bits, head_bits, 0, !sized_by_backend(&f), &plan, &e)) goto fail;
     }
     muse_server_opts so = {.shm_name = f.shm,
                            .socket_path = f.listen,
@@ -535,8 +628,8 @@ int muse_cmd_serve(int argc, char **argv)
     if (script) {
         if (load_script(f.script, &script_seqs, &script_lens, &n_script, &e)) goto fail;
     } else {
-        muse_synthetic syn = {f.config, (uint64_t)f.synthetic, (int)f.bits, f.codebook,
-                              !strcmp(f.backend, "cuda")};
+        muse_synthetic syn = {f.config,   (uint64_t)f.synthetic,      (int)f.bits,
+                              f.codebook, !strcmp(f.backend, "cuda"), 0};
         if (f.synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
                              : muse_model_load(f.model, &model, &e))
             goto fail;
@@ -551,12 +644,24 @@ int muse_cmd_serve(int argc, char **argv)
                                 .snapshot_slots = plan.ranks[0].snapshot_slots};
         memcpy(bo.devices, f.devices, sizeof bo.devices);
         if (muse_tp_on(&f.tp)) bo.ranks = 1; /* this process holds rank 0 of the world */
-        if (muse_tp_join(&f.tp, &model, &bo, &comm, &e)) goto fail;
+        if (muse_tp_join(&f.tp, &model, &bo, &comm, &e) ||
+            size_plan(&f, &cfg, bits, head_bits, &model, &bo, &plan, &e))
+            goto fail;
         if (!(be = muse_backend_create(f.backend, &model, &bo, &e))) goto fail;
         fwd = muse_forward_create(be);
         muse_tp_lead_forward(comm, fwd); /* rank 0 of a world: rounds go to the others first */
+        /* each GPU's memory with every buffer in place: /health's figures beside the plan */
+        for (int r = 0; r < be->n_ranks && r < MUSE_PLAN_MAX_RANKS && be->ops->device_memory; r++)
+            if (be->ops->device_memory(be, r, &h.dev_free[r], &h.dev_total[r]))
+                h.dev_free[r] = h.dev_total[r] = 0;
         for (int r = 0; r < be->n_ranks; r++) { /* what each rank really holds (here) */
             const muse_rank_mem *m = &be->ranks[r];
+            if (sized_by_backend(&f) && m->workspace + m->staging > plan.ranks[r].workspace_bytes)
+                fprintf(stderr, /* the sizing is the allocation's own arithmetic: a bug if not */
+                        "muse-engine serve: rank %d: workspace %llu bytes allocated, more than "
+                        "the plan counted (%llu)\n",
+                        r, (unsigned long long)(m->workspace + m->staging),
+                        (unsigned long long)plan.ranks[r].workspace_bytes);
             muse_memory_plan_measured(&plan, r, m->weights, m->kv + m->sliding, m->kv,
                                       m->workspace + m->staging, m->snapshots);
         }

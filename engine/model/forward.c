@@ -16,6 +16,14 @@ struct muse_forward {
     muse_round_hook hook;               /* all NULL: none */
 };
 
+long muse_forward_act_floats(const muse_model *m)
+{
+    const muse_config *c = &m->cfg;
+    long H = (long)c->hidden_size, Q = (long)(c->n_heads * c->head_dim);
+    long KV = (long)(c->n_kv_heads * c->head_dim), I = (long)c->intermediate_size;
+    return 3 * H + 3 * Q + 2 * KV + 3 * I + (long)m->head.n; /* as muse_forward_create asks */
+}
+
 muse_forward *muse_forward_create(muse_backend *be)
 {
     const muse_config *c = &be->model->cfg;

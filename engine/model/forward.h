@@ -21,6 +21,9 @@ typedef struct {
 
 /* Allocates every activation buffer from the backend once (max_rows rows each). */
 muse_forward *muse_forward_create(muse_backend *be);
+/* The floats a row of those buffers holds in all (the memory plan counts them before any
+ * backend exists). */
+long muse_forward_act_floats(const muse_model *m);
 void muse_forward_destroy(muse_forward *f);
 muse_backend *muse_forward_backend(const muse_forward *f);
 /* Sets (a copy of) the round hook; NULL: none (the default: one process). */

@@ -316,7 +316,10 @@ int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e)
                  muse_codebook_name(l.cb));
     }
     muse_synth_specs(&m->cfg, &l);
-    int rc = muse_synth_st(&m->cfg, &l, o->seed, &m->st, o->on_device ? &m->dev_fill : NULL, e);
+    m->shapes_only = o->shapes_only;
+    int rc = o->shapes_only ? muse_synth_st_shapes(&m->cfg, &l, &m->st, e)
+                            : muse_synth_st(&m->cfg, &l, o->seed, &m->st,
+                                            o->on_device ? &m->dev_fill : NULL, e);
     muse_synth_free(&l);
     return rc ? -1 : load_tensors(m, e);
 }
@@ -352,7 +355,7 @@ static int load_tensors(muse_model *m, muse_err *e)
         goto fail;
     }
     count_params(m);
-    if (!m->dev_fill) prefault(m); /* the pages a GPU fills stay untouched */
+    if (!m->dev_fill && !m->shapes_only) prefault(m); /* pages a GPU fills stay untouched */
     return 0;
 fail:
     muse_model_free(m);

@@ -79,6 +79,7 @@ typedef struct {
     /* synthetic weights with on_device: the tensors a CUDA upload fills in GPU memory (their
      * host pages untouched until muse_model_host_weights); NULL otherwise */
     muse_synth_devs *dev_fill;
+    int shapes_only; /* muse_synthetic's: no weight is filled, none may be read */
 } muse_model;
 
 /* Loads and checks a pack. Prints progress on stderr when reading takes over a second. */
@@ -92,6 +93,7 @@ typedef struct {
     int bits;
     const char *codebook; /* "mul1" (default), "mcg", "3inst" */
     int on_device;        /* the trellises and scales left for the GPU to fill (--backend cuda) */
+    int shapes_only;      /* nothing filled: the tensors' shapes for a memory plan */
 } muse_synthetic;
 int muse_model_synthetic(const muse_synthetic *o, muse_model *m, muse_err *e);
 /* Makes every weight readable on the host: fills what was left for a GPU there (once). For

@@ -305,8 +305,9 @@ void muse_synth_devs_to_host(muse_synth_devs *d)
     pthread_mutex_unlock(&d->mu);
 }
 
-int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, muse_st **out,
-                  muse_synth_devs **devs, muse_err *e)
+/* muse_synth_st, or with fill 0 muse_synth_st_shapes. */
+static int synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, int fill,
+                    muse_st **out, muse_synth_devs **devs, muse_err *e)
 {
     size_t total = 0, n_dev = 0;
     if (devs) *devs = NULL;
@@ -314,6 +315,7 @@ int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed,
         total += (l->v[i].bytes + 63) / 64 * 64;
         n_dev += devs && muse_synth_on_device(&l->v[i]);
     }
+    if (!fill) n_dev = 1; /* no pages reserved: none is ever touched */
     /* anonymous pages: untouched ones cost nothing until filled; with a GPU filling most of
      * them, no reserve either (the host need not hold what only the GPU does) */
     int flags = MAP_PRIVATE | MAP_ANONYMOUS | (n_dev ? MAP_NORESERVE : 0);
@@ -325,7 +327,7 @@ int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed,
                          (double)total / 1073741824.0);
     muse_tensor *t = MUSE_CALLOC(l->n, sizeof *t);
     muse_synth_devs *d = NULL;
-    if (n_dev) {
+    if (n_dev && devs) {
         d = MUSE_CALLOC(1, sizeof *d);
         d->v = MUSE_CALLOC(n_dev, sizeof *d->v);
         pthread_mutex_init(&d->mu, NULL);
@@ -345,7 +347,7 @@ int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed,
         t[i].nbytes = s->bytes;
         if (d && muse_synth_on_device(s)) /* in block order: sorted by host */
             d->v[d->n++] = (muse_synth_dev){data, s->bytes, muse_synth_elem_of(s, seed)};
-        else
+        else if (fill)
             add_chunks(&j, data, s, NULL, s->bytes / muse_dtype_size(s->dtype));
         at += (s->bytes + 63) / 64 * 64;
     }
@@ -357,4 +359,15 @@ int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed,
     }
     if (devs) *devs = d;
     return 0;
+}
+
+int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, muse_st **out,
+                  muse_synth_devs **devs, muse_err *e)
+{
+    return synth_st(c, l, seed, 1, out, devs, e);
+}
+
+int muse_synth_st_shapes(const muse_config *c, const muse_synth_list *l, muse_st **out, muse_err *e)
+{
+    return synth_st(c, l, 0, 0, out, NULL, e);
 }

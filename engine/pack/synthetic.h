@@ -77,5 +77,8 @@ void muse_synth_devs_free(muse_synth_devs *d);
  * in *devs (NULL when there are none). */
 int muse_synth_st(const muse_config *c, const muse_synth_list *l, uint64_t seed, muse_st **out,
                   muse_synth_devs **devs, muse_err *e);
+/* The same tensors with nothing filled (their pages never touched): shapes for a memory plan. */
+int muse_synth_st_shapes(const muse_config *c, const muse_synth_list *l, muse_st **out,
+                         muse_err *e);
 
 #endif

@@ -83,7 +83,8 @@ char *muse_health_json(const muse_health *h)
         cJSON_AddStringToObject(rank, "device_kind",
                                 muse_device_kind_name(h->plan ? h->plan->device_kind : 0));
         cJSON *mem = cJSON_AddObjectToObject(rank, "memory");
-        add_u64(mem, "total_bytes", h->total_bytes);
+        int dev = i < MUSE_PLAN_MAX_RANKS && h->rank_total[i]; /* a GPU's own memory */
+        add_u64(mem, "total_bytes", dev ? h->rank_total[i] : h->total_bytes);
         /* the plan's device limit (0: none) and its sum of every term */
         add_u64(mem, "device_bytes", ri ? ri->device_bytes : 0);
         add_u64(mem, "planned_bytes", ri ? ri->total_bytes : 0);
@@ -99,7 +100,7 @@ char *muse_health_json(const muse_health *h)
         add_u64(mem, "prompt_cache_bytes", st->cache_bytes);
         add_u64(mem, "workspace_bytes", ri ? ri->workspace_bytes : 0);
         add_u64(mem, "reserve_bytes", h->reserve_bytes);
-        add_u64(mem, "free_bytes", h->free_bytes);
+        add_u64(mem, "free_bytes", dev ? h->rank_free[i] : h->free_bytes);
         add_u64(mem, "left_for_streams_bytes",
                 ri ? muse_memory_plan_left(h->plan, i, st->kv_free_blocks, st->max - st->running)
                    : 0);

@@ -25,6 +25,8 @@ typedef struct {
     uint64_t reserve_bytes;       /* kept for the rest of the machine */
     uint64_t free_bytes;          /* MemAvailable */
     uint64_t peak_bytes;          /* VmHWM */
+    /* a GPU rank's device memory once started (backend device_memory); 0: the machine's above */
+    uint64_t rank_total[MUSE_PLAN_MAX_RANKS], rank_free[MUSE_PLAN_MAX_RANKS];
 } muse_health;
 
 /* "starting" (state 0), "down" (2), else "degraded" when less than the reserve is free, "ok". */

@@ -153,7 +153,8 @@ void muse_memory_plan_make(const muse_memory_opts *o, muse_memory_plan *p)
         uint64_t snap = muse_kv_rank_bytes(c, muse_kv_snapshot_bytes(c), p->n_ranks);
         r->snapshot_slots = muse_pcache_slots_for(r->prompt_cache_bytes, snap);
         r->snapshots_bytes = (uint64_t)r->snapshot_slots * snap;
-        r->workspace_bytes = workspace_estimate(o, r->blocks_per_stream);
+        r->workspace_bytes =
+            o->workspace_bytes ? o->workspace_bytes : workspace_estimate(o, r->blocks_per_stream);
     }
     for (int i = p->n_ranks - 1; i >= 0; i--) {
         p->ranks[i] = *r;
@@ -215,7 +216,8 @@ size_t muse_memory_plan_refusal(const muse_memory_plan *p, char *buf, size_t len
     if (at < len) {
         int w = snprintf(buf + at, len - at,
                          ". The plan does not fit: use fewer streams (--streams), a shorter "
-                         "context (--context), a smaller prompt cache (--prompt-cache-gib), a "
+                         "context (--context), a smaller KV pool (--kv-blocks), fewer rows a "
+                         "round (--max-rows), a smaller prompt cache (--prompt-cache-gib), a "
                          "smaller reserve (--reserve-gib), or more ranks (--ranks)");
         if (w > 0) at += (size_t)w;
     }
@@ -241,6 +243,21 @@ int64_t muse_memory_plan_context_fits(const muse_memory_opts *o, int streams)
             hi = mid - 1;
     }
     return lo * MUSE_KV_BLOCK;
+}
+
+long muse_memory_plan_most_rows(const muse_memory_opts *o, long most,
+                                uint64_t (*ws)(void *ctx, long rows), void *ctx)
+{
+    if (!o->device_bytes) return o->max_rows;
+    for (long rows = most; rows > o->max_rows; rows /= 2) {
+        muse_memory_opts t = *o;
+        t.max_rows = rows;
+        if (!(t.workspace_bytes = ws(ctx, rows))) break;
+        muse_memory_plan p;
+        muse_memory_plan_make(&t, &p);
+        if (muse_memory_plan_misfit(&p) < 0) return rows;
+    }
+    return o->max_rows;
 }
 
 uint64_t muse_memory_plan_left(const muse_memory_plan *p, int rank, uint64_t free_blocks,

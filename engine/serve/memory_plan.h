@@ -80,7 +80,10 @@ typedef struct {
     const muse_config *cfg;
     double bits, head_bits; /* EXL3 bits a weight (0: fp16) and the head's */
     long max_rows;          /* rows a round: rings and workspace */
-    int threads;            /* the CPU backend's per-thread scratch (0: one) */
+    /* a backend's own count of its workspace and staging a rank (muse_backend_plan_memory),
+     * held while muse_memory_plan_context_fits varies the context; 0: the estimate */
+    uint64_t workspace_bytes;
+    int threads; /* the CPU backend's per-thread scratch (0: one) */
 } muse_memory_opts;
 
 void muse_memory_plan_make(const muse_memory_opts *o, muse_memory_plan *p);
@@ -100,6 +103,12 @@ size_t muse_memory_plan_refusal(const muse_memory_plan *p, char *buf, size_t len
  * that streams lanes fit on every rank with o's other terms; 0 when not even one block fits.
  * Without a device limit or a config: max_position_embeddings (or o->context). */
 int64_t muse_memory_plan_context_fits(const muse_memory_opts *o, int streams);
+
+/* The most rows a round, of most halved down to just above o->max_rows, whose plan fits, each
+ * with the workspace ws(ctx, rows) gives (0 from it: an error, stop); o->max_rows when none
+ * larger fits or the device has no limit. */
+long muse_memory_plan_most_rows(const muse_memory_opts *o, long most,
+                                uint64_t (*ws)(void *ctx, long rows), void *ctx);
 
 /* What admission can still hand out on a rank: the free pool blocks, and the rings of the
  * free lanes. */

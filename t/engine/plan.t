@@ -3,7 +3,8 @@
 1.8 bits with every term and the reserve printed, its one-GPU cut (96 experts) one at 2 bits; a plan that does not fit exits 3 naming the
 terms and the fix; bad flags exit 2 naming the flag; the config-only weights of tiny-tp (fp16
 and EXL3 packs, --ranks 2) are within 1% of what serve measures; serve with --device-gib too
-small refuses to start (exit 2) with the terms.
+small refuses to start (exit 2) with the terms; --backend cuda counts the CUDA backend's own
+workspace from the config's shapes, as the H200 allocated it, and refuses what would not fit.
 """
 import os
 import re
@@ -114,6 +115,37 @@ def main():
         ok(good, f"{why}: exit 3, every term and the fix named")
         if not good:
             diag(f"exit {rc}: {out} {err}")
+    # --backend cuda: the CUDA backend's own workspace, worked out on this machine (no GPU)
+    serve8k = [ENGINE, "plan", "--config", SPARK1, "--bits", "2", "--codebook", "mcg", "--kernels", "fast",
+               "--device-gib", "139.8", "--streams", "4", "--context", "8192", "--max-rows", "256"]
+    rc, out, err = run(serve8k + ["--backend", "cuda"], env=env)
+    if "built without the CUDA backend" in err:
+        diag("this muse-engine has no CUDA backend: its plan is not checked")
+    else:
+        ws = row1(out, "workspace")
+        ok(rc == 0 and "cuda workspace" in out and ws == 2.95,
+           f"the one-GPU shape at 256 rows: the CUDA workspace is 2.95 GiB ({ws}), as the H200 allocated "
+           "(3168054800 bytes, serve's /health on 2026-12-04)")
+        rc, cpu_out, _ = run(serve8k, env=env)
+        ok(rc == 0 and row1(cpu_out, "workspace") < ws,
+           f"the CPU backend's estimate ({row1(cpu_out, 'workspace')} GiB) is not the CUDA backend's")
+        big = serve8k[:-6] + ["--streams", "16", "--context", "131072", "--kv-blocks", "65536"]
+        rc, out, err = run(big + ["--max-rows", "512", "--backend", "cuda"], env=env)
+        ok(rc == 0 and 5 < row1(out, "workspace") < 7,
+           f"16 x 131072 with 65536 KV blocks at 512 rows a round fits ({row1(out, 'workspace')} GiB of workspace)")
+        rc, out, err = run(big + ["--backend", "cuda"], env=env)
+        ok(rc == 0 and "512 rows a round" in out,
+           "without --max-rows: 512 rows a round, the most of 2048, 1024, 512 that fits (serve's choice)")
+        rc, out, err = run(serve8k[:-2] + ["--backend", "cuda"], env=env)
+        ok(rc == 0 and "2048 rows a round" in out, "4 x 8192: 2048 rows a round")
+        rc, out, err = run(big + ["--max-rows", "2048", "--backend", "cuda"], env=env)
+        good = rc == 3 and row1(out, "workspace") > 20 and all(s in err for s in ("--max-rows", "--kv-blocks"))
+        ok(good, "at 2048 rows a round it does not (the H200 ran out of memory at start-up): exit 3 naming "
+           "--max-rows and --kv-blocks")
+        if not good:
+            diag(f"exit {rc}: {out} {err}")
+        rc, out, err = run(serve8k + ["--backend", "cuda", "--bits", "2.5"], env=env)
+        ok(rc == 2 and "--bits 2.5" in err, "--backend cuda with --bits 2.5: exit 2 naming it")
     for args, flag in ((["--bits", "9"], "--bits"), (["--bits", "0.5"], "--bits 0.5"), (["--ranks", "3"], "--ranks 3"), (["--ranks", "0"], "--ranks"),
                        (["--device-kind", "gpu"], "--device-kind"), (["--device-gib", "-1"], "--device-gib"),
                        (["--context", "999999999"], "--context"), (["--streams", "0"], "--streams"),

@@ -375,10 +375,10 @@ if (want sanitize || want sanitizeops) && [ "$B" = cuda ] && command -v compute-
     want sanitize &&
         step sanitize 120 compute-sanitizer --tool memcheck --error-exitcode 9 build/t/exl3-fast-check --quick
     # every fast kernel of the round (attention, MoE, norms, sampler) under the memory checker;
-    # GPU_CHECK_SANITIZE_KERNELS=exact: the exact path's
+    # GPU_CHECK_SANITIZE_KERNELS=exact: the exact path's (slower: GPU_CHECK_SANITIZE_ROWS fewer rows)
     step sanitize-ops 120 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 build/muse-engine \
         kernel-check --model "$packs/q2-mcg" --backend cuda --kernels "${GPU_CHECK_SANITIZE_KERNELS:-fast}" \
-        --sample-rows 300
+        --sample-rows "${GPU_CHECK_SANITIZE_ROWS:-300}"
 fi
 
 # two ranks on one GPU (--gpus 0,0) against the CPU backend at --ranks 2, bitwise, on tiny-tp

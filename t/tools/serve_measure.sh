@@ -50,9 +50,9 @@ print("health: status %s, context_length %s, streams max %s" % (h["status"], h.g
 for r in h["ranks"]:
     m = r["memory"]
     gib = lambda k: "%.2f" % (m.get(k, 0) / 2**30)
-    print("rank %s (%s): device %s GiB, planned %s, weights %s, kv %s, workspace %s, reserve %s, free %s, left for streams %s, peak %s"
+    print("rank %s (%s): device %s GiB, planned %s, weights %s, kv %s, workspace %s, reserve %s, total %s, free %s, left for streams %s, peak %s"
           % (r["rank"], r.get("device"), gib("device_bytes"), gib("planned_bytes"), gib("weights_bytes"),
-             gib("kv_bytes"), gib("workspace_bytes"), gib("reserve_bytes"), gib("free_bytes"),
+             gib("kv_bytes"), gib("workspace_bytes"), gib("reserve_bytes"), gib("total_bytes"), gib("free_bytes"),
              gib("left_for_streams_bytes"), gib("peak_bytes")))
 for g in gpu:
     used, total = float(g[1]) / 1024, float(g[2]) / 1024

@@ -94,8 +94,8 @@ int main(int argc, char **argv)
     if (rc != MUSE_FLAGS_RUN) return rc;
     muse_err e = {{0}};
     muse_model h = {0}, d = {0};
-    muse_synthetic hs = {f.config, (uint64_t)f.seed, (int)f.bits, f.codebook, 0},
-                   ds = {f.config, (uint64_t)f.seed, (int)f.bits, f.codebook, 1};
+    muse_synthetic hs = {f.config, (uint64_t)f.seed, (int)f.bits, f.codebook, 0, 0},
+                   ds = {f.config, (uint64_t)f.seed, (int)f.bits, f.codebook, 1, 0};
     if (!f.load_only && muse_model_synthetic(&hs, &h, &e)) return fail("the host fill", e.msg);
     double t0 = muse_now_s();
     if (muse_model_synthetic(&ds, &d, &e)) return fail("the GPU fill's model", e.msg);

@@ -234,8 +234,8 @@ static void whole_config(int bits, muse_codebook cb)
 /* --synthetic-weights with on_device, then --backend cpu: every byte the host-filled model's. */
 static void cpu_backend_fills_host(void)
 {
-    muse_synthetic hs = {"conf/packs/tiny.json", 3, 2, "mcg", 0},
-                   ds = {"conf/packs/tiny.json", 3, 2, "mcg", 1};
+    muse_synthetic hs = {"conf/packs/tiny.json", 3, 2, "mcg", 0, 0},
+                   ds = {"conf/packs/tiny.json", 3, 2, "mcg", 1, 0};
     muse_model h, d;
     muse_err e = {{0}};
     int made = !muse_model_synthetic(&hs, &h, &e) && !muse_model_synthetic(&ds, &d, &e);

@@ -54,18 +54,38 @@ int device_error(cuda_backend *c, muse_err *e)
 cuda_rank *on(cuda_backend *c, int r)
 {
     c->at = r;
-    if (!c->capturing || c->multi_dev) CHECK(c, cudaSetDevice(c->rank[r].device));
+    if (!c->sizing && (!c->capturing || c->multi_dev)) CHECK(c, cudaSetDevice(c->rank[r].device));
     return &c->rank[r];
 }
 
-/* On the current GPU (the caller made rank's current). */
+/* On the current GPU (the caller made rank's current); sizing: counted only, NULL. */
 void *dalloc(cuda_backend *c, size_t bytes, uint64_t *account)
 {
     void *p = NULL;
     if (c->failed) return NULL;
+    if (c->sizing) {
+        if (account) *account += bytes;
+        return NULL;
+    }
     if (CHECK(c, cudaMalloc(&p, bytes ? bytes : 1))) return NULL;
     if (account) *account += bytes;
     return p;
+}
+
+int cuda_device_memory(muse_backend *be, int rank, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    cuda_backend *c = cu(be);
+    size_t f = 0, t = 0;
+    *free_bytes = *total_bytes = 0;
+    if (c->in_round || rank < 0 || rank >= c->n_ranks) return -1;
+    /* informational: a failure here is not the backend's sticky error */
+    int ok =
+        cudaSetDevice(c->rank[rank].device) == cudaSuccess && cudaMemGetInfo(&f, &t) == cudaSuccess;
+    cudaSetDevice(c->rank[c->at].device); /* the rank being driven stays current */
+    if (!ok) return -1;
+    *free_bytes = f;
+    *total_bytes = t;
+    return 0;
 }
 
 /* Pinned host memory every GPU of the process may copy from (portable). */
@@ -101,7 +121,7 @@ static int allocate_rank(cuda_backend *c, int r)
     rk->ws_a = dalloc(c, ws_floats * sizeof(float), &mem->workspace);
     rk->ws_t = dalloc(c, ws_doubles * sizeof(double), &mem->workspace);
     if (be->kernels == MUSE_KERNELS_FAST) cuda_fast_moe_prepare(c, rk);
-    if (be->kernels == MUSE_KERNELS_FAST) CHECK(c, muse_k_linear_fast_init());
+    if (be->kernels == MUSE_KERNELS_FAST && !c->sizing) CHECK(c, muse_k_linear_fast_init());
     if (be->kernels == MUSE_KERNELS_FAST &&
         (rk->ws_fast_bytes = cuda_fast_workspace(c, rk, (long)R)))
         rk->ws_fast = dalloc(c, rk->ws_fast_bytes, &mem->workspace);
@@ -134,7 +154,7 @@ static int allocate_rank(cuda_backend *c, int r)
     if (r == 0) rk->weights = dalloc(c, sample_ws, &mem->workspace);
     if (r == 0) rk->d_masks = dalloc(c, R * c->mask_bytes, &mem->workspace); /* the sampler's */
     if (c->n_ranks > 1) rk->red = dalloc(c, c->red_floats * sizeof(float), &mem->workspace);
-    if (c->nccl)
+    if (c->nccl || (c->sizing && c->multi_dev)) /* NCCL is set up where ranks span GPUs */
         rk->gather = dalloc(c, (size_t)c->n_ranks * c->red_floats * sizeof(float), &mem->workspace);
     if (rk->pair_src && K > 0) {
         int32_t *src = MUSE_MALLOC(P * sizeof *src);
@@ -152,7 +172,8 @@ static int allocate_rank(cuda_backend *c, int r)
     rk->d_sampling = dalloc(c, R * sizeof *rk->d_sampling, &mem->staging);
     rk->d_tables = dalloc(c, tables * 4, &mem->staging);
     if (c->failed) return -1;
-    CHECK(c, cudaMemcpy(rk->d_tables, c->stage.tables, tables * 4, cudaMemcpyHostToDevice));
+    if (!c->sizing)
+        CHECK(c, cudaMemcpy(rk->d_tables, c->stage.tables, tables * 4, cudaMemcpyHostToDevice));
     /* KV: sliding layers a ring per sequence, full layers the paged pool's blocks */
     rk->k_cache = MUSE_CALLOC(L, sizeof *rk->k_cache);
     rk->v_cache = MUSE_CALLOC(L, sizeof *rk->v_cache);
@@ -173,23 +194,14 @@ static int allocate_rank(cuda_backend *c, int r)
     return c->failed ? -1 : 0;
 }
 
-/* The host staging (once) and every rank's buffers. */
-static int allocate(cuda_backend *c)
+/* The sliding layers' ring lengths and a token mask's bytes: what the buffers are sized by. */
+static void size_rings(cuda_backend *c)
 {
-    muse_backend *be = &c->base;
-    const muse_backend_opts *o = &be->opts;
-    const muse_config *cfg = &be->model->cfg;
-    size_t R = (size_t)o->max_rows, V = (size_t)cfg->vocab_size, L = (size_t)cfg->num_layers;
-    on(c, 0);
-    void *stage = halloc(c, muse_round_stage_bytes(be)); /* every table entry -1 once placed */
-    c->h_drawn = halloc(c, R * 4);
-    c->h_sampling = halloc(c, R * sizeof *c->h_sampling);
-    c->h_logits = halloc(c, R * V * sizeof(float));
-    c->mask_bytes = (V + 7) / 8;
-    c->h_masks = halloc(c, R * c->mask_bytes);
-    if (stage) muse_round_stage_place(&c->stage, be, stage);
-    if (c->failed) return -1;
-    c->kv_cap = MUSE_CALLOC(L, sizeof *c->kv_cap);
+    const muse_backend_opts *o = &c->base.opts;
+    const muse_config *cfg = &c->base.model->cfg;
+    size_t L = (size_t)cfg->num_layers;
+    c->mask_bytes = ((size_t)cfg->vocab_size + 7) / 8;
+    c->kv_cap = MUSE_CALLOC(L ? L : 1, sizeof *c->kv_cap);
     for (size_t i = 0; i < L; i++)
         if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING) {
             int64_t cap = o->context;
@@ -198,6 +210,22 @@ static int allocate(cuda_backend *c)
                 cap = cfg->sliding_window + o->max_rows - 1;
             c->kv_cap[i] = cap;
         }
+}
+
+/* The host staging (once) and every rank's buffers. */
+static int allocate(cuda_backend *c)
+{
+    muse_backend *be = &c->base;
+    size_t R = (size_t)be->opts.max_rows, V = (size_t)be->model->cfg.vocab_size;
+    on(c, 0);
+    size_rings(c);
+    void *stage = halloc(c, muse_round_stage_bytes(be)); /* every table entry -1 once placed */
+    c->h_drawn = halloc(c, R * 4);
+    c->h_sampling = halloc(c, R * sizeof *c->h_sampling);
+    c->h_logits = halloc(c, R * V * sizeof(float));
+    c->h_masks = halloc(c, R * c->mask_bytes);
+    if (stage) muse_round_stage_place(&c->stage, be, stage);
+    if (c->failed) return -1;
     for (int r = 0; r < c->n_ranks; r++)
         if (allocate_rank(c, r)) return -1;
     return 0;
@@ -363,7 +391,9 @@ static int start_rank(cuda_backend *c, int r, muse_err *e)
     return upload_linears(c, r, e);
 }
 
-muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e)
+/* The backend's state before anything is on a GPU: the model's checks, the ranks' heads and
+ * GPUs, the switches read from the environment; NULL with the reason. Sizing touches no GPU. */
+static cuda_backend *begin(const muse_model *m, const muse_backend_opts *o, int sizing, muse_err *e)
 {
     const muse_config *cfg = &m->cfg;
     int ranks = o->ranks > 0 ? o->ranks : 1;
@@ -379,9 +409,10 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
         return muse_fail(e, "config.json: num_experts %lld exceeds the CUDA backend's limit 4096",
                          (long long)cfg->num_experts),
                NULL;
-    if (devices_check(o, ranks, e)) return NULL;
+    if (!sizing && devices_check(o, ranks, e)) return NULL;
     cuda_backend *c = MUSE_CALLOC(1, sizeof *c);
     c->base.ops = &cuda_ops;
+    c->sizing = sizing;
     if (muse_backend_init_common(&c->base, m, o, e)) {
         free(c);
         return NULL;
@@ -412,10 +443,17 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
     c->weight_bits = 62 - id_bits;
     size_t R = (size_t)o->max_rows, K = (size_t)cfg->num_experts_per_tok;
     c->red_floats = R * (K > 1 ? K : 1) * (size_t)cfg->hidden_size; /* moe's pairs, or x */
+    return c;
+}
+
+muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_opts *o, muse_err *e)
+{
+    cuda_backend *c = begin(m, o, 0, e);
+    if (!c) return NULL;
     lay_out_tensors(c);
     muse_err why = {{0}};
     int bad = 0;
-    for (int r = 0; r < ranks && !bad; r++) bad = start_rank(c, r, &why);
+    for (int r = 0; r < c->n_ranks && !bad; r++) bad = start_rank(c, r, &why);
     if (!bad && !c->failed && c->multi_dev) {
         enable_peers(c);
         bad = !c->failed && setup_nccl(c, &why);
@@ -436,9 +474,38 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
     return &c->base;
 }
 
+int muse_cuda_plan_memory(const muse_model *m, const muse_backend_opts *o, long act_floats,
+                          muse_rank_mem out[], muse_err *e)
+{
+    cuda_backend *c = begin(m, o, 1, e);
+    if (!c) return -1;
+    int rc = 0;
+    for (int r = 0; r < c->n_ranks && !rc; r++) rc = upload_linears(c, r, e); /* shapes alone */
+    if (!rc) size_rings(c);
+    for (int r = 0; r < c->n_ranks && !rc; r++) {
+        rc = allocate_rank(c, r);
+        /* muse_forward_create's activations: every rank holds each whole (cuda_alloc) */
+        c->base.ranks[r].workspace +=
+            (uint64_t)o->max_rows * (uint64_t)(act_floats > 0 ? act_floats : 0) * sizeof(float);
+        out[r] = c->base.ranks[r];
+        out[r].weights = 0; /* the descriptors only: the plan counts the weights */
+    }
+    if (rc && !e->msg[0]) muse_fail(e, "--backend cuda: sizing rank %d failed: %s", c->at, c->err);
+    cuda_destroy(&c->base);
+    return rc ? -1 : 0;
+}
+
 static void free_rank(cuda_backend *c, int r)
 {
     cuda_rank *rk = &c->rank[r];
+    if (c->sizing) { /* nothing was allocated on a GPU */
+        free(rk->k_cache);
+        free(rk->v_cache);
+        free(rk->views);
+        free(rk->lin);
+        free(rk->moe_ok);
+        return;
+    }
     cudaSetDevice(rk->device);
     void *dev[] = {rk->ws_fast,     rk->lin_dev,    rk->experts,
                    rk->ws_a,        rk->ws_t,       rk->router_logits,
@@ -486,7 +553,7 @@ static void free_rank(cuda_backend *c, int r)
 void cuda_destroy(muse_backend *be)
 {
     cuda_backend *c = cu(be);
-    if (c->prof) {
+    if (c->prof && !c->sizing) {
         fprintf(stderr, "cuda profile (ms total, calls, us a call):\n");
         for (int i = 0; i < PROF_OPS; i++)
             if (c->prof_n[i])
@@ -496,7 +563,7 @@ void cuda_destroy(muse_backend *be)
         cudaEventDestroy(c->ev1);
     }
     void *host[] = {c->stage.block, c->h_drawn, c->h_sampling, c->h_logits, c->h_masks};
-    for (size_t i = 0; i < sizeof host / sizeof *host; i++) cudaFreeHost(host[i]);
+    for (size_t i = 0; i < sizeof host / sizeof *host && !c->sizing; i++) cudaFreeHost(host[i]);
     for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
         if (c->execs[i]) cudaGraphExecDestroy(c->execs[i]);
     for (int r = c->n_ranks - 1; r >= 0; r--) free_rank(c, r); /* owners last */

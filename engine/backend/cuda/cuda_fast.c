@@ -108,7 +108,7 @@ size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows
     const muse_model *m = c->base.model;
     size_t most = 0, b;
     const muse_linear *one[1];
-    (void)muse_k_linear_fast_wg(); /* asked here, before any graph capture, once a process */
+    if (!c->sizing) (void)muse_k_linear_fast_wg(); /* asked before any capture, once a process */
 #define MOST(x) ((b = (x)) > most ? (most = b) : most)
     for (int64_t i = 0; i < m->cfg.num_layers; i++) {
         const muse_layer *ly = &m->layers[i];

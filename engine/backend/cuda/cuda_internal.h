@@ -137,8 +137,9 @@ typedef struct {
     muse_backend base;
     int n_ranks;
     cuda_rank rank[MUSE_MAX_RANKS];
-    int multi_dev;         /* ranks on more than one GPU: cudaSetDevice before each rank's work */
-    int peers;             /* every pair of distinct GPUs reads the other's memory (peer access) */
+    int multi_dev; /* ranks on more than one GPU: cudaSetDevice before each rank's work */
+    int sizing;    /* muse_cuda_plan_memory: dalloc counts and returns NULL, no CUDA call is made */
+    int peers;     /* every pair of distinct GPUs reads the other's memory (peer access) */
     const muse_nccl *nccl; /* loaded where ranks sit on distinct GPUs (NULL: peer reads only) */
     int nccl_always;       /* MUSE_CUDA_REDUCE=nccl: every sum through NCCL, not only large ones */
     size_t red_floats;
@@ -198,6 +199,7 @@ int device_error(cuda_backend *c, muse_err *e);
 cuda_rank *on(cuda_backend *c, int r);
 void *dalloc(cuda_backend *c, size_t bytes, uint64_t *account);
 void cuda_destroy(muse_backend *be);
+int cuda_device_memory(muse_backend *be, int rank, uint64_t *free_bytes, uint64_t *total_bytes);
 
 static inline int kdtype(muse_dtype dt)
 {
@@ -228,6 +230,7 @@ int upload_weights(cuda_backend *c, int r);
 int upload_shard(cuda_backend *c, int r, muse_err *e);
 int upload_vectors(cuda_backend *c, int r);
 int upload_codebooks(cuda_backend *c, int r);
+/* rank r's views and descriptors (sizing: their shapes alone, nothing uploaded) */
 int upload_linears(cuda_backend *c, int r, muse_err *e);
 
 /* cuda_round.c: profiling, activations, the round, snapshots, copy bandwidth */

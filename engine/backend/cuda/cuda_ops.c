@@ -489,6 +489,7 @@ static void cuda_sample(muse_backend *be, muse_act logits)
 const muse_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
+    .device_memory = cuda_device_memory,
     .alloc = cuda_alloc,
     .write = cuda_write,
     .read = cuda_read,

@@ -320,6 +320,7 @@ typedef struct {
 
 static const void *addr(const addr_map *a, const void *host)
 {
+    if (a->c->sizing) return NULL; /* shapes alone: nothing is on a GPU */
     if (!a->stage) return dev_ptr(a->c, a->rk, host);
     return host ? a->dev + ((const uint8_t *)host - a->stage) : NULL;
 }
