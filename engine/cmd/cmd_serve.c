@@ -92,8 +92,9 @@ static int parse_flags(int argc, char **argv, serve_flags *f)
                     .def = "--backend cuda in one process: the most of 2048, 1024, 512 and 256\n"
                            "that the memory plan fits; else 256"),
         MUSE_FLAG_L("busy-rows", &f->busy_rows, 1, 4096, "N",
-                    "prompt rows a round while another stream decodes (its gap between\n"
-                    "tokens is one such round); at most --max-rows",
+                    "rows a round while streams decode, their tokens among them (a\n"
+                    "stream's gap between tokens is one such round; prompts get at least\n"
+                    "half); at most --max-rows",
                     .def = "min(256, --max-rows)"),
         MUSE_FLAG_L("ranks", &f->ranks, 1, MUSE_MAX_RANKS, "N",
                     "tensor-parallel ranks in this process (sums in rank order); the config\n"

@@ -321,11 +321,18 @@ static long model_round(muse_sched *s)
     long rows = 0, nlogits = 0;
     bool masked = false; /* a round with no constrained row passes no masks */
     s->grammar_wait = false;
-    /* prompt rows: busy_rows while a lane decodes (its next token waits one short round), else
-     * max_rows (a lone prompt's rounds share each expert's decode among more rows) */
-    long prompt_cap = s->o.max_rows, prompt_rows = 0;
-    for (int k = 0; k < n && s->o.busy_rows > 0 && s->o.busy_rows < prompt_cap; k++)
-        if (s->lanes[order[k]].state == LANE_DECODE) prompt_cap = s->o.busy_rows;
+    /* prompt rows: while lanes decode, what busy_rows leaves beside their tokens, so the round
+     * stays in busy_rows' row bucket (a round of 256 prompt rows and 16 tokens ran as 512 rows)
+     * and each next token waits one short round; at least half of busy_rows, so prompts go on
+     * beside many streams. Else max_rows (a lone prompt's rounds share each expert's decode
+     * among more rows). */
+    long prompt_cap = s->o.max_rows, prompt_rows = 0, decoding = 0;
+    for (int k = 0; k < n; k++) decoding += s->lanes[order[k]].state == LANE_DECODE;
+    if (decoding && s->o.busy_rows > 0) {
+        long least = (s->o.busy_rows + 1) / 2;
+        prompt_cap = s->o.busy_rows - decoding > least ? s->o.busy_rows - decoding : least;
+        if (prompt_cap > s->o.max_rows) prompt_cap = s->o.max_rows;
+    }
     for (int k = 0; k < n && rows < s->o.max_rows; k++) {
         lane *l = &s->lanes[order[k]];
         long take = 1;

@@ -1,7 +1,8 @@
 /* The scheduler: up to `streams` lanes decode together, round by round. Each round takes
  * every running lane's next decode token and chunks of newly admitted prompts (within the
  * row budget, least recently served first) into one forward: up to max_rows prompt rows when
- * no lane decodes, busy_rows while one does (its gap between tokens stays one short round).
+ * no lane decodes; while lanes do, busy_rows rows with their tokens (the gap between tokens
+ * stays one short round), the prompts at least half of it.
  * Admission and cancellation happen between rounds; a lane whose output ring is full waits
  * (back-pressure). */
 #ifndef MUSE_SCHEDULER_H
@@ -17,7 +18,7 @@
 typedef struct {
     int streams;          /* lanes = KV sequence slots */
     long max_rows;        /* row budget of a round (the backend's max_rows) */
-    long busy_rows;       /* prompt rows a round while a lane decodes (0: max_rows) */
+    long busy_rows;       /* rows a round while lanes decode, theirs among them (0: max_rows) */
     int64_t context;      /* positions a lane may hold */
     const char *model_id; /* served id, in every response */
     /* script backend (tests): replays these token ids instead of running the model */
