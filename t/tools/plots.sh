@@ -83,7 +83,7 @@ set title "muse prompt tokens/s against prompt length\n($run)" noenhanced
 set xlabel "prompt tokens"
 set ylabel "prompt tokens/s (tokens / TTFT)"
 set logscale x 2
-set key left bottom
+set key right bottom
 set grid
 set datafile separator "\t"
 set datafile missing "-"
