@@ -82,7 +82,8 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
 }
 
 int muse_backend_plan_memory(const char *name, const muse_model *m, const muse_backend_opts *o,
-                             long act_floats, muse_rank_mem out[MUSE_MAX_RANKS], muse_err *e)
+                             const long act_floats[2], muse_rank_mem out[MUSE_MAX_RANKS],
+                             muse_err *e)
 {
 #ifdef MUSE_HAVE_CUDA
     if (!strcmp(name, "cuda")) return muse_cuda_plan_memory(m, o, act_floats, out, e) ? -1 : 1;
@@ -279,6 +280,8 @@ int muse_backend_init_common(muse_backend *be, const muse_model *m, const muse_b
     be->opts.ranks = ranks;
     be->n_ranks = ranks;
     make_buckets(be);
+    long want = o->max_wanted > 0 && o->max_wanted < o->max_rows ? o->max_wanted : o->max_rows;
+    be->opts.max_wanted = muse_backend_bucket(be, want); /* a round's wanted rows are padded so */
     const muse_config *cfg = &m->cfg;
     int64_t blocks_per_seq = (o->context + MUSE_KV_BLOCK - 1) / MUSE_KV_BLOCK;
     int64_t n_blocks = o->kv_blocks > 0 ? o->kv_blocks : o->max_seqs * blocks_per_seq;

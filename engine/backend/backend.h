@@ -55,7 +55,10 @@ typedef enum { MUSE_KERNELS_DEFAULT, MUSE_KERNELS_EXACT, MUSE_KERNELS_FAST } mus
 
 /* Sizes fixed at start: every workspace, staging buffer and the KV cache come from these. */
 typedef struct {
-    long max_rows;               /* rows a round may carry */
+    long max_rows; /* rows a round may carry */
+    /* rows a round may want logits of (0: max_rows; a server's lanes, one a lane): the head's
+     * and the sampler's buffers; start-up rounds it up to its row bucket */
+    long max_wanted;
     int max_seqs;                /* KV slots */
     int64_t context;             /* positions per sequence */
     int64_t kv_blocks;           /* full-attention KV blocks in the pool; 0: max_seqs x context */
@@ -90,8 +93,9 @@ typedef struct {
 typedef struct {
     const char *name;
     void (*destroy)(muse_backend *be);
-    /* A [max_rows, width] buffer; only at start. Returns -1 when out of memory. */
-    muse_act (*alloc)(muse_backend *be, long width);
+    /* A [rows, width] buffer, rows at most max_rows; only at start. Returns -1 when out of
+     * memory. */
+    muse_act (*alloc)(muse_backend *be, long rows, long width);
     /* Outside a round only (tools and tests): host <-> activation rows [0, rows). */
     void (*write)(muse_backend *be, muse_act a, const float *src, long rows);
     void (*read)(muse_backend *be, muse_act a, float *dst, long rows);
@@ -241,13 +245,16 @@ int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char
 
 /* Before the weights go anywhere, for the memory plan: what backend name would hold on each
  * rank for m and o (workspace and staging, KV and rings, snapshots; muse_forward_create's
- * activations of act_floats a row among the workspace), worked out without a GPU. 1 with out[]
- * filled (weights left 0: the plan's own count stands); 0 where the plan's estimate is the
- * backend's own sizing (cpu); -1 with the reason. */
+ * activations among the workspace: act_floats[0] a row of max_rows, [1] a row of max_wanted,
+ * muse_forward_act_floats), worked out without a GPU. 1 with out[]
+ * filled (weights: what the backend holds beside the pack's tensors, its fp32 vectors, tables
+ * and descriptors); 0 where the plan's estimate is the backend's own sizing (cpu); -1 with the
+ * reason. */
 int muse_backend_plan_memory(const char *name, const muse_model *m, const muse_backend_opts *o,
-                             long act_floats, muse_rank_mem out[MUSE_MAX_RANKS], muse_err *e);
+                             const long act_floats[2], muse_rank_mem out[MUSE_MAX_RANKS],
+                             muse_err *e);
 /* The CUDA backend's part of it (MUSE_HAVE_CUDA): allocate_rank's own arithmetic, counted. */
-int muse_cuda_plan_memory(const muse_model *m, const muse_backend_opts *o, long act_floats,
+int muse_cuda_plan_memory(const muse_model *m, const muse_backend_opts *o, const long act_floats[2],
                           muse_rank_mem out[], muse_err *e);
 
 /* The CPU reference backend. */

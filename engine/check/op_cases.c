@@ -13,7 +13,7 @@ muse_act muse_op_act(muse_op_acts *s, long width, int slot)
     MUSE_CHECK(s->n_widths < MUSE_OP_MAX_W);
     s->widths[s->n_widths] = width;
     for (int k = 0; k < MUSE_OP_SLOTS; k++)
-        s->acts[s->n_widths][k] = s->be->ops->alloc(s->be, width);
+        s->acts[s->n_widths][k] = s->be->ops->alloc(s->be, s->be->opts.max_rows, width);
     return s->acts[s->n_widths++][slot];
 }
 

@@ -22,6 +22,7 @@ typedef struct {
     muse_model m;
     muse_backend_opts bo;
     muse_err *e;
+    uint64_t weights_extra; /* the widest rank's, beside the tensors (the last call's) */
 } cuda_job;
 
 /* Its workspace and staging a rank (the widest) at rows a round; 0 with e set on failure. */
@@ -31,10 +32,14 @@ static uint64_t cuda_workspace(void *ctx, long rows)
     muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}};
     uint64_t ws = 0;
     j->bo.max_rows = rows;
-    if (muse_backend_plan_memory("cuda", &j->m, &j->bo, muse_forward_act_floats(&j->m), mem, j->e) >
-        0)
-        for (int r = 0; r < j->bo.ranks; r++)
+    long act[2];
+    muse_forward_act_floats(&j->m, act);
+    j->weights_extra = 0;
+    if (muse_backend_plan_memory("cuda", &j->m, &j->bo, act, mem, j->e) > 0)
+        for (int r = 0; r < j->bo.ranks; r++) {
             if (mem[r].workspace + mem[r].staging > ws) ws = mem[r].workspace + mem[r].staging;
+            if (mem[r].weights > j->weights_extra) j->weights_extra = mem[r].weights;
+        }
     return ws;
 }
 
@@ -128,6 +133,7 @@ int muse_cmd_plan(int argc, char **argv)
     muse_memory_plan_make(&mo, &p);
     if (backend == 1) { /* a model of the config's shapes, nothing filled, nothing on a GPU */
         cuda_job j = {.bo = {.max_rows = (long)max_rows,
+                             .max_wanted = (long)streams, /* as serve: a lane's row */
                              .max_seqs = (int)streams,
                              .context = context,
                              .ranks = (int)ranks,
@@ -139,7 +145,10 @@ int muse_cmd_plan(int argc, char **argv)
         if (muse_kernels_parse("--kernels", kernels, &j.bo.kernels, &e) ||
             muse_model_synthetic(&syn, &j.m, &e))
             return muse_flags_error(&set, "--backend cuda: %s", e.msg);
-        if (auto_rows) mo.max_rows = muse_memory_plan_most_rows(&mo, 2048, cuda_workspace, &j);
+        (void)cuda_workspace(&j, mo.max_rows); /* what it holds beside the tensors */
+        mo.weights_extra = j.weights_extra;
+        if (auto_rows && !e.msg[0])
+            mo.max_rows = muse_memory_plan_most_rows(&mo, 2048, cuda_workspace, &j);
         max_rows = mo.max_rows;
         mo.workspace_bytes = e.msg[0] ? 0 : cuda_workspace(&j, mo.max_rows);
         muse_model_free(&j.m);

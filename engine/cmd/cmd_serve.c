@@ -387,9 +387,10 @@ static void *health_main(void *p)
 }
 
 /* What the memory plan of these flags for cfg (NULL: the script backend) is made from, with a
- * backend's own workspace count where given (ws, 0: the estimate). */
+ * backend's own counts where given (sized: its workspace with staging, and what it holds beside
+ * the tensors as weights; NULL: the estimate). */
 static muse_memory_opts plan_opts(const serve_flags *f, const muse_config *cfg, double bits,
-                                  double head_bits, uint64_t ws)
+                                  double head_bits, const muse_rank_mem *sized)
 {
     return (muse_memory_opts){
         .streams = (int)f->streams,
@@ -406,7 +407,8 @@ static muse_memory_opts plan_opts(const serve_flags *f, const muse_config *cfg, 
         .bits = bits,
         .head_bits = head_bits,
         .max_rows = (long)f->max_rows,
-        .workspace_bytes = ws,
+        .workspace_bytes = sized ? sized->workspace : 0,
+        .weights_extra = sized ? sized->weights : 0,
         .threads = (int)(f->threads > 0 ? f->threads : sysconf(_SC_NPROCESSORS_ONLN))};
 }
 
@@ -414,9 +416,9 @@ static muse_memory_opts plan_opts(const serve_flags *f, const muse_config *cfg, 
  * not fit the device. say: print the context that fits (the last plan before the weights go
  * to the backend). */
 static int make_plan(const serve_flags *f, const muse_config *cfg, double bits, double head_bits,
-                     uint64_t ws, int say, muse_memory_plan *plan, muse_err *e)
+                     const muse_rank_mem *sized, int say, muse_memory_plan *plan, muse_err *e)
 {
-    muse_memory_opts mo = plan_opts(f, cfg, bits, head_bits, ws);
+    muse_memory_opts mo = plan_opts(f, cfg, bits, head_bits, sized);
     muse_memory_plan_make(&mo, plan);
     if (muse_memory_plan_misfit(plan) < 0) {
         if (!say) return 0;
@@ -443,18 +445,22 @@ static int sized_by_backend(const serve_flags *f)
     return strcmp(f->backend, "cuda") == 0;
 }
 
-/* The backend's own count of its workspace and staging at bo (the widest rank's); 0 where the
- * plan's estimate is the backend's sizing, with e clear; 0 with e set on failure. */
-static uint64_t backend_workspace(const serve_flags *f, const muse_model *m,
-                                  const muse_backend_opts *bo, muse_err *e)
+/* The backend's own counts at bo, the widest rank's: workspace with staging, and what it holds
+ * beside the tensors as weights; zeros where the plan's estimate is the backend's sizing, with
+ * e clear; zeros with e set on failure. */
+static muse_rank_mem backend_sizes(const serve_flags *f, const muse_model *m,
+                                   const muse_backend_opts *bo, muse_err *e)
 {
-    muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}};
-    uint64_t ws = 0;
-    if (muse_backend_plan_memory(f->backend, m, bo, muse_forward_act_floats(m), mem, e) <= 0)
-        return 0;
-    for (int r = 0; r < (bo->ranks > 0 ? bo->ranks : 1); r++)
-        if (mem[r].workspace + mem[r].staging > ws) ws = mem[r].workspace + mem[r].staging;
-    return ws;
+    muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}}, most = {0};
+    long act[2];
+    muse_forward_act_floats(m, act);
+    if (muse_backend_plan_memory(f->backend, m, bo, act, mem, e) <= 0) return most;
+    for (int r = 0; r < (bo->ranks > 0 ? bo->ranks : 1); r++) {
+        if (mem[r].workspace + mem[r].staging > most.workspace)
+            most.workspace = mem[r].workspace + mem[r].staging;
+        if (mem[r].weights > most.weights) most.weights = mem[r].weights;
+    }
+    return most;
 }
 
 typedef struct {
@@ -468,7 +474,7 @@ static uint64_t workspace_at(void *ctx, long rows)
 {
     rows_job *j = ctx;
     j->bo.max_rows = rows;
-    return backend_workspace(j->f, j->m, &j->bo, j->e);
+    return backend_sizes(j->f, j->m, &j->bo, j->e).workspace;
 }
 
 /* The plan again with the backend's own count of its workspace, worked out before any weight
@@ -480,8 +486,10 @@ static int size_plan(serve_flags *f, const muse_config *cfg, double bits, double
                      muse_err *e)
 {
     if (!sized_by_backend(f)) return 0;
+    muse_rank_mem sized = backend_sizes(f, m, bo, e);
+    if (e->msg[0]) return -1;
     if (f->auto_rows) {
-        muse_memory_opts mo = plan_opts(f, cfg, bits, head_bits, 0);
+        muse_memory_opts mo = plan_opts(f, cfg, bits, head_bits, &sized);
         rows_job j = {f, m, *bo, e};
         long rows = muse_memory_plan_most_rows(&mo, AUTO_ROWS_MOST, workspace_at, &j);
         if (e->msg[0]) return -1;
@@ -492,9 +500,9 @@ static int size_plan(serve_flags *f, const muse_config *cfg, double bits, double
                 "%d; give --max-rows to choose)\n",
                 rows, AUTO_ROWS_MOST);
     }
-    uint64_t ws = backend_workspace(f, m, bo, e);
+    sized = backend_sizes(f, m, bo, e);
     if (e->msg[0]) return -1;
-    return make_plan(f, cfg, bits, head_bits, ws, 1, plan, e);
+    return make_plan(f, cfg, bits, head_bits, &sized, 1, plan, e);
 }
 
 /* The config alone (no weights): what the plan is made from before loading. */
@@ -519,13 +527,14 @@ static int serve_follower(serve_flags *f)
     if (load_config(f, &cfg, &e) || muse_config_context(&cfg, &f->context, &e)) goto out;
     double bits = f->synthetic >= 0 ? (double)f->bits : cfg.quantized ? cfg.quant_bits : 0;
     double head_bits = f->synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
-    if (make_plan(f, &cfg, bits, head_bits, 0, !sized_by_backend(f), &plan, &e)) goto out;
+    if (make_plan(f, &cfg, bits, head_bits, NULL, !sized_by_backend(f), &plan, &e)) goto out;
     muse_synthetic syn = {f->config,   (uint64_t)f->synthetic,      (int)f->bits,
                           f->codebook, !strcmp(f->backend, "cuda"), 0};
     if (f->synthetic >= 0 ? muse_model_synthetic(&syn, &model, &e)
                           : muse_model_load(f->model, &model, &e))
         goto out;
     muse_backend_opts bo = {.max_rows = (long)f->max_rows,
+                            .max_wanted = (long)f->streams, /* a lane wants one row a round */
                             .max_seqs = (int)f->streams,
                             .context = f->context,
                             .threads = (int)f->threads,
@@ -594,13 +603,13 @@ int muse_cmd_serve(int argc, char **argv)
     double bits = 0, head_bits = 0;
     if (script) {
         if (!f.context) f.context = 4096;
-        if (make_plan(&f, NULL, 0, 0, 0, 1, &plan, &e)) goto fail;
+        if (make_plan(&f, NULL, 0, 0, NULL, 1, &plan, &e)) goto fail;
     } else {
         if (load_config(&f, &cfg, &e) || muse_config_context(&cfg, &f.context, &e)) goto fail;
         bits = f.synthetic >= 0 ? (double)f.bits : cfg.quantized ? cfg.quant_bits : 0;
         /* a pack without quantization_config.head_bits: EXL3.md's default head of 6 bits */
         head_bits = f.synthetic >= 0 || cfg.quant_head_bits <= 0 ? 6 : cfg.quant_head_bits;
-        if (make_plan(&f, &cfg, bits, head_bits, 0, !sized_by_backend(&f), &plan, &e)) goto fail;
+        if (make_plan(&f, &cfg, bits, head_bits, NULL, !sized_by_backend(&f), &plan, &e)) goto fail;
     }
     muse_server_opts so = {.shm_name = f.shm,
                            .socket_path = f.listen,
@@ -636,6 +645,7 @@ int muse_cmd_serve(int argc, char **argv)
             goto fail;
         h.model = &model;
         muse_backend_opts bo = {.max_rows = (long)f.max_rows,
+                                .max_wanted = (long)f.streams, /* a lane wants one a round */
                                 .max_seqs = (int)f.streams,
                                 .context = f.context,
                                 .threads = (int)f.threads,

@@ -16,12 +16,13 @@ struct muse_forward {
     muse_round_hook hook;               /* all NULL: none */
 };
 
-long muse_forward_act_floats(const muse_model *m)
+void muse_forward_act_floats(const muse_model *m, long floats[2])
 {
     const muse_config *c = &m->cfg;
     long H = (long)c->hidden_size, Q = (long)(c->n_heads * c->head_dim);
     long KV = (long)(c->n_kv_heads * c->head_dim), I = (long)c->intermediate_size;
-    return 3 * H + 3 * Q + 2 * KV + 3 * I + (long)m->head.n; /* as muse_forward_create asks */
+    floats[0] = 3 * H + 3 * Q + 2 * KV + 3 * I; /* as muse_forward_create asks, a row */
+    floats[1] = (long)m->head.n;                /* the logits, a wanted row */
 }
 
 muse_forward *muse_forward_create(muse_backend *be)
@@ -29,24 +30,26 @@ muse_forward *muse_forward_create(muse_backend *be)
     const muse_config *c = &be->model->cfg;
     long H = (long)c->hidden_size, Q = (long)(c->n_heads * c->head_dim);
     long KV = (long)(c->n_kv_heads * c->head_dim), I = (long)c->intermediate_size;
+    long R = be->opts.max_rows;
     muse_forward *f = MUSE_CALLOC(1, sizeof *f);
     f->be = be;
     f->m = be->model;
-    f->h = be->ops->alloc(be, H);
-    f->a = be->ops->alloc(be, H);
-    f->y = be->ops->alloc(be, H);
-    f->q = be->ops->alloc(be, Q);
-    f->g = be->ops->alloc(be, Q);
-    f->o = be->ops->alloc(be, Q);
-    f->k = be->ops->alloc(be, KV);
-    f->v = be->ops->alloc(be, KV);
+    f->h = be->ops->alloc(be, R, H);
+    f->a = be->ops->alloc(be, R, H);
+    f->y = be->ops->alloc(be, R, H);
+    f->q = be->ops->alloc(be, R, Q);
+    f->g = be->ops->alloc(be, R, Q);
+    f->o = be->ops->alloc(be, R, Q);
+    f->k = be->ops->alloc(be, R, KV);
+    f->v = be->ops->alloc(be, R, KV);
     f->mlp_gate = f->mlp_up = f->mlp_act = -1;
     if (I) {
-        f->mlp_gate = be->ops->alloc(be, I);
-        f->mlp_up = be->ops->alloc(be, I);
-        f->mlp_act = be->ops->alloc(be, I);
+        f->mlp_gate = be->ops->alloc(be, R, I);
+        f->mlp_up = be->ops->alloc(be, R, I);
+        f->mlp_act = be->ops->alloc(be, R, I);
     }
-    f->logits = be->ops->alloc(be, (long)be->model->head.n);
+    /* the head runs on the wanted rows alone */
+    f->logits = be->ops->alloc(be, be->opts.max_wanted, (long)be->model->head.n);
     f->last_pos = MUSE_MALLOC((size_t)be->opts.max_seqs * sizeof *f->last_pos);
     return f;
 }
@@ -78,6 +81,11 @@ static int check_batch(muse_forward *f, const muse_round *b, muse_err *e)
     if (b->rows <= 0 || b->rows > o->max_rows)
         return muse_fail(e, "batch of %ld rows: must be 1 .. %ld (max rows a round)", b->rows,
                          o->max_rows);
+    long wanted = 0;
+    for (long r = 0; r < b->rows; r++) wanted += !b->want_logits || b->want_logits[r];
+    if (wanted > o->max_wanted)
+        return muse_fail(e, "batch wants the logits of %ld rows: at most %ld a round", wanted,
+                         o->max_wanted);
     for (long r = 0; r < b->rows; r++) {
         if (b->tokens[r] < 0 || b->tokens[r] >= c->vocab_size)
             return muse_fail(e, "token id %d at row %ld is outside the vocabulary 0 .. %lld",

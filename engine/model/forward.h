@@ -21,9 +21,9 @@ typedef struct {
 
 /* Allocates every activation buffer from the backend once (max_rows rows each). */
 muse_forward *muse_forward_create(muse_backend *be);
-/* The floats a row of those buffers holds in all (the memory plan counts them before any
- * backend exists). */
-long muse_forward_act_floats(const muse_model *m);
+/* The floats of those buffers (the memory plan counts them before any backend exists): [0] a
+ * row of max_rows, [1] a row of max_wanted (the logits). */
+void muse_forward_act_floats(const muse_model *m, long floats[2]);
 void muse_forward_destroy(muse_forward *f);
 muse_backend *muse_forward_backend(const muse_forward *f);
 /* Sets (a copy of) the round hook; NULL: none (the default: one process). */

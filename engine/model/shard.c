@@ -270,7 +270,7 @@ void muse_model_each_linear(const muse_model *m, void (*fn)(void *ctx, const mus
 
 typedef struct {
     const muse_model *m;
-    size_t rows, pairs, floats, doubles;
+    size_t rows, pairs, wanted, floats, doubles;
 } ws_job;
 
 /* Whether l is one of a layer's routed experts' linears (the experts' array holds it). */
@@ -290,15 +290,16 @@ static void ws_need(void *ctx, const muse_linear *l)
 {
     ws_job *j = ctx;
     if (l->kind != MUSE_LIN_EXL3) return;
-    size_t rows = routed_expert(j->m, l) ? j->pairs : j->rows;
+    size_t rows = l == &j->m->head ? j->wanted : routed_expert(j->m, l) ? j->pairs : j->rows;
     size_t a = rows * (size_t)l->exl3.k, t = rows * (size_t)l->exl3.n;
     if (a > j->floats) j->floats = a;
     if (t > j->doubles) j->doubles = t;
 }
 
-void muse_model_exl3_ws(const muse_model *m, long rows, long pairs, size_t *floats, size_t *doubles)
+void muse_model_exl3_ws(const muse_model *m, long rows, long pairs, long wanted, size_t *floats,
+                        size_t *doubles)
 {
-    ws_job j = {m, (size_t)rows, (size_t)pairs, 0, 0};
+    ws_job j = {m, (size_t)rows, (size_t)pairs, (size_t)wanted, 0, 0};
     muse_model_each_linear(m, ws_need, &j);
     *floats = j.floats;
     *doubles = j.doubles;

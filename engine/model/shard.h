@@ -48,8 +48,9 @@ uint64_t muse_linear_bytes(const muse_linear *l);
 
 /* The exact EXL3 product's workspace over a round's calls (kernels/linear.cu: rows x k floats
  * and rows x n doubles a call): the routed experts' linears at `pairs` rows (a (row, slot) pair
- * each), every other EXL3 linear at `rows`; whole linears, so every rank's view fits. */
-void muse_model_exl3_ws(const muse_model *m, long rows, long pairs, size_t *floats,
+ * each), the head at `wanted` rows (the rows it runs on), every other EXL3 linear at `rows`;
+ * whole linears, so every rank's view fits. */
+void muse_model_exl3_ws(const muse_model *m, long rows, long pairs, long wanted, size_t *floats,
                         size_t *doubles);
 
 /* Calls fn on every linear of the model (attention, MLPs, experts, shared experts, head). */

@@ -161,7 +161,7 @@ void muse_memory_plan_make(const muse_memory_opts *o, muse_memory_plan *p)
         p->ranks[i].rank = i;
         if (c)
             p->ranks[i].weights_bytes =
-                muse_plan_weights_rank(c, o->bits, o->head_bits, i, p->n_ranks);
+                muse_plan_weights_rank(c, o->bits, o->head_bits, i, p->n_ranks) + o->weights_extra;
         total_of(&p->ranks[i]);
     }
 }

@@ -83,6 +83,8 @@ typedef struct {
     /* a backend's own count of its workspace and staging a rank (muse_backend_plan_memory),
      * held while muse_memory_plan_context_fits varies the context; 0: the estimate */
     uint64_t workspace_bytes;
+    /* and what it holds beside the pack's tensors (fp32 copies, tables, descriptors): weights */
+    uint64_t weights_extra;
     int threads; /* the CPU backend's per-thread scratch (0: one) */
 } muse_memory_opts;
 

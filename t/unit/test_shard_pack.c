@@ -142,7 +142,7 @@ static void check_whole(void)
 /* The exact product's workspace of a round of 10 rows and 20 pairs on tiny.json (hidden 256,
  * dense MLPs of 384, experts of 128, vocab 1024), from its config by hand: the floats of the
  * widest input, the dense down's 384 a row at 10 rows or an expert's 256 a pair at 20; the
- * doubles of the widest output, the head's 1024 at 10 rows or an expert's 256 at 20. */
+ * doubles of the widest output, the head's 1024 at 10 wanted rows or an expert's 256 at 20. */
 static void check_exl3_ws(void)
 {
     muse_synthetic o = {.config = "conf/packs/tiny.json", .seed = 5, .bits = 2};
@@ -153,12 +153,14 @@ static void check_exl3_ws(void)
         return;
     }
     size_t f = 0, d = 0;
-    muse_model_exl3_ws(&m, 10, 20, &f, &d);
+    muse_model_exl3_ws(&m, 10, 20, 10, &f, &d);
     is_int((long)f, 20 * 256, "10 rows, 20 pairs: the experts' inputs, 20 x 256 floats");
-    is_int((long)d, 10 * 1024, "and the head's outputs, 10 x 1024 doubles");
-    muse_model_exl3_ws(&m, 10, 10, &f, &d);
+    is_int((long)d, 10 * 1024, "and the head's outputs at 10 wanted rows, 10 x 1024 doubles");
+    muse_model_exl3_ws(&m, 10, 20, 2, &f, &d);
+    is_int((long)d, 20 * 256, "2 wanted rows: the experts' down outputs, 20 x 256 doubles");
+    muse_model_exl3_ws(&m, 10, 10, 10, &f, &d);
     is_int((long)f, 10 * 384, "10 rows, 10 pairs: the dense down's inputs, 10 x 384 floats");
-    muse_model_exl3_ws(&m, 1, 8, &f, &d);
+    muse_model_exl3_ws(&m, 1, 8, 1, &f, &d);
     is_int((long)d, 8 * 256, "1 row, 8 pairs: the experts' down, 8 x 256 doubles");
     muse_model_free(&m);
 }

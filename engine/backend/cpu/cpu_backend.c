@@ -116,15 +116,15 @@ static inline float sigmoid_f(float x)
 
 /* ---- operations ---- */
 
-static muse_act cpu_alloc(muse_backend *be, long width)
+static muse_act cpu_alloc(muse_backend *be, long rows, long width)
 {
     cpu_backend *c = cpu(be);
-    MUSE_CHECK(!c->in_round && width > 0);
+    MUSE_CHECK(!c->in_round && width > 0 && rows > 0 && rows <= be->opts.max_rows);
     c->acts = realloc(c->acts, (size_t)(c->n_acts + 1) * sizeof *c->acts);
     c->act_width = realloc(c->act_width, (size_t)(c->n_acts + 1) * sizeof *c->act_width);
     c->act_cols = realloc(c->act_cols, (size_t)(c->n_acts + 1) * sizeof *c->act_cols);
     MUSE_CHECK(c->acts && c->act_width && c->act_cols);
-    size_t floats = (size_t)be->opts.max_rows * (size_t)width;
+    size_t floats = (size_t)rows * (size_t)width;
     for (int r = 0; r < c->n_ranks; r++) {
         c->acts[c->n_acts][r] = MUSE_CALLOC(floats, sizeof(float));
         c->act_cols[c->n_acts][r] = width;

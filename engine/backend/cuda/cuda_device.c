@@ -109,7 +109,8 @@ static int allocate_rank(cuda_backend *c, int r)
     size_t R = (size_t)o->max_rows, H = (size_t)cfg->hidden_size, E = (size_t)cfg->num_experts;
     size_t K = (size_t)cfg->num_experts_per_tok, V = (size_t)cfg->vocab_size;
     size_t N = (size_t)m->head.n, L = (size_t)cfg->num_layers;
-    size_t P = R * (K > 0 ? K : 1); /* (row, slot) pairs */
+    size_t P = R * (K > 0 ? K : 1);   /* (row, slot) pairs */
+    size_t W = (size_t)o->max_wanted; /* the head's and the sampler's rows */
     size_t I = (size_t)cfg->moe_intermediate_size;
     size_t Ish = (size_t)(cfg->num_shared_experts * cfg->moe_intermediate_size);
     size_t mlp = P * I > R * Ish ? P * I : R * Ish;
@@ -117,7 +118,7 @@ static int allocate_rank(cuda_backend *c, int r)
     /* the exact product's a and t: the experts' linears at P rows, the rest at R (the head's
      * 202048 columns at R rows, not P: 0.41 GB where R = 256, K = 8, not 3.3) */
     size_t ws_floats, ws_doubles;
-    muse_model_exl3_ws(m, (long)R, (long)P, &ws_floats, &ws_doubles);
+    muse_model_exl3_ws(m, (long)R, (long)P, (long)W, &ws_floats, &ws_doubles);
     rk->ws_a = dalloc(c, ws_floats * sizeof(float), &mem->workspace);
     rk->ws_t = dalloc(c, ws_doubles * sizeof(double), &mem->workspace);
     if (be->kernels == MUSE_KERNELS_FAST) cuda_fast_moe_prepare(c, rk);
@@ -146,13 +147,13 @@ static int allocate_rank(cuda_backend *c, int r)
     if (be->kernels == MUSE_KERNELS_FAST && c->n_ranks == 1 && cfg->expert_output_norm && H >= 128)
         rk->zsq = dalloc(c, P * (H / 128) * sizeof(double), &mem->workspace);
     rk->zs = dalloc(c, R * H * sizeof(float), &mem->workspace);
-    rk->xsel = dalloc(c, R * H * sizeof(float), &mem->workspace);
-    rk->raw = dalloc(c, R * head_w * sizeof(float), &mem->workspace);
-    size_t sample_ws = R * V * sizeof(float); /* the fast sampler's keys and histograms: more */
-    if (be->kernels == MUSE_KERNELS_FAST && muse_k_sample_fast_bytes((long)R, (long)V) > sample_ws)
-        sample_ws = muse_k_sample_fast_bytes((long)R, (long)V);
+    rk->xsel = dalloc(c, W * H * sizeof(float), &mem->workspace);
+    rk->raw = dalloc(c, W * head_w * sizeof(float), &mem->workspace);
+    size_t sample_ws = W * V * sizeof(float); /* the fast sampler's keys and histograms: more */
+    if (be->kernels == MUSE_KERNELS_FAST && muse_k_sample_fast_bytes((long)W, (long)V) > sample_ws)
+        sample_ws = muse_k_sample_fast_bytes((long)W, (long)V);
     if (r == 0) rk->weights = dalloc(c, sample_ws, &mem->workspace);
-    if (r == 0) rk->d_masks = dalloc(c, R * c->mask_bytes, &mem->workspace); /* the sampler's */
+    if (r == 0) rk->d_masks = dalloc(c, W * c->mask_bytes, &mem->workspace); /* the sampler's */
     if (c->n_ranks > 1) rk->red = dalloc(c, c->red_floats * sizeof(float), &mem->workspace);
     if (c->nccl || (c->sizing && c->multi_dev)) /* NCCL is set up where ranks span GPUs */
         rk->gather = dalloc(c, (size_t)c->n_ranks * c->red_floats * sizeof(float), &mem->workspace);
@@ -222,8 +223,9 @@ static int allocate(cuda_backend *c)
     void *stage = halloc(c, muse_round_stage_bytes(be)); /* every table entry -1 once placed */
     c->h_drawn = halloc(c, R * 4);
     c->h_sampling = halloc(c, R * sizeof *c->h_sampling);
-    c->h_logits = halloc(c, R * V * sizeof(float));
-    c->h_masks = halloc(c, R * c->mask_bytes);
+    size_t W = (size_t)be->opts.max_wanted;
+    c->h_logits = halloc(c, W * V * sizeof(float));
+    c->h_masks = halloc(c, W * c->mask_bytes);
     if (stage) muse_round_stage_place(&c->stage, be, stage);
     if (c->failed) return -1;
     for (int r = 0; r < c->n_ranks; r++)
@@ -474,21 +476,28 @@ muse_backend *muse_cuda_backend_create(const muse_model *m, const muse_backend_o
     return &c->base;
 }
 
-int muse_cuda_plan_memory(const muse_model *m, const muse_backend_opts *o, long act_floats,
+int muse_cuda_plan_memory(const muse_model *m, const muse_backend_opts *o, const long act_floats[2],
                           muse_rank_mem out[], muse_err *e)
 {
     cuda_backend *c = begin(m, o, 1, e);
     if (!c) return -1;
     int rc = 0;
-    for (int r = 0; r < c->n_ranks && !rc; r++) rc = upload_linears(c, r, e); /* shapes alone */
+    lay_out_tensors(c); /* a GPU's whole copy of the pack: its tensors 256-byte aligned */
+    uint64_t aligned = c->pack_bytes - muse_st_total_bytes(m->st);
+    for (int r = 0; r < c->n_ranks; r++)
+        if (c->rank[r].owner == r && !alone(c, r)) c->base.ranks[r].weights += aligned;
+    for (int r = 0; r < c->n_ranks && !rc; r++) /* beside the pack's tensors; shapes alone */
+        rc = (c->rank[r].owner == r && (upload_vectors(c, r) || upload_codebooks(c, r))) ||
+             upload_linears(c, r, e);
     if (!rc) size_rings(c);
     for (int r = 0; r < c->n_ranks && !rc; r++) {
         rc = allocate_rank(c, r);
         /* muse_forward_create's activations: every rank holds each whole (cuda_alloc) */
         c->base.ranks[r].workspace +=
-            (uint64_t)o->max_rows * (uint64_t)(act_floats > 0 ? act_floats : 0) * sizeof(float);
-        out[r] = c->base.ranks[r];
-        out[r].weights = 0; /* the descriptors only: the plan counts the weights */
+            ((uint64_t)c->base.opts.max_rows * (uint64_t)act_floats[0] +
+             (uint64_t)c->base.opts.max_wanted * (uint64_t)act_floats[1]) *
+            sizeof(float);
+        out[r] = c->base.ranks[r]; /* weights: alignment, fp32 vectors, tables, descriptors */
     }
     if (rc && !e->msg[0]) muse_fail(e, "--backend cuda: sizing rank %d failed: %s", c->at, c->err);
     cuda_destroy(&c->base);
@@ -499,6 +508,9 @@ static void free_rank(cuda_backend *c, int r)
 {
     cuda_rank *rk = &c->rank[r];
     if (c->sizing) { /* nothing was allocated on a GPU */
+        free(rk->vec);
+        free(rk->router_bias);
+        free(rk->expert_norm);
         free(rk->k_cache);
         free(rk->v_cache);
         free(rk->views);

@@ -240,7 +240,7 @@ void prof_end(cuda_backend *c, int op);
  * (their launches interleave, so the op is timed whole). */
 void prof_split(cuda_backend *c, int part);
 void prof_host(cuda_backend *c, int op, int64_t since);
-muse_act cuda_alloc(muse_backend *be, long width);
+muse_act cuda_alloc(muse_backend *be, long rows, long width);
 void cuda_write(muse_backend *be, muse_act a, const float *src, long rows);
 void cuda_read(muse_backend *be, muse_act a, float *dst, long rows);
 int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e);

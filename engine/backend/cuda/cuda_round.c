@@ -49,11 +49,11 @@ void prof_host(cuda_backend *c, int op, int64_t since)
     c->prof_n[op]++;
 }
 
-muse_act cuda_alloc(muse_backend *be, long width)
+muse_act cuda_alloc(muse_backend *be, long rows, long width)
 {
     cuda_backend *c = cu(be);
-    MUSE_CHECK(!c->in_round && width > 0);
-    size_t bytes = (size_t)be->opts.max_rows * (size_t)width * sizeof(float);
+    MUSE_CHECK(!c->in_round && width > 0 && rows > 0 && rows <= be->opts.max_rows);
+    size_t bytes = (size_t)rows * (size_t)width * sizeof(float);
     c->acts = realloc(c->acts, (size_t)(c->n_acts + 1) * sizeof *c->acts);
     c->act_width = realloc(c->act_width, (size_t)(c->n_acts + 1) * sizeof *c->act_width);
     c->act_cols = realloc(c->act_cols, (size_t)(c->n_acts + 1) * sizeof *c->act_cols);

@@ -250,6 +250,7 @@ int upload_vectors(cuda_backend *c, int r)
     rk->router_bias = MUSE_CALLOC((size_t)L, sizeof *rk->router_bias);
     rk->expert_norm = MUSE_CALLOC((size_t)L, sizeof *rk->expert_norm);
     rk->vec_block = dalloc(c, floats * sizeof(float), &c->base.ranks[r].weights);
+    if (c->sizing) return 0; /* counted; nothing to copy */
     for (long i = 0; i < L && !c->failed; i++) {
         const muse_layer *ly = &m->layers[i];
         upload_vec(c, rk, &ly->input_norm, &at);
