@@ -115,8 +115,8 @@ static int allocate_rank(cuda_backend *c, int r)
     size_t Ish = (size_t)(cfg->num_shared_experts * cfg->moe_intermediate_size);
     size_t mlp = P * I > R * Ish ? P * I : R * Ish;
     size_t head_w = r ? (size_t)rk->lin[m->head.id].n : N; /* rank 0 lays out every slice */
-    /* the exact product's a and t: the experts' linears at P rows, the rest at R (the head's
-     * 202048 columns at R rows, not P: 0.41 GB where R = 256, K = 8, not 3.3) */
+    /* the exact product's a and t: the experts' linears at P rows, the head at W (its 202048
+     * columns at P rows were 3.3 GB where R = 256, K = 8), the rest at R */
     size_t ws_floats, ws_doubles;
     muse_model_exl3_ws(m, (long)R, (long)P, (long)W, &ws_floats, &ws_doubles);
     rk->ws_a = dalloc(c, ws_floats * sizeof(float), &mem->workspace);
