@@ -82,16 +82,24 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
 }
 
 int muse_backend_plan_memory(const char *name, const muse_model *m, const muse_backend_opts *o,
-                             const long act_floats[2], muse_rank_mem out[MUSE_MAX_RANKS],
-                             muse_err *e)
+                             const long act_floats[2], muse_rank_mem *widest, muse_err *e)
 {
+    memset(widest, 0, sizeof *widest);
 #ifdef MUSE_HAVE_CUDA
-    if (!strcmp(name, "cuda")) return muse_cuda_plan_memory(m, o, act_floats, out, e) ? -1 : 1;
+    if (!strcmp(name, "cuda")) {
+        muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}};
+        if (muse_cuda_plan_memory(m, o, act_floats, mem, e)) return -1;
+        for (int r = 0; r < (o->ranks > 0 ? o->ranks : 1); r++) {
+            uint64_t ws = mem[r].workspace + mem[r].staging;
+            if (ws > widest->workspace) widest->workspace = ws;
+            if (mem[r].weights > widest->weights) widest->weights = mem[r].weights;
+        }
+        return 1;
+    }
 #else
     (void)m;
     (void)o;
     (void)act_floats;
-    (void)out;
     if (!strcmp(name, "cuda"))
         return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
                             "use --backend cpu");

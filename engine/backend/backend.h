@@ -243,16 +243,15 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
 int muse_cuda_device_memory(const int *devices, int ranks, uint64_t *bytes, char *desc,
                             size_t desc_len, muse_err *e);
 
-/* Before the weights go anywhere, for the memory plan: what backend name would hold on each
- * rank for m and o (workspace and staging, KV and rings, snapshots; muse_forward_create's
- * activations among the workspace: act_floats[0] a row of max_rows, [1] a row of max_wanted,
- * muse_forward_act_floats), worked out without a GPU. 1 with out[]
- * filled (weights: what the backend holds beside the pack's tensors, its fp32 vectors, tables
- * and descriptors); 0 where the plan's estimate is the backend's own sizing (cpu); -1 with the
- * reason. */
+/* Before the weights go anywhere, for the memory plan: what backend name would hold on its
+ * widest rank for m and o, worked out without a GPU: *widest's workspace is workspace and
+ * staging together (muse_forward_create's activations among them: act_floats[0] a row of
+ * max_rows, [1] a row of max_wanted, muse_forward_act_floats), its weights what the backend
+ * holds beside the pack's tensors (alignment, fp32 vectors, tables, descriptors), each the
+ * largest over the ranks. 1 with *widest set; 0 where the plan's estimate is the backend's own
+ * sizing (cpu); -1 with the reason. */
 int muse_backend_plan_memory(const char *name, const muse_model *m, const muse_backend_opts *o,
-                             const long act_floats[2], muse_rank_mem out[MUSE_MAX_RANKS],
-                             muse_err *e);
+                             const long act_floats[2], muse_rank_mem *widest, muse_err *e);
 /* The CUDA backend's part of it (MUSE_HAVE_CUDA): allocate_rank's own arithmetic, counted. */
 int muse_cuda_plan_memory(const muse_model *m, const muse_backend_opts *o, const long act_floats[2],
                           muse_rank_mem out[], muse_err *e);

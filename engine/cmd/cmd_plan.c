@@ -29,18 +29,13 @@ typedef struct {
 static uint64_t cuda_workspace(void *ctx, long rows)
 {
     cuda_job *j = ctx;
-    muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}};
-    uint64_t ws = 0;
-    j->bo.max_rows = rows;
+    muse_rank_mem widest;
     long act[2];
+    j->bo.max_rows = rows;
     muse_forward_act_floats(&j->m, act);
-    j->weights_extra = 0;
-    if (muse_backend_plan_memory("cuda", &j->m, &j->bo, act, mem, j->e) > 0)
-        for (int r = 0; r < j->bo.ranks; r++) {
-            if (mem[r].workspace + mem[r].staging > ws) ws = mem[r].workspace + mem[r].staging;
-            if (mem[r].weights > j->weights_extra) j->weights_extra = mem[r].weights;
-        }
-    return ws;
+    muse_backend_plan_memory("cuda", &j->m, &j->bo, act, &widest, j->e);
+    j->weights_extra = widest.weights;
+    return widest.workspace;
 }
 
 int muse_cmd_plan(int argc, char **argv)
@@ -145,12 +140,13 @@ int muse_cmd_plan(int argc, char **argv)
         if (muse_kernels_parse("--kernels", kernels, &j.bo.kernels, &e) ||
             muse_model_synthetic(&syn, &j.m, &e))
             return muse_flags_error(&set, "--backend cuda: %s", e.msg);
-        (void)cuda_workspace(&j, mo.max_rows); /* what it holds beside the tensors */
-        mo.weights_extra = j.weights_extra;
-        if (auto_rows && !e.msg[0])
-            mo.max_rows = muse_memory_plan_most_rows(&mo, 2048, cuda_workspace, &j);
-        max_rows = mo.max_rows;
-        mo.workspace_bytes = e.msg[0] ? 0 : cuda_workspace(&j, mo.max_rows);
+        uint64_t ws = cuda_workspace(&j, mo.max_rows);
+        mo.weights_extra = j.weights_extra; /* what it holds beside the tensors */
+        long rows = mo.max_rows;
+        if (auto_rows && ws) rows = muse_memory_plan_most_rows(&mo, 2048, cuda_workspace, &j);
+        if (rows != mo.max_rows && !e.msg[0]) ws = cuda_workspace(&j, rows); /* else it stands */
+        max_rows = mo.max_rows = rows;
+        mo.workspace_bytes = e.msg[0] ? 0 : ws;
         muse_model_free(&j.m);
         if (!mo.workspace_bytes) return muse_flags_error(&set, "--backend cuda: %s", e.msg);
         muse_memory_plan_make(&mo, &p);

@@ -445,21 +445,15 @@ static int sized_by_backend(const serve_flags *f)
     return strcmp(f->backend, "cuda") == 0;
 }
 
-/* The backend's own counts at bo, the widest rank's: workspace with staging, and what it holds
- * beside the tensors as weights; zeros where the plan's estimate is the backend's sizing, with
- * e clear; zeros with e set on failure. */
+/* The backend's own counts at bo (muse_backend_plan_memory's widest rank); zeros where the
+ * plan's estimate is the backend's sizing, with e clear; zeros with e set on failure. */
 static muse_rank_mem backend_sizes(const serve_flags *f, const muse_model *m,
                                    const muse_backend_opts *bo, muse_err *e)
 {
-    muse_rank_mem mem[MUSE_MAX_RANKS] = {{0}}, most = {0};
+    muse_rank_mem most;
     long act[2];
     muse_forward_act_floats(m, act);
-    if (muse_backend_plan_memory(f->backend, m, bo, act, mem, e) <= 0) return most;
-    for (int r = 0; r < (bo->ranks > 0 ? bo->ranks : 1); r++) {
-        if (mem[r].workspace + mem[r].staging > most.workspace)
-            most.workspace = mem[r].workspace + mem[r].staging;
-        if (mem[r].weights > most.weights) most.weights = mem[r].weights;
-    }
+    muse_backend_plan_memory(f->backend, m, bo, act, &most, e);
     return most;
 }
 
@@ -493,15 +487,17 @@ static int size_plan(serve_flags *f, const muse_config *cfg, double bits, double
         rows_job j = {f, m, *bo, e};
         long rows = muse_memory_plan_most_rows(&mo, AUTO_ROWS_MOST, workspace_at, &j);
         if (e->msg[0]) return -1;
-        f->max_rows = rows;
-        bo->max_rows = rows;
         fprintf(stderr,
                 "muse-engine serve: --max-rows %ld (the most rows a round the plan fits, up to "
                 "%d; give --max-rows to choose)\n",
                 rows, AUTO_ROWS_MOST);
+        if (rows != bo->max_rows) { /* else the first count stands */
+            f->max_rows = rows;
+            bo->max_rows = rows;
+            sized = backend_sizes(f, m, bo, e);
+            if (e->msg[0]) return -1;
+        }
     }
-    sized = backend_sizes(f, m, bo, e);
-    if (e->msg[0]) return -1;
     return make_plan(f, cfg, bits, head_bits, &sized, 1, plan, e);
 }
 
