@@ -40,6 +40,13 @@ const char *muse_backend_cuda_archs(void)
 #endif
 }
 
+/* The refusal of --backend cuda in a binary built without it (-1) */
+static int muse_no_cuda(muse_err *e)
+{
+    return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
+                        "use --backend cpu");
+}
+
 muse_backend *muse_backend_create(const char *name, const muse_model *m, const muse_backend_opts *o,
                                   muse_err *e)
 {
@@ -53,10 +60,7 @@ muse_backend *muse_backend_create(const char *name, const muse_model *m, const m
 #undef MUSE_OP_FILLED
         return be;
     }
-    if (!strcmp(name, "cuda"))
-        return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
-                            "use --backend cpu"),
-               NULL;
+    if (!strcmp(name, "cuda")) return muse_no_cuda(e), NULL;
     return muse_fail(e, "--backend %s: unknown backend; this binary has: %s", name,
                      muse_backend_names()),
            NULL;
@@ -73,9 +77,7 @@ int muse_backend_device_memory(const char *name, const int *devices, int ranks, 
 #else
     (void)devices;
     (void)ranks;
-    if (!strcmp(name, "cuda"))
-        return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
-                            "use --backend cpu");
+    if (!strcmp(name, "cuda")) return muse_no_cuda(e);
 #endif
     (void)e;
     return 0; /* cpu and script: host memory, no limit unless --device-gib */
@@ -100,9 +102,7 @@ int muse_backend_plan_memory(const char *name, const muse_model *m, const muse_b
     (void)m;
     (void)o;
     (void)act_floats;
-    if (!strcmp(name, "cuda"))
-        return muse_fail(e, "--backend cuda: this binary was built without the CUDA backend; "
-                            "use --backend cpu");
+    if (!strcmp(name, "cuda")) return muse_no_cuda(e);
 #endif
     (void)e;
     return 0; /* cpu: the plan's own estimate is how it sizes its buffers */
