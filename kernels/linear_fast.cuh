@@ -87,6 +87,10 @@ MUSE_K_API void muse_k_linear_fast_tr_force(int on);
 /* Checks only: the register form's splits fused from launches of this many unsplit blocks on (0:
  * never) in place of MUSE_FAST_FUSE_MIN (-1: back to it). The bits do not change. */
 MUSE_K_API void muse_k_linear_fast_fuse_force(long min_blocks);
+/* Checks only: the register form's clusters (linear_fast_wr.cu: the splits summed on chip and
+ * finished there) off (0) or on (1) in place of MUSE_FAST_CE (-1: back to it). The bits do not
+ * change. */
+MUSE_K_API void muse_k_linear_fast_ce_force(int on);
 /* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 
