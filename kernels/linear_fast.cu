@@ -943,6 +943,15 @@ MUSE_K_API size_t muse_k_linear_fast_mlp_workspace(const muse_k_lin shapes[3], l
     return f_mlp_layout(shapes, max_rows, muse_k_linear_fast_split_target(), NULL);
 }
 
+MUSE_K_API size_t muse_k_linear_fast_grouped_mlp_workspace(const muse_k_lin shapes[3],
+                                                           long max_pairs, int split_target)
+{
+    muse_k_fast_groups g;
+    memset(&g, 0, sizeof g);
+    g.split_target = split_target;
+    return f_mlp_layout(shapes, max_pairs, f_group_target(&g), NULL);
+}
+
 MUSE_K_API int muse_k_linear_fast_mlp(const muse_k_ctx *ctx, const muse_k_lin shapes[3],
                                       const muse_k_fast_groups *g, const float *x, long x_stride,
                                       float *mid, long mid_stride, float *y, long y_stride,

@@ -58,12 +58,17 @@ MUSE_K_API int muse_k_linear_fast_grouped(const muse_k_ctx *ctx, const muse_k_li
  * MUSE_FAST_CHAIN=0 from the environment, tuning only: its own launch).
  * g NULL: plain rows; else grouped as muse_k_linear_fast_grouped with descs[0..2] the experts'
  * gate, up and down (the down reads row p of mid for pair p). Workspace:
- * muse_k_linear_fast_mlp_workspace (grouped: at P rows). */
+ * muse_k_linear_fast_mlp_workspace (grouped: muse_k_linear_fast_grouped_mlp_workspace at P). */
 MUSE_K_API int muse_k_linear_fast_mlp(const muse_k_ctx *ctx, const muse_k_lin shapes[3],
                                       const muse_k_fast_groups *g, const float *x, long x_stride,
                                       float *mid, long mid_stride, float *y, long y_stride,
                                       void *ws, size_t ws_bytes);
 MUSE_K_API size_t muse_k_linear_fast_mlp_workspace(const muse_k_lin shapes[3], long max_rows);
+/* The grouped call's workspace at max_pairs pairs split for split_target (its
+ * muse_k_fast_groups'): the experts' splits, not the plain ones (at 2 bits on the one-GPU shape
+ * 153 KB a pair against 669). */
+MUSE_K_API size_t muse_k_linear_fast_grouped_mlp_workspace(const muse_k_lin shapes[3],
+                                                           long max_pairs, int split_target);
 /* Fills the current device's table of the finish's SWIGLU (kernels/linear_fast_ends.cu),
  * synchronously: call it outside a graph capture (the engine does at each rank's start). Without
  * it the finish computes the same bits. Returns the CUDA error code. */
