@@ -40,6 +40,15 @@ MUSE_HD int muse_fast_splits(int64_t k, int64_t n, int target)
     return s < 1 ? 1 : (int)s;
 }
 
+/* muse_fast_splits with a count of 9 or 10 taken down to 8 where eight is set, so a cluster of
+ * the register form (linear_fast_wr.cu: at most 8 blocks) holds every split of the shape (the
+ * one-GPU shape's o 4096x6144 and shared down 3072x6144: 9). A function of (k, n) alone still. */
+MUSE_HD int muse_fast_splits_at(int64_t k, int64_t n, int target, int eight)
+{
+    int s = muse_fast_splits(k, n, target);
+    return eight && s > 8 && s <= 10 ? 8 : s;
+}
+
 /* Whether a launch of the transposed form (blocks of at most 8 rows: a decode step's) takes
  * 64-column blocks, wide its 128-column blocks, rows its rows (grouped: the MoE's pairs, 8 for
  * one token of 8 experts): policy 0 never; 2 below 16 an SM (the other forms' rule); 1 never at
@@ -281,6 +290,54 @@ MUSE_HD int muse_fast_fin_last(int splits, int s)
 {
     int G = muse_fast_fin_groups(splits), g = muse_fast_fin_group_of(splits, s);
     return s == splits * (g + 1) / G - 1;
+}
+
+/* The register form's clusters (linear_fast_wr.cu MODE 2): a cluster is per * S consecutive
+ * blocks, the S splits of one 128-column block nb of one m-group mg for each of its per linears
+ * (2: SWIGLU's gate then up), the split fastest. Block `local` (a linear's blocks from its first,
+ * or SWIGLU's from 0): lq its linear among the per, sp its split (its rank: lq S + sp). */
+MUSE_HD void muse_fast_cl_place(long local, int per, int S, int mgroups, int *lq, int *sp,
+                                int *mg, int *nb)
+{
+    long C = (long)per * S, rank = local % C, rest = local / C;
+    *lq = (int)(rank / S), *sp = (int)(rank % S);
+    *mg = (int)(rest % mgroups), *nb = (int)(rest / mgroups);
+}
+
+/* The blocks a cluster holds for a call of n_lin linears with split counts splits[] and bits
+ * bits[] (SWIGLU: gate and up): every linear in one launch with one split count, at most 8
+ * blocks (the portable cluster); else 0, no clusters (the split partials and the finish). */
+MUSE_HD int muse_fast_cl_blocks(const int *splits, const int *bits, int n_lin, int swiglu)
+{
+    if (n_lin < 1) return 0;
+    for (int i = 1; i < n_lin; i++)
+        if (splits[i] != splits[0] || bits[i] != bits[0]) return 0;
+    int c = (swiglu ? 2 : 1) * splits[0];
+    return c <= 8 ? c : 0;
+}
+
+/* The register form's stage buffer (linear_fast_wr.cu: 4 of them): the rows (64 nh x 64 k fp16)
+ * and the trellis of 4 k-tiles x 8 tiles, both multiples of 1024 bytes (the swizzle's atoms) */
+MUSE_HD int muse_fast_wr_buf(int nh, int bits)
+{
+    return nh * 8192 + 4 * 8 * 32 * bits;
+}
+#define MUSE_FAST_WR_PS 132 /* floats a row of a cluster's partial tile: rows 4 banks apart */
+
+/* Where accumulator e of lane `lane` of warp `warp` of the register form lies in its block's
+ * tile: row (of 64 nh) 8 (e / 4) + 2 (lane % 4) + (e & 1), column (of 128) 16 warp + lane / 4 +
+ * 8 ((e % 4) >> 1); its float in a cluster's partial tile [64 nh][MUSE_FAST_WR_PS]. */
+MUSE_HD int muse_fast_wr_acc_row(int e, int lane)
+{
+    return 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
+}
+MUSE_HD int muse_fast_wr_acc_col(int e, int lane, int warp)
+{
+    return 16 * warp + lane / 4 + 8 * ((e % 4) >> 1);
+}
+MUSE_HD int muse_fast_wr_tile_at(int e, int lane, int warp)
+{
+    return muse_fast_wr_acc_row(e, lane) * MUSE_FAST_WR_PS + muse_fast_wr_acc_col(e, lane, warp);
 }
 
 /* The integer stage of the decode. 3INST/MCG: the word whose two fp16 halves add to the
