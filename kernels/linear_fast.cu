@@ -589,7 +589,7 @@ static int f_wg_halves(long rows, int grouped)
     int mode = f_wg_set >= 0 ? f_wg_set : env;
     if (mode != 1 && mode != 64 && mode != 128) return 0;
     if (!muse_k_linear_fast_wg()) return 0;
-    if (grouped) return rows >= 64 ? (int)(rows / 64 > 2 ? 2 : rows / 64) : 0;
+    if (grouped) return rows == 192 ? 3 : rows >= 64 ? (int)(rows / 64 > 2 ? 2 : rows / 64) : 0;
     if (rows <= 64) return 0;
     return mode > 1 ? mode / 64 : rows >= 128 ? 2 : 1;
 }
@@ -730,10 +730,29 @@ static int f_tr_groups(void)
     return on && f_tr_on() && f_dec_env();
 }
 
+/* The MoE's groups of 192 rows where the register form takes them and they compute fewer rows
+ * than groups of 128 (muse_fast_group_rows_wide: at the one-GPU shape's 2048 rows a round,
+ * 171 pairs an expert, 201 rows an expert against 256; the same bits, which pairs share a
+ * block): MUSE_FAST_WIDE=0 or 1 from the environment (tuning only, read once a process), else
+ * F_WIDE_DEFAULT. */
+#define F_WIDE_DEFAULT 1
+static int f_wide_on(void)
+{
+    static const int env = [] {
+        const char *v = getenv("MUSE_FAST_WIDE");
+        return v && *v ? atoi(v) != 0 : F_WIDE_DEFAULT;
+    }();
+    return env;
+}
+
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts)
 {
     if (rows > 1 && rows <= 16 && f_tr_groups()) return 8;
-    return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
+    int gr = muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
+    if (gr == 16 * MUSE_FAST_MT_MAX && !f_many_forced() && experts > 0 && f_wide_on() &&
+        f_wg_halves(192, 1) == 3 && f_wr_units(rows, 1, 3) == 3)
+        gr = muse_fast_group_rows_wide((double)rows * (double)k_per_row / (double)experts);
+    return gr;
 }
 
 /* The next linear whose step 1 this call's finish does (muse_k_linear_fast_mlp's down): its a,
@@ -756,9 +775,10 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     if (rows <= 0) return 0;
     if (!muse_k_linear_fast_fits(shapes, n_lin, epilogue) || rows > 65535)
         return (int)cudaErrorInvalidValue;
-    if (g && (g->max_groups < 1 || g->group_rows < 8 || g->group_rows > 16 * MUSE_FAST_MT_MAX ||
-              g->group_rows & (g->group_rows - 1)))
-        return (int)cudaErrorInvalidValue; /* 8 (the transposed form's), 16, 32, 64 or 128 */
+    if (g && (g->max_groups < 1 || g->group_rows < 8 ||
+              (g->group_rows != 192 && (g->group_rows > 16 * MUSE_FAST_MT_MAX ||
+                                        g->group_rows & (g->group_rows - 1)))))
+        return (int)cudaErrorInvalidValue; /* 8 (the transposed form's), 16, .., 128; 192 */
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     float *part[MUSE_K_FAST_MAX_LIN];
     int target = g ? f_group_target(g) : muse_k_linear_fast_split_target();
@@ -779,6 +799,8 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     int mt = g ? (g->group_rows + 15) / 16 : muse_fast_block_mt(rows, f_many_forced());
     int mh = f_wg_halves(g ? g->group_rows : rows, g != NULL); /* 0: the mma.sync form */
     int nh = f_wr_units(rows, g != NULL, mh);                  /* 0: not the register form */
+    if (g && g->group_rows == 192 && nh != 3)
+        return (int)cudaErrorInvalidValue; /* the register form's alone */
     long fuse_min = f_fuse_min(); /* the fused splits where on, else the clusters where they fit */
     int ce = nh && !(skip & 14) && fuse_min <= 0 ? f_ce_blocks(shapes, n_lin, epilogue, target) : 0;
     if (nh == 4 && fuse_min > 0) nh = f_fuse_rows() / 64; /* unfused 256 rows ran as fast */

@@ -43,7 +43,9 @@ typedef struct {
 } muse_k_fast_groups;
 /* The rows a group holds at most for a round of rows rows, k_per_row of experts a row (the
  * product's m-tiles a block: linear_fast.h's muse_fast_group_rows, MUSE_FAST_MANY_MT read; 8
- * from 2 to 16 rows, the transposed form's, MUSE_FAST_TR_GROUPS read): 8, 16, 32, 64 or 128. */
+ * from 2 to 16 rows, the transposed form's, MUSE_FAST_TR_GROUPS read; 192 where the register
+ * form takes them and they compute fewer rows than 128, MUSE_FAST_WIDE read): 8, 16, 32, 64,
+ * 128 or 192. */
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts);
 /* shapes: host copies of expert 0's descriptors (every expert's k, n, bits and codebook are
  * the same; the caller checks). Workspace: muse_k_linear_fast_workspace at P rows. */

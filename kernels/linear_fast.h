@@ -6,6 +6,7 @@
 #ifndef MUSE_K_LINEAR_FAST_H
 #define MUSE_K_LINEAR_FAST_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "base/f16.h"
@@ -91,6 +92,27 @@ MUSE_HD int muse_fast_group_rows(int64_t rows, int64_t k_per_row, int64_t expert
     if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return 16 * forced;
     int64_t e = experts > 0 ? (rows * k_per_row + experts - 1) / experts : rows;
     return 16 * muse_fast_fit_mt(e, MUSE_FAST_MT_MAX);
+}
+
+/* The mean of ceil(c / g) g over an expert's pair count c, c a Poisson count of mean e in the
+ * normal approximation (continuity-corrected): the rows its groups of g rows compute, padding
+ * included. */
+MUSE_HD double muse_fast_group_cost(double e, int g)
+{
+    double sd = sqrt(e > 1 ? e : 1), n = 0;
+    for (int j = 0; (double)j * g < e + 10 * sd; j++)
+        n += 0.5 * erfc(((double)j * g + 0.5 - e) / (sd * 1.4142135623730951));
+    return n * g;
+}
+
+/* The register form's groups past 128 rows (linear_fast_wr.cu's blocks of 192: a 128-row and a
+ * 64-row wgmma), for e pairs an expert on average: 192 where they compute fewer rows than
+ * groups of 128 (muse_fast_group_cost), else 128. 256 never does (c <= 256: both 256; past it
+ * 512 against 384). The one-GPU shape at 2048 rows a round (8 of 96: 170.7 an expert): 201.1
+ * rows against 255.9; at 4096 (341.3) 128 stays. */
+MUSE_HD int muse_fast_group_rows_wide(double e)
+{
+    return muse_fast_group_cost(e, 192) < muse_fast_group_cost(e, 128) ? 192 : 128;
 }
 
 /* First k-tile of split s of kt k-tiles (split s covers [begin(s), begin(s + 1))). */

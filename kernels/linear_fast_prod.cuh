@@ -151,10 +151,10 @@ int muse_k_fast_product_wg(const fast_prod *p, int mh, int cb, int bits, long bl
 int muse_k_fast_product_ws(const fast_prod *p, int mh, int cb, int bits, long blocks,
                            cudaStream_t st);
 /* The same bits with the weights as wgmma's register operand (linear_fast_wr.cu): blocks of 64 *
- * nh rows (nh 1, 2 or 4) and 128 columns, two warpgroups, no shared memory for the decoded
- * weights. fused (nh 1 or 2): the grid has no split (each linear's blocks nblk * mgroups from
- * its blk0) and a block runs every split, leaving a linear of 2 splits or more summed as the
- * finish's muse_fast_fin.dsum. p->clu (at most 8, dividing blocks): clusters of that many
+ * nh rows (nh 1, 2 or 4; 3 for the MoE's groups of 192) and 128 columns, two warpgroups, no
+ * shared memory for the decoded weights. fused (nh 1 or 2): the grid has no split (each
+ * linear's blocks nblk * mgroups from its blk0) and a block runs every split, leaving a linear
+ * of 2 splits or more summed as the finish's muse_fast_fin.dsum. p->clu (at most 8, dividing blocks): clusters of that many
  * blocks finish the launch with f (the finish's arguments; the finish is then not launched). */
 int muse_k_fast_product_wr(const fast_prod *p, const muse_fast_fin *f, int nh, int fused, int cb,
                            int bits, long blocks, cudaStream_t st);

@@ -50,6 +50,7 @@ __device__ __forceinline__ void wr_mma(float *acc, const uint32_t a[4], uint32_t
 {
     if (NH == 1) wg_mma_rs64(acc, a, wg_desc(xs));
     if (NH >= 2) wg_mma_rs(acc, a, wg_desc(xs));
+    if (NH == 3) wg_mma_rs64(acc + 64, a, wg_desc(xs + 128 * 128)); /* rows 128 .. 191 */
     if (NH == 4) wg_mma_rs(acc + 64, a, wg_desc(xs + 128 * 128));
 }
 
@@ -66,7 +67,7 @@ struct wr_cur {
  * of rows (p.clu_per linears: 2 for SWIGLU, the gate's splits then the up's), rank the split
  * fastest; f is the finish's, which then is not launched. */
 template <int CB, int BITS, int NH, int MODE>
-__global__ void __launch_bounds__(WR_THREADS, NH == 4 || MODE == 1 ? 1 : 2)
+__global__ void __launch_bounds__(WR_THREADS, NH >= 3 || MODE == 1 ? 1 : 2)
     k_fast_product_wr(fast_prod p, muse_fast_fin f)
 {
 #ifdef WG_ON
@@ -375,21 +376,26 @@ typedef void (*wr_fn)(fast_prod, muse_fast_fin);
              k_fast_product_wr<2, 5, NH, F>, k_fast_product_wr<2, 6, NH, F>,                       \
              k_fast_product_wr<2, 7, NH, F>, k_fast_product_wr<2, 8, NH, F>},                      \
     }
-/* [nh 1, 2, 4; then nh 1, 2 with the splits fused; then nh 1, 2, 4 in clusters][codebook]
- * [bits - 1] */
-static const wr_fn wr_prod[8][3][8] = {WR_TABLE(1, 0), WR_TABLE(2, 0), WR_TABLE(4, 0),
-                                       WR_TABLE(1, 1), WR_TABLE(2, 1), WR_TABLE(1, 2),
-                                       WR_TABLE(2, 2), WR_TABLE(4, 2)};
+/* [nh 1, 2, 4; then nh 1, 2 with the splits fused; then nh 1, 2, 4 in clusters; then nh 3
+ * (the MoE's groups of 192 rows), alone and in clusters][codebook][bits - 1] */
+static const wr_fn wr_prod[10][3][8] = {WR_TABLE(1, 0), WR_TABLE(2, 0), WR_TABLE(4, 0),
+                                        WR_TABLE(1, 1), WR_TABLE(2, 1), WR_TABLE(1, 2),
+                                        WR_TABLE(2, 2), WR_TABLE(4, 2), WR_TABLE(3, 0),
+                                        WR_TABLE(3, 2)};
 
 int muse_k_fast_product_wr(const fast_prod *p, const muse_fast_fin *f, int nh, int fused, int cb,
                            int bits, long blocks, cudaStream_t st)
 {
-    if ((nh != 1 && nh != 2 && nh != 4) || (fused && nh == 4) || (fused && p->clu) ||
+    if (nh < 1 || nh > 4 || (fused && nh > 2) || (fused && p->clu) ||
         (p->clu && (!f || p->clu > 8 || blocks % p->clu)))
         return (int)cudaErrorInvalidValue;
     int err = muse_k_fast_wg_check(1, cb, bits);
     if (err) return err;
-    int row = p->clu ? 5 + (nh == 4 ? 2 : nh - 1) : fused ? 2 + nh : nh == 4 ? 2 : nh - 1;
+    int row = nh == 3 ? (p->clu ? 9 : 8)
+              : p->clu ? 5 + (nh == 4 ? 2 : nh - 1)
+              : fused  ? 2 + nh
+              : nh == 4 ? 2
+                        : nh - 1;
     wr_fn fn = wr_prod[row][cb][bits - 1];
     int smem = wr_smem(nh, bits, fused);
     err = (int)cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,

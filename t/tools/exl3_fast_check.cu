@@ -594,7 +594,9 @@ static void check_grouped(int cb, int bits)
     experts_make(&x, E, H, I, bits, cb);
     long diff = 0, pairs = 0, two_diff = 0, two_runs = 0, sq_diff = 0, sq_n = 0;
     double worst = 0;
-    for (long R : {1L, 5L, 20L, 64L, 128L, 256L}) { /* blocks of 1, 1, 1, 2, 4, 8 m-tiles */
+    /* blocks of 1, 1, 1, 2, 4, 8 m-tiles; at 320 rows (160 pairs an expert) the register form's
+     * groups of 192 where it is on (muse_fast_group_rows_wide) */
+    for (long R : {1L, 5L, 20L, 64L, 128L, 256L, 320L}) {
         long P = R * K, nb = (long)H / 128;
         std::vector<int32_t> sel = rand_sel(R, K, E);
         moe_plan pl;

@@ -252,6 +252,31 @@ static void test_block_mt(void)
     is_int(muse_fast_group_rows(256, 8, 32, 0), 64, "256 rows, 8 of 32 (64 a expert): 64");
     is_int(muse_fast_group_rows(64, 8, 96, 8), 128, "64 rows forced 8: 128");
     is_int(muse_fast_group_rows(64, 8, 0, 0), 64, "no experts: blocks for the round's rows");
+    /* the register form's groups of 192 against 128: the rows they compute, padding included */
+    double c128 = muse_fast_group_cost(2048.0 * 8 / 96, 128),
+           c192 = muse_fast_group_cost(2048.0 * 8 / 96, 192);
+    ok(fabs(c128 - 255.9) < 0.5 && fabs(c192 - 201.1) < 0.5,
+       "2048 rows, 8 of 96 (170.7 pairs an expert): groups of 128 compute 255.9 rows an expert, of "
+       "192 201.1");
+    is_int(muse_fast_group_rows_wide(2048.0 * 8 / 96), 192, "... so 192");
+    is_int(muse_fast_group_rows_wide(4096.0 * 8 / 96), 128,
+           "4096 rows (341.3 an expert): 128 (385.2 against 385.9)");
+    is_int(muse_fast_group_rows_wide(128), 128, "128 an expert: 128 (189.7 against 192)");
+    is_int(muse_fast_group_rows_wide(320.0 * 3 / 6), 192,
+           "exl3-fast-check's 320 rows, 3 of 6 (160): 192");
+    /* against the mean taken by counting: c Poisson of mean e, its pmf summed term by term */
+    bad = 0;
+    for (double e = 40; e <= 700; e += 7.5)
+        for (int g = 128; g <= 256; g += 64) {
+            double pmf = exp(-e), mean = 0, cdf = 0;
+            for (int c = 0; c < 4000 && (c < e || cdf < 1 - 1e-12); c++) {
+                mean += pmf * (double)((c + g - 1) / g * g);
+                cdf += pmf;
+                pmf *= e / (c + 1);
+            }
+            bad += fabs(muse_fast_group_cost(e, g) - mean) > 0.02 * mean;
+        }
+    ok(bad == 0, "the normal approximation within 2%% of the Poisson mean, e 40 to 700");
 }
 
 /* The weight a 3inst/mcg state stands for is its two fp16 halves' sum rounded to fp16 (the fp16
@@ -402,7 +427,7 @@ static void test_clusters(void)
            !muse_fast_cl_blocks(s5, b2, 2, 1) && !muse_fast_cl_blocks(s3, b23, 2, 1),
        "clusters: none past 8 blocks, for split counts or bits that differ");
     bad = 0;
-    for (int nh = 1; nh <= 4; nh *= 2) {
+    for (int nh = 1; nh <= 4; nh++) { /* 3: the MoE's groups of 192 rows */
         int rows = 64 * nh, cells = rows * MUSE_FAST_WR_PS;
         unsigned char *hit = calloc((size_t)cells, 1);
         for (int warp = 0; warp < 8; warp++)
