@@ -246,24 +246,26 @@ fi
 # and of this one, bit for bit (a change meant to keep every bit), on the 4-layer cut and the
 # tiny shape (2 bits mcg, synthetic weights), the prompt whole and a row a round; this build's
 # under each of GPU_CHECK_OLDNEW_VARIANTS ("NAME=VALUE"), its bits against the earlier build's.
-# GPU_CHECK_OLDNEW_TOKENS: the tokens (48; from 65 the prompt whole takes the product's wgmma form);
+# GPU_CHECK_OLDNEW_TOKENS: the tokens, one run of each count (48; from 65 the prompt whole takes
+# the product's wgmma form; 320 on the 4-layer cut: the MoE's groups of 192);
 # GPU_CHECK_OLDNEW_SHAPES: the shapes (tiny alone with 4000 tokens: a row a round reaches 63
 # splits a row in its full layers, the combine's batch of 64; the cut's logits would be GBs)
 if want oldnew && [ "$B" = cuda ] && [ -x build/gpu/old/muse-engine ]; then
-    ntok=${GPU_CHECK_OLDNEW_TOKENS:-48}
-    ids=$(awk -v n="$ntok" 'BEGIN { for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? "," : ""), 1 + (i - 1) % 1000 }')
-    for shape in ${GPU_CHECK_OLDNEW_SHAPES:-muse-spark-open-1gpu-4l tiny}; do
-        for chunk in "$ntok" 1; do
-            for bin in build/gpu/old/muse-engine build/muse-engine; do
-                tag=$shape-$chunk-$([ "$bin" = build/muse-engine ] && echo new || echo old)
-                step "oldnew-$tag" 90 "$bin" logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
-                    --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
-                    --out "$logs/$tag.f32"
-            done
-            for v in ${GPU_CHECK_OLDNEW_VARIANTS:-}; do
-                env "$v" build/muse-engine logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
-                    --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
-                    --out "$logs/$shape-$chunk-$v.f32" >/dev/null 2>&1
+    for ntok in ${GPU_CHECK_OLDNEW_TOKENS:-48}; do
+        ids=$(awk -v n="$ntok" 'BEGIN { for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? "," : ""), 1 + (i - 1) % 1000 }')
+        for shape in ${GPU_CHECK_OLDNEW_SHAPES:-muse-spark-open-1gpu-4l tiny}; do
+            for chunk in "$ntok" 1; do
+                for bin in build/gpu/old/muse-engine build/muse-engine; do
+                    tag=$shape-t$ntok-$chunk-$([ "$bin" = build/muse-engine ] && echo new || echo old)
+                    step "oldnew-$tag" 90 "$bin" logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
+                        --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
+                        --out "$logs/$tag.f32"
+                done
+                for v in ${GPU_CHECK_OLDNEW_VARIANTS:-}; do
+                    env "$v" build/muse-engine logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
+                        --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
+                        --out "$logs/$shape-t$ntok-$chunk-$v.f32" >/dev/null 2>&1
+                done
             done
         done
     done
