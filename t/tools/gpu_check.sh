@@ -183,11 +183,14 @@ if want kprofprompt && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     python3 t/tools/kprof.py "$logs/kprof-prompt.csv" 2>&1 | head -40 | tee -a "$sum"
 fi
 # the product at GPU_CHECK_NCUPROD_ROWS rows (256; 6144x4096, 8192x28672, the routed experts 8 of
-# 96) under ncu
+# 96) under ncu, and the SASS page with its counts and stall samples (prodmany-sass.csv.gz: at
+# 2048 rows the register form's loop, whose issue slots were 34% busy on 2026-12-03)
 if want ncuprodmany && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     step ncuprodmany 150 ncu --clock-control none --set full --import-source no -k regex:k_fast_product \
         -c "${GPU_CHECK_NCUPROD_COUNT:-12}" -o "$logs/prodmany" build/t/exl3-fast-check --prof "${GPU_CHECK_NCUPROD_ROWS:-256}"
     ncu --import "$logs/prodmany.ncu-rep" >"$out/ncuprodmany.txt" 2>&1
+    ncu --import "$logs/prodmany.ncu-rep" --page source --print-source sass --csv 2>&1 |
+        gzip >"$out/prodmany-sass.csv.gz"
     rm -f "$logs/prodmany.ncu-rep"
 fi
 # the small kernels of a decode round (the 4-layer cut: norms, prepare and finish, router,
