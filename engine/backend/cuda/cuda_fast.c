@@ -65,6 +65,13 @@ static void moe_shapes(const cuda_rank *rk, const muse_layer *ly, muse_k_lin s[3
     s[2] = rk->lin[ly->experts[0].down.id];
 }
 
+/* The experts' k split target: 528 over the K pairs of a token (on the H200 against 264 / K and
+ * 264: the same at one row, 7-19% faster from 4 rows; 132 and 192 / K slower) */
+static int moe_target(const muse_config *cfg)
+{
+    return MUSE_FAST_GROUP_TARGET / (int)cfg->num_experts_per_tok; /* K >= 1: moe_fits */
+}
+
 /* The ints of a rank's MoE plan (moe_fast.cuh): groups [most][4], perm [P], n_groups. */
 static size_t plan_ints(const muse_config *cfg, long rows, int *most)
 {
@@ -127,7 +134,7 @@ size_t cuda_fast_workspace(const cuda_backend *c, const cuda_rank *rk, long rows
         if (rk->moe_ok && rk->moe_ok[i]) { /* cuda_fast_moe_prepare ran first */
             moe_shapes(rk, ly, ex);
             long P = rows * (long)m->cfg.num_experts_per_tok;
-            MOST(muse_k_linear_fast_mlp_workspace(ex, P));
+            MOST(muse_k_linear_fast_grouped_mlp_workspace(ex, P, moe_target(&m->cfg)));
         }
         MOST(shared_need(m, rk, i, rows));
     }
@@ -267,9 +274,7 @@ void cuda_fast_experts(cuda_backend *c, cuda_rank *rk, const muse_layer *ly, con
     muse_k_ctx pc = kctx(rk, P);
     const muse_k_lin *ex = rk->experts + (size_t)i * (size_t)(3 * E);
     long I = (long)shapes[0].n, H = (long)shapes[2].n;
-    /* the experts' k split: 528 over the K pairs of a token (on the H200 against 264 / K and
-     * 264: the same at one row, 7-19% faster from 4 rows; 132 and 192 / K slower) */
-    int target = MUSE_FAST_GROUP_TARGET / (int)m->cfg.num_experts_per_tok; /* K >= 1: fits */
+    int target = moe_target(&m->cfg);
     muse_k_fast_groups g = {{ex, ex + E, ex + 2 * E},
                             rk->sel,
                             rk->pair_src,
