@@ -481,19 +481,6 @@ MUSE_K_API void muse_k_linear_fast_narrow(long below)
     f_narrow_set = below;
 }
 
-/* A shape's k splits: muse_fast_splits_at with eight from MUSE_FAST_EIGHT=0 or 1 in the
- * environment (tuning only, read once a process, so every call of a process splits alike), else
- * F_EIGHT_DEFAULT */
-#define F_EIGHT_DEFAULT 0
-static int f_splits(int64_t k, int64_t n, int target)
-{
-    static const int eight = [] {
-        const char *v = getenv("MUSE_FAST_EIGHT");
-        return v && *v ? atoi(v) != 0 : F_EIGHT_DEFAULT;
-    }();
-    return muse_fast_splits_at(k, n, target, eight);
-}
-
 static int f_valid(const muse_k_lin *s)
 {
     return s->kind == MUSE_K_EXL3 && s->bits >= 1 && s->bits <= 8 && s->codebook >= 0 &&
@@ -530,7 +517,7 @@ static size_t f_layout(const muse_k_lin *shapes, int n_lin, long rows, int targe
         if (a) a[i] = (uint16_t *)(ws + off);
         off = f_align(off + (size_t)rows * (size_t)s->k * 2);
         if (part) part[i] = (float *)(ws + off);
-        off = f_align(off + (size_t)f_splits(s->k, s->n, target) * (size_t)rows *
+        off = f_align(off + (size_t)muse_fast_splits(s->k, s->n, target) * (size_t)rows *
                                 (size_t)s->n * 4);
     }
     return off;
@@ -589,7 +576,7 @@ static int f_wg_halves(long rows, int grouped)
     int mode = f_wg_set >= 0 ? f_wg_set : env;
     if (mode != 1 && mode != 64 && mode != 128) return 0;
     if (!muse_k_linear_fast_wg()) return 0;
-    if (grouped) return rows == 192 ? 3 : rows >= 64 ? (int)(rows / 64 > 2 ? 2 : rows / 64) : 0;
+    if (grouped) return rows >= 64 ? (int)(rows / 64 > 2 ? 2 : rows / 64) : 0;
     if (rows <= 64) return 0;
     return mode > 1 ? mode / 64 : rows >= 128 ? 2 : 1;
 }
@@ -683,37 +670,6 @@ MUSE_K_API void muse_k_linear_fast_fuse_force(long min_blocks)
     f_fuse_set = min_blocks;
 }
 
-/* The register form's clusters (linear_fast_wr.cu MODE 2: the splits of a 128-column block, and
- * SWIGLU's up beside its gate, summed on chip and finished there, the finish's bits) where a
- * call's linears take one launch with one split count and a cluster holds at most 8 blocks (the
- * MoE's experts: gate/up 2 x 3 splits, down 2): MUSE_FAST_CE=0 or 1 from the environment
- * (tuning only, read once a process), else F_CE_DEFAULT. */
-#define F_CE_DEFAULT 1
-static int f_ce_set = -1; /* muse_k_linear_fast_ce_force: checks only */
-static int f_ce_on(void)
-{
-    static const int env = [] {
-        const char *v = getenv("MUSE_FAST_CE");
-        return v && *v ? atoi(v) != 0 : F_CE_DEFAULT;
-    }();
-    return f_ce_set >= 0 ? f_ce_set : env;
-}
-
-MUSE_K_API void muse_k_linear_fast_ce_force(int on)
-{
-    f_ce_set = on;
-}
-
-/* The blocks a cluster of the register form holds for this call (muse_fast_cl_blocks where
- * f_ce_on), or 0 */
-static int f_ce_blocks(const muse_k_lin *shapes, int n_lin, int epilogue, int target)
-{
-    int splits[MUSE_K_FAST_MAX_LIN], bits[MUSE_K_FAST_MAX_LIN];
-    for (int i = 0; i < n_lin; i++)
-        splits[i] = f_splits(shapes[i].k, shapes[i].n, target), bits[i] = shapes[i].bits;
-    return f_ce_on() ? muse_fast_cl_blocks(splits, bits, n_lin, epilogue == MUSE_K_EPI_SWIGLU) : 0;
-}
-
 /* The MoE's groups of at most 8 rows for rounds of 2 to 16 rows, so a 2-bit expert's blocks
  * take the transposed form (other bits: one m-tile's blocks as for 16): H200, 2026-12-04, the
  * whole one-GPU shape at 2, 4, 8 and 16 streams 21.94, 32.38, 49.29 and 68.91 ms a round
@@ -730,29 +686,10 @@ static int f_tr_groups(void)
     return on && f_tr_on() && f_dec_env();
 }
 
-/* The MoE's groups of 192 rows where the register form takes them and they compute fewer rows
- * than groups of 128 (muse_fast_group_rows_wide: at the one-GPU shape's 2048 rows a round,
- * 171 pairs an expert, 201 rows an expert against 256; the same bits, which pairs share a
- * block): MUSE_FAST_WIDE=0 or 1 from the environment (tuning only, read once a process), else
- * F_WIDE_DEFAULT. */
-#define F_WIDE_DEFAULT 1
-static int f_wide_on(void)
-{
-    static const int env = [] {
-        const char *v = getenv("MUSE_FAST_WIDE");
-        return v && *v ? atoi(v) != 0 : F_WIDE_DEFAULT;
-    }();
-    return env;
-}
-
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts)
 {
     if (rows > 1 && rows <= 16 && f_tr_groups()) return 8;
-    int gr = muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
-    if (gr == 16 * MUSE_FAST_MT_MAX && !f_many_forced() && experts > 0 && f_wide_on() &&
-        f_wg_halves(192, 1) == 3 && f_wr_units(rows, 1, 3) == 3)
-        gr = muse_fast_group_rows_wide((double)rows * (double)k_per_row / (double)experts);
-    return gr;
+    return muse_fast_group_rows(rows, k_per_row, experts, f_many_forced());
 }
 
 /* The next linear whose step 1 this call's finish does (muse_k_linear_fast_mlp's down): its a,
@@ -775,10 +712,9 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     if (rows <= 0) return 0;
     if (!muse_k_linear_fast_fits(shapes, n_lin, epilogue) || rows > 65535)
         return (int)cudaErrorInvalidValue;
-    if (g && (g->max_groups < 1 || g->group_rows < 8 ||
-              (g->group_rows != 192 && (g->group_rows > 16 * MUSE_FAST_MT_MAX ||
-                                        g->group_rows & (g->group_rows - 1)))))
-        return (int)cudaErrorInvalidValue; /* 8 (the transposed form's), 16, .., 128; 192 */
+    if (g && (g->max_groups < 1 || g->group_rows < 8 || g->group_rows > 16 * MUSE_FAST_MT_MAX ||
+              g->group_rows & (g->group_rows - 1)))
+        return (int)cudaErrorInvalidValue; /* 8 (the transposed form's), 16, 32, 64 or 128 */
     uint16_t *a[MUSE_K_FAST_MAX_LIN];
     float *part[MUSE_K_FAST_MAX_LIN];
     int target = g ? f_group_target(g) : muse_k_linear_fast_split_target();
@@ -799,49 +735,12 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
     int mt = g ? (g->group_rows + 15) / 16 : muse_fast_block_mt(rows, f_many_forced());
     int mh = f_wg_halves(g ? g->group_rows : rows, g != NULL); /* 0: the mma.sync form */
     int nh = f_wr_units(rows, g != NULL, mh);                  /* 0: not the register form */
-    if (g && g->group_rows == 192 && nh != 3)
-        return (int)cudaErrorInvalidValue; /* the register form's alone */
-    long fuse_min = f_fuse_min(); /* the fused splits where on, else the clusters where they fit */
-    int ce = nh && !(skip & 14) && fuse_min <= 0 ? f_ce_blocks(shapes, n_lin, epilogue, target) : 0;
+    long fuse_min = f_fuse_min();
     if (nh == 4 && fuse_min > 0) nh = f_fuse_rows() / 64; /* unfused 256 rows ran as fast */
     if (mh && !g) mt = 4 * (nh ? nh : mh);
     int cb = shapes[0].codebook;
     int mgroups = g ? g->max_groups : (int)((rows + 16 * mt - 1) / (16 * mt));
     int done[MUSE_K_FAST_MAX_LIN] = {0}, fused[MUSE_K_FAST_MAX_LIN] = {0};
-    /* the finish's arguments (fused: known before the launches, as the clusters need them) */
-    for (int i = 0; i < n_lin; i++) {
-        long unsplit = 0;
-        for (int j = 0; j < n_lin; j++)
-            if (shapes[j].bits == shapes[i].bits) unsplit += (long)(shapes[j].n / 128) * mgroups;
-        fused[i] = nh && nh <= 2 && fuse_min > 0 && unsplit >= fuse_min &&
-                   f_splits(shapes[i].k, shapes[i].n, target) > 1;
-    }
-    muse_fast_fin f;
-    memset(&f, 0, sizeof f);
-    f.n_lin = n_lin;
-    f.round16 = round16;
-    f.epilogue = epilogue;
-    f.grouped = g != NULL;
-    if (g) f.g = *g;
-    f.blk0[0] = 0;
-    for (int i = 0; i < n_lin; i++) {
-        f.d[i] = shapes[i];
-        f.part[i] = part[i];
-        f.splits[i] = fused[i] ? 1 : f_splits(shapes[i].k, shapes[i].n, target);
-        f.dsum[i] = fused[i] ? (const double *)part[i] : NULL; /* 2 splits or more: room */
-        f.n[i] = shapes[i].n;
-        f.y[i] = y[i];
-        f.y_stride[i] = y_stride[i];
-        f.blk0[i + 1] = f.blk0[i] + (long)(shapes[i].n / 128);
-    }
-    if (g && n_lin == 1 && epilogue == MUSE_K_EPI_NONE) f.sq = g->row_sq;
-    if (nx) {
-        f.na = nx->na;
-        f.nk = nx->nk;
-        f.nd = nx->nd;
-        f.nd_descs = nx->nd_descs;
-    }
-    if (ce && epilogue == MUSE_K_EPI_SWIGLU) f.silu = muse_k_fast_silu(rows);
     for (int i = 0; i < n_lin; i++) {
         if (done[i]) continue;
         fast_prod p;
@@ -852,15 +751,13 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         p.groups = g ? (const int4 *)g->groups : NULL;
         p.n_groups = g ? g->n_groups : NULL;
         p.skip_store = (skip & 8) != 0;
-        p.clu = ce;
-        p.clu_per = epilogue == MUSE_K_EPI_SWIGLU ? 2 : 1;
         /* the block shape: 64 columns where 128 would leave the launch under the narrow
          * threshold of blocks (more warps in flight at few rows); the bits are the same */
         long wide = 0;
         for (int j = i; j < n_lin; j++)
             if (!done[j] && shapes[j].bits == shapes[i].bits)
                 wide += (long)(shapes[j].n / MUSE_FAST_BLOCK_COLS) *
-                        f_splits(shapes[j].k, shapes[j].n, target) * mgroups;
+                        muse_fast_splits(shapes[j].k, shapes[j].n, target) * mgroups;
         /* a block's rows: at most the round's, and a group's */
         long brows = g && g->group_rows < rows ? g->group_rows : rows;
         int tr = !mh && mt == 1 && f_dec_tr(shapes[i].bits, brows);
@@ -880,6 +777,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         for (int j = i; j < n_lin; j++) {
             if (done[j] || shapes[j].bits != shapes[i].bits) continue;
             done[j] = 1;
+            fused[j] = fuse && muse_fast_splits(shapes[j].k, shapes[j].n, target) > 1;
             const muse_k_lin *s = shapes + j;
             fast_lin *L = &p.l[p.n_lin++];
             L->trellis = s->trellis;
@@ -889,7 +787,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
             L->a = a[j];
             L->part = part[j];
             L->descs = g ? g->descs[j] : NULL;
-            L->splits = f_splits(s->k, s->n, target);
+            L->splits = muse_fast_splits(s->k, s->n, target);
             L->sp_div = muse_fast_magic((uint32_t)L->splits);
             L->nblk = (int)((s->n + cols - 1) / cols);
             L->aligned = (uintptr_t)s->trellis % 16 == 0; /* tile rows are 32 * bits bytes */
@@ -898,7 +796,7 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         }
         if (mh) { /* the wgmma form: 128 columns a block, as shape 0's */
             if (!(skip & 2))
-                err = nh ? muse_k_fast_product_wr(&p, &f, nh, fuse, cb, shapes[i].bits, blocks, st)
+                err = nh ? muse_k_fast_product_wr(&p, nh, fuse, cb, shapes[i].bits, blocks, st)
                       : f_ws_on() ? muse_k_fast_product_ws(&p, mh, cb, shapes[i].bits, blocks, st)
                                   : muse_k_fast_product_wg(&p, mh, cb, shapes[i].bits, blocks, st);
             if (err) return err;
@@ -917,7 +815,32 @@ static int f_run(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,
         if (err) return err;
     }
 
-    return skip & 4 || ce ? 0 : muse_k_fast_finish(&f, rows, st);
+    muse_fast_fin f;
+    memset(&f, 0, sizeof f);
+    f.n_lin = n_lin;
+    f.round16 = round16;
+    f.epilogue = epilogue;
+    f.grouped = g != NULL;
+    if (g) f.g = *g;
+    f.blk0[0] = 0;
+    for (int i = 0; i < n_lin; i++) {
+        f.d[i] = shapes[i];
+        f.part[i] = part[i];
+        f.splits[i] = fused[i] ? 1 : muse_fast_splits(shapes[i].k, shapes[i].n, target);
+        f.dsum[i] = fused[i] ? (const double *)part[i] : NULL; /* 2 splits or more: room */
+        f.n[i] = shapes[i].n;
+        f.y[i] = y[i];
+        f.y_stride[i] = y_stride[i];
+        f.blk0[i + 1] = f.blk0[i] + (long)(shapes[i].n / 128);
+    }
+    if (g && n_lin == 1 && epilogue == MUSE_K_EPI_NONE) f.sq = g->row_sq;
+    if (nx) {
+        f.na = nx->na;
+        f.nk = nx->nk;
+        f.nd = nx->nd;
+        f.nd_descs = nx->nd_descs;
+    }
+    return skip & 4 ? 0 : muse_k_fast_finish(&f, rows, st);
 }
 
 MUSE_K_API int muse_k_linear_fast(const muse_k_ctx *ctx, const muse_k_lin *shapes, int n_lin,

@@ -43,9 +43,7 @@ typedef struct {
 } muse_k_fast_groups;
 /* The rows a group holds at most for a round of rows rows, k_per_row of experts a row (the
  * product's m-tiles a block: linear_fast.h's muse_fast_group_rows, MUSE_FAST_MANY_MT read; 8
- * from 2 to 16 rows, the transposed form's, MUSE_FAST_TR_GROUPS read; 192 where the register
- * form takes them and they compute fewer rows than 128, MUSE_FAST_WIDE read): 8, 16, 32, 64,
- * 128 or 192. */
+ * from 2 to 16 rows, the transposed form's, MUSE_FAST_TR_GROUPS read): 8, 16, 32, 64 or 128. */
 MUSE_K_API int muse_k_linear_fast_group_rows(long rows, long k_per_row, long experts);
 /* shapes: host copies of expert 0's descriptors (every expert's k, n, bits and codebook are
  * the same; the caller checks). Workspace: muse_k_linear_fast_workspace at P rows. */
@@ -94,10 +92,6 @@ MUSE_K_API void muse_k_linear_fast_tr_force(int on);
 /* Checks only: the register form's splits fused from launches of this many unsplit blocks on (0:
  * never) in place of MUSE_FAST_FUSE_MIN (-1: back to it). The bits do not change. */
 MUSE_K_API void muse_k_linear_fast_fuse_force(long min_blocks);
-/* Checks only: the register form's clusters (linear_fast_wr.cu: the splits summed on chip and
- * finished there) off (0) or on (1) in place of MUSE_FAST_CE (-1: back to it). The bits do not
- * change. */
-MUSE_K_API void muse_k_linear_fast_ce_force(int on);
 /* Whether muse_k_linear_fast takes these linears (shapes, codebook, bits, epilogue). */
 MUSE_K_API int muse_k_linear_fast_fits(const muse_k_lin *shapes, int n_lin, int epilogue);
 

@@ -6,7 +6,6 @@
 #ifndef MUSE_K_LINEAR_FAST_H
 #define MUSE_K_LINEAR_FAST_H
 
-#include <math.h>
 #include <stdint.h>
 
 #include "base/f16.h"
@@ -39,15 +38,6 @@ MUSE_HD int muse_fast_splits(int64_t k, int64_t n, int target)
     if (smax > MUSE_FAST_MAX_SPLITS) smax = MUSE_FAST_MAX_SPLITS;
     if (s > smax) s = smax;
     return s < 1 ? 1 : (int)s;
-}
-
-/* muse_fast_splits with a count of 9 or 10 taken down to 8 where eight is set, so a cluster of
- * the register form (linear_fast_wr.cu: at most 8 blocks) holds every split of the shape (the
- * one-GPU shape's o 4096x6144 and shared down 3072x6144: 9). A function of (k, n) alone still. */
-MUSE_HD int muse_fast_splits_at(int64_t k, int64_t n, int target, int eight)
-{
-    int s = muse_fast_splits(k, n, target);
-    return eight && s > 8 && s <= 10 ? 8 : s;
 }
 
 /* Whether a launch of the transposed form (blocks of at most 8 rows: a decode step's) takes
@@ -92,27 +82,6 @@ MUSE_HD int muse_fast_group_rows(int64_t rows, int64_t k_per_row, int64_t expert
     if (forced == 1 || forced == 2 || forced == 4 || forced == 8) return 16 * forced;
     int64_t e = experts > 0 ? (rows * k_per_row + experts - 1) / experts : rows;
     return 16 * muse_fast_fit_mt(e, MUSE_FAST_MT_MAX);
-}
-
-/* The mean of ceil(c / g) g over an expert's pair count c, c a Poisson count of mean e in the
- * normal approximation (continuity-corrected): the rows its groups of g rows compute, padding
- * included. */
-MUSE_HD double muse_fast_group_cost(double e, int g)
-{
-    double sd = sqrt(e > 1 ? e : 1), n = 0;
-    for (int j = 0; (double)j * g < e + 10 * sd; j++)
-        n += 0.5 * erfc(((double)j * g + 0.5 - e) / (sd * 1.4142135623730951));
-    return n * g;
-}
-
-/* The register form's groups past 128 rows (linear_fast_wr.cu's blocks of 192: a 128-row and a
- * 64-row wgmma), for e pairs an expert on average: 192 where they compute fewer rows than
- * groups of 128 (muse_fast_group_cost), else 128. 256 never does (c <= 256: both 256; past it
- * 512 against 384). The one-GPU shape at 2048 rows a round (8 of 96: 170.7 an expert): 201.1
- * rows against 255.9; at 4096 (341.3) 128 stays. */
-MUSE_HD int muse_fast_group_rows_wide(double e)
-{
-    return muse_fast_group_cost(e, 192) < muse_fast_group_cost(e, 128) ? 192 : 128;
 }
 
 /* First k-tile of split s of kt k-tiles (split s covers [begin(s), begin(s + 1))). */
@@ -312,54 +281,6 @@ MUSE_HD int muse_fast_fin_last(int splits, int s)
 {
     int G = muse_fast_fin_groups(splits), g = muse_fast_fin_group_of(splits, s);
     return s == splits * (g + 1) / G - 1;
-}
-
-/* The register form's clusters (linear_fast_wr.cu MODE 2): a cluster is per * S consecutive
- * blocks, the S splits of one 128-column block nb of one m-group mg for each of its per linears
- * (2: SWIGLU's gate then up), the split fastest. Block `local` (a linear's blocks from its first,
- * or SWIGLU's from 0): lq its linear among the per, sp its split (its rank: lq S + sp). */
-MUSE_HD void muse_fast_cl_place(long local, int per, int S, int mgroups, int *lq, int *sp,
-                                int *mg, int *nb)
-{
-    long C = (long)per * S, rank = local % C, rest = local / C;
-    *lq = (int)(rank / S), *sp = (int)(rank % S);
-    *mg = (int)(rest % mgroups), *nb = (int)(rest / mgroups);
-}
-
-/* The blocks a cluster holds for a call of n_lin linears with split counts splits[] and bits
- * bits[] (SWIGLU: gate and up): every linear in one launch with one split count, at most 8
- * blocks (the portable cluster); else 0, no clusters (the split partials and the finish). */
-MUSE_HD int muse_fast_cl_blocks(const int *splits, const int *bits, int n_lin, int swiglu)
-{
-    if (n_lin < 1) return 0;
-    for (int i = 1; i < n_lin; i++)
-        if (splits[i] != splits[0] || bits[i] != bits[0]) return 0;
-    int c = (swiglu ? 2 : 1) * splits[0];
-    return c <= 8 ? c : 0;
-}
-
-/* The register form's stage buffer (linear_fast_wr.cu: 4 of them): the rows (64 nh x 64 k fp16)
- * and the trellis of 4 k-tiles x 8 tiles, both multiples of 1024 bytes (the swizzle's atoms) */
-MUSE_HD int muse_fast_wr_buf(int nh, int bits)
-{
-    return nh * 8192 + 4 * 8 * 32 * bits;
-}
-#define MUSE_FAST_WR_PS 132 /* floats a row of a cluster's partial tile: rows 4 banks apart */
-
-/* Where accumulator e of lane `lane` of warp `warp` of the register form lies in its block's
- * tile: row (of 64 nh) 8 (e / 4) + 2 (lane % 4) + (e & 1), column (of 128) 16 warp + lane / 4 +
- * 8 ((e % 4) >> 1); its float in a cluster's partial tile [64 nh][MUSE_FAST_WR_PS]. */
-MUSE_HD int muse_fast_wr_acc_row(int e, int lane)
-{
-    return 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
-}
-MUSE_HD int muse_fast_wr_acc_col(int e, int lane, int warp)
-{
-    return 16 * warp + lane / 4 + 8 * ((e % 4) >> 1);
-}
-MUSE_HD int muse_fast_wr_tile_at(int e, int lane, int warp)
-{
-    return muse_fast_wr_acc_row(e, lane) * MUSE_FAST_WR_PS + muse_fast_wr_acc_col(e, lane, warp);
 }
 
 /* The integer stage of the decode. 3INST/MCG: the word whose two fp16 halves add to the

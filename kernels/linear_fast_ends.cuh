@@ -46,7 +46,4 @@ typedef struct {
 MUSE_K_API int muse_k_fast_prepare(const muse_fast_prep *p, const float *x, long x_stride,
                                    long rows, cudaStream_t st);
 MUSE_K_API int muse_k_fast_finish(const muse_fast_fin *f, long rows, cudaStream_t st);
-/* The finish's SWIGLU silu table for a launch of rows rows on the current device (filled by
- * muse_k_linear_fast_init, from F_SILU_ROWS rows on), or NULL: compute it (the same bits). */
-MUSE_K_API const float *muse_k_fast_silu(long rows);
 #endif

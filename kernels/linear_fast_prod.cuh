@@ -10,7 +10,6 @@
 
 #include "launch.h"
 #include "linear_fast.cuh"
-#include "linear_fast_ends.cuh"
 #include "linear_fast.h"
 #include "pdl.cuh"
 
@@ -35,9 +34,6 @@ typedef struct {
     const int4 *groups;
     const int32_t *n_groups;
     int skip_store; /* timing only (muse_k_linear_fast_skip's 8): linear_fast_wr.cu's partials */
-    /* the register form's clusters (linear_fast_wr.cu MODE 2): blocks a cluster (0: none), and
-     * the linears whose splits one holds (1; 2: SWIGLU's gate and up, blocks from 0) */
-    int clu, clu_per;
 } fast_prod;
 
 /* Block b of a launch's grid (an item of the persistent form's): its linear li, its m-group mg,
@@ -151,13 +147,12 @@ int muse_k_fast_product_wg(const fast_prod *p, int mh, int cb, int bits, long bl
 int muse_k_fast_product_ws(const fast_prod *p, int mh, int cb, int bits, long blocks,
                            cudaStream_t st);
 /* The same bits with the weights as wgmma's register operand (linear_fast_wr.cu): blocks of 64 *
- * nh rows (nh 1, 2 or 4; 3 for the MoE's groups of 192) and 128 columns, two warpgroups, no
- * shared memory for the decoded weights. fused (nh 1 or 2): the grid has no split (each
- * linear's blocks nblk * mgroups from its blk0) and a block runs every split, leaving a linear
- * of 2 splits or more summed as the finish's muse_fast_fin.dsum. p->clu (at most 8, dividing blocks): clusters of that many
- * blocks finish the launch with f (the finish's arguments; the finish is then not launched). */
-int muse_k_fast_product_wr(const fast_prod *p, const muse_fast_fin *f, int nh, int fused, int cb,
-                           int bits, long blocks, cudaStream_t st);
+ * nh rows (nh 1, 2 or 4) and 128 columns, two warpgroups, no shared memory for the decoded
+ * weights. fused (nh 1 or 2): the grid has no split (each linear's blocks nblk * mgroups from
+ * its blk0) and a block runs every split, leaving a linear of 2 splits or more summed as the
+ * finish's muse_fast_fin.dsum. */
+int muse_k_fast_product_wr(const fast_prod *p, int nh, int fused, int cb, int bits, long blocks,
+                           cudaStream_t st);
 /* The device's SMs, asked once a process (first outside a graph capture: muse_k_linear_fast_wg) */
 int muse_k_fast_ws_sms(void);
 

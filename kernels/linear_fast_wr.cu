@@ -4,21 +4,14 @@
  * never goes through shared memory, and the rows of `a` are its B operand (K-major rows in the
  * 128-byte swizzle of linear_fast.h). A block is two warpgroups, 128 columns (warp w decodes the
  * block's tile w, as the mma.sync form's warps do) x 64 * NH rows x one k split (the split, the
- * block's place and the partials are linear_fast.cu's), or every split in turn (MODE 1, fused,
- * off by default: slower on the H200), or (MODE 2) one split of a cluster that holds every split
- * of its columns (and SWIGLU's up beside the gate), which sums the partials through distributed
- * shared memory and finishes them as the finish kernel does (linear_fast_fin.cuh: the same
- * expressions in the same order, so the same bits), no partials out and back and no finish
- * launch. Stages of 4 k-tiles (rows and trellis)
+ * block's place and the partials are linear_fast.cu's), or every split in turn (FUSED, off by
+ * default: slower on the H200). Stages of 4 k-tiles (rows and trellis)
  * come by cp.async two ahead in four buffers, with one barrier a stage; each k-tile a warp
  * decodes its tile while the wgmma of the two k-tiles before run. A column's chain: its split's
  * k-tiles in ascending order from zeroed accumulators, as the other forms' (the products a*w and
  * their k order are the same whichever operand holds the weights). */
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
-#include <string.h>
 
-#include "linear_fast_fin.cuh"
 #include "linear_fast_prod.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
@@ -29,7 +22,7 @@
 #define WR_THREADS 256 /* two warpgroups, 64 columns each */
 
 /* a stage buffer: the rows (64 * nh x 64 k fp16), then the trellis of its 4 k-tiles (8 tiles of
- * 32 * bits bytes each): linear_fast.h's muse_fast_wr_buf, constant here */
+ * 32 * bits bytes each): both multiples of 1024 bytes, the swizzle's atoms */
 __host__ __device__ constexpr int wr_buf(int nh, int bits)
 {
     return nh * 8192 + WR_KC * 8 * 32 * bits;
@@ -40,9 +33,6 @@ static int wr_smem(int nh, int bits, int fused)
 {
     return WR_BUF * wr_buf(nh, bits) + (fused ? 32 * nh * WR_THREADS * 8 : 0) + 1024;
 }
-/* MODE 2's partial tile [64 nh][MUSE_FAST_WR_PS] fp32 takes the stage buffers' place once they
- * are done (t/unit/test_linear_fast.c checks every nh and bits; the largest tile here) */
-static_assert(4 * 64 * MUSE_FAST_WR_PS * 4 <= WR_BUF * wr_buf(4, 1), "the tile fits the buffers");
 
 /* acc += A B over the block's 64 * NH rows: B's rows from shared address xs (128 bytes a row) */
 template <int NH>
@@ -50,7 +40,6 @@ __device__ __forceinline__ void wr_mma(float *acc, const uint32_t a[4], uint32_t
 {
     if (NH == 1) wg_mma_rs64(acc, a, wg_desc(xs));
     if (NH >= 2) wg_mma_rs(acc, a, wg_desc(xs));
-    if (NH == 3) wg_mma_rs64(acc + 64, a, wg_desc(xs + 128 * 128)); /* rows 128 .. 191 */
     if (NH == 4) wg_mma_rs(acc + 64, a, wg_desc(xs + 128 * 128));
 }
 
@@ -59,19 +48,15 @@ struct wr_cur {
     int s, kt, end;
 };
 
-/* step 2: grid as k_fast_product's (blocks of 64 * NH rows), WR_THREADS threads. MODE 1
- * (fused): no split in the grid; a block runs every split of its columns in turn (the loads
- * going on across them) and sums their partials as the finish would (muse_fast_fin_groups: a
- * group's sum in shared memory, the groups' in the partials' place as [R][n] double, which the
- * finish reads). MODE 2: clusters of p.clu blocks, a cluster the splits of one 128-column block
- * of rows (p.clu_per linears: 2 for SWIGLU, the gate's splits then the up's), rank the split
- * fastest; f is the finish's, which then is not launched. */
-template <int CB, int BITS, int NH, int MODE>
-__global__ void __launch_bounds__(WR_THREADS, NH >= 3 || MODE == 1 ? 1 : 2)
-    k_fast_product_wr(fast_prod p, muse_fast_fin f)
+/* step 2: grid as k_fast_product's (blocks of 64 * NH rows), WR_THREADS threads. FUSED: no
+ * split in the grid; a block runs every split of its columns in turn (the loads going on across
+ * them) and sums their partials as the finish would (muse_fast_fin_groups: a group's sum in
+ * shared memory, the groups' in the partials' place as [R][n] double, which the finish reads) */
+template <int CB, int BITS, int NH, int FUSED>
+__global__ void __launch_bounds__(WR_THREADS, NH == 4 || FUSED ? 1 : 2)
+    k_fast_product_wr(fast_prod p)
 {
 #ifdef WG_ON
-    constexpr int FUSED = MODE == 1;
     constexpr int ROWS = 64 * NH;
     constexpr int X_ST = ROWS * 128;    /* a stage's rows */
     constexpr int T_KT = 8 * 32 * BITS; /* a k-tile's trellis */
@@ -86,14 +71,6 @@ __global__ void __launch_bounds__(WR_THREADS, NH >= 3 || MODE == 1 ? 1 : 2)
         uint32_t local = (uint32_t)((long)blockIdx.x - p.l[li].blk0);
         nb = (int)muse_fast_divq(local, p.mg_div), mg = (int)(local - nb * (uint32_t)p.mgroups);
         sp = 0;
-    } else if (MODE == 2) { /* the cluster's rank: its split (and SWIGLU's linear) */
-        int lq;
-        li = 0;
-        if (p.clu_per == 1)
-            while (li + 1 < p.n_lin && (long)blockIdx.x >= p.l[li + 1].blk0) li++;
-        muse_fast_cl_place((long)blockIdx.x - p.l[li].blk0, p.clu_per, p.l[0].splits, p.mgroups,
-                           &lq, &sp, &mg, &nb);
-        li += lq; /* SWIGLU: li 0, lq the gate's 0 or the up's 1 */
     } else {
         f_place(p, blockIdx.x, li, mg, sp, nb);
     }
@@ -249,9 +226,7 @@ __global__ void __launch_bounds__(WR_THREADS, NH >= 3 || MODE == 1 ? 1 : 2)
             }
         }
         wg_wait<0>();
-        if (MODE == 2) {
-            /* the cluster epilogue below */
-        } else if (!FUSED || S == 1) { /* split s's partial (fused, one split: the only one) */
+        if (!FUSED || S == 1) { /* split s's partial (fused, one split: the only one) */
             float *const ps = part + (long)(FUSED ? 0 : s) * R * n;
             if (col_ok)
 #pragma unroll
@@ -285,82 +260,10 @@ __global__ void __launch_bounds__(WR_THREADS, NH >= 3 || MODE == 1 ? 1 : 2)
     }
 #pragma nv_diag_default 128
     k_cp_wait<0>();
-    if (MODE == 2) {
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        const int C = p.clu, rank = (int)cl.block_rank(), S = L.splits, G = f_fin_groups(S);
-        const int lin0 = p.clu_per == 2 ? 0 : li;
-        const int64_t j0 = (int64_t)nb * HAD;
-        float *const pt = (float *)w_sm; /* [ROWS][MUSE_FAST_WR_PS]: this split's partial tile */
-        __syncthreads();                 /* every warp's wgmma and loads of the buffers done */
-#pragma unroll
-        for (int e = 0; e < 32 * NH; e++) pt[muse_fast_wr_tile_at(e, lane, warp)] = acc[e];
-        /* the finish's constants of the block's columns, loaded (the accumulators
-         * stored) before the wait for the other splits: a linear's, or (grouped) the expert's whose rows the m-group holds */
-        const int ex = f.grouped ? f.g.sel[f.g.perm[m0]] : 0;
-        float sc[2][4], bs[2][4], nsc[4] = {0, 0, 0, 0};
-        bool has_bias[2] = {false, false};
-#pragma unroll
-        for (int ql = 0; ql < 2; ql++) {
-            if (ql >= p.clu_per) break;
-            const int lq = lin0 + ql;
-            const bool next = f.na && ql == 0;
-            float tn[4];
-            if (f.grouped) {
-                const muse_k_lin *d = f.g.descs[lq] + ex, *nd = next ? f.nd_descs + ex : NULL;
-                has_bias[ql] = d->bias != NULL;
-                f_load_consts(d->svh, d->sv, d->bias, nd ? nd->suh : NULL, nd ? nd->su : NULL,
-                              next, j0 + 4 * lane, sc[ql], bs[ql], tn);
-            } else {
-                has_bias[ql] = f.d[lq].bias != NULL;
-                f_load_consts(f.d[lq].svh, f.d[lq].sv, f.d[lq].bias, f.nd.suh, f.nd.su, next,
-                              j0 + 4 * lane, sc[ql], bs[ql], tn);
-            }
-            if (next)
-#pragma unroll
-                for (int q = 0; q < 4; q++) nsc[q] = tn[q];
-        }
-        cl.sync(); /* every split's tile written (and seen: release / acquire) */
-        /* warp rank * 8 + warp of the cluster finishes rows lr of the block, as the finish's
-         * lead warp of that row's block does: the groups in order, each from its first split */
-        for (int lr = rank * 8 + warp; lr < (int)(rend - m0); lr += C * 8) {
-            const long r = m0 + lr, out_row = f.grouped ? f.g.perm[r] : r;
-            float o[4], u[4] = {0, 0, 0, 0};
-#pragma unroll
-            for (int ql = 0; ql < 2; ql++) { /* registers throughout: no array by a pointer */
-                if (ql >= p.clu_per) break;
-                double v[4];
-                for (int g = 0; g < G; g++) {
-                    double gs[4] = {0, 0, 0, 0};
-                    for (int s = S * g / G; s < S * (g + 1) / G; s++) {
-                        const float *src =
-                            cl.map_shared_rank(pt, ql * S + s) + lr * MUSE_FAST_WR_PS + 4 * lane;
-                        float4 q4 = *(const float4 *)src;
-                        gs[0] += (double)q4.x;
-                        gs[1] += (double)q4.y;
-                        gs[2] += (double)q4.z;
-                        gs[3] += (double)q4.w;
-                    }
-#pragma unroll
-                    for (int q = 0; q < 4; q++) v[q] = g ? v[q] + gs[q] : gs[q];
-                }
-                float t[4];
-                f_finish_vals(v, sc[ql], bs[ql], has_bias[ql], lane, t);
-                if (ql)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) u[q] = t[q];
-                else
-#pragma unroll
-                    for (int q = 0; q < 4; q++) o[q] = t[q];
-            }
-            f_fin_out(f, p.clu_per == 2, lin0, r, out_row, nb, j0, lane, o, u, 1, nsc);
-        }
-        cl.sync(); /* no block leaves while another still reads its tile */
-    }
 #endif
 }
 
-typedef void (*wr_fn)(fast_prod, muse_fast_fin);
+typedef void (*wr_fn)(fast_prod);
 #define WR_TABLE(NH, F)                                                                            \
     {                                                                                              \
         {k_fast_product_wr<0, 1, NH, F>, k_fast_product_wr<0, 2, NH, F>,                           \
@@ -376,33 +279,20 @@ typedef void (*wr_fn)(fast_prod, muse_fast_fin);
              k_fast_product_wr<2, 5, NH, F>, k_fast_product_wr<2, 6, NH, F>,                       \
              k_fast_product_wr<2, 7, NH, F>, k_fast_product_wr<2, 8, NH, F>},                      \
     }
-/* [nh 1, 2, 4; then nh 1, 2 with the splits fused; then nh 1, 2, 4 in clusters; then nh 3
- * (the MoE's groups of 192 rows), alone and in clusters][codebook][bits - 1] */
-static const wr_fn wr_prod[10][3][8] = {WR_TABLE(1, 0), WR_TABLE(2, 0), WR_TABLE(4, 0),
-                                        WR_TABLE(1, 1), WR_TABLE(2, 1), WR_TABLE(1, 2),
-                                        WR_TABLE(2, 2), WR_TABLE(4, 2), WR_TABLE(3, 0),
-                                        WR_TABLE(3, 2)};
+/* [nh 1, 2, 4; then nh 1, 2 with the splits fused][codebook][bits - 1] */
+static const wr_fn wr_prod[5][3][8] = {WR_TABLE(1, 0), WR_TABLE(2, 0), WR_TABLE(4, 0),
+                                       WR_TABLE(1, 1), WR_TABLE(2, 1)};
 
-int muse_k_fast_product_wr(const fast_prod *p, const muse_fast_fin *f, int nh, int fused, int cb,
-                           int bits, long blocks, cudaStream_t st)
+int muse_k_fast_product_wr(const fast_prod *p, int nh, int fused, int cb, int bits, long blocks,
+                           cudaStream_t st)
 {
-    if (nh < 1 || nh > 4 || (fused && nh > 2) || (fused && p->clu) ||
-        (p->clu && (!f || p->clu > 8 || blocks % p->clu)))
-        return (int)cudaErrorInvalidValue;
+    if ((nh != 1 && nh != 2 && nh != 4) || (fused && nh == 4)) return (int)cudaErrorInvalidValue;
     int err = muse_k_fast_wg_check(1, cb, bits);
     if (err) return err;
-    int row = nh == 3 ? (p->clu ? 9 : 8)
-              : p->clu ? 5 + (nh == 4 ? 2 : nh - 1)
-              : fused  ? 2 + nh
-              : nh == 4 ? 2
-                        : nh - 1;
-    wr_fn fn = wr_prod[row][cb][bits - 1];
+    wr_fn fn = wr_prod[fused ? 2 + nh : nh == 4 ? 2 : nh - 1][cb][bits - 1];
     int smem = wr_smem(nh, bits, fused);
     err = (int)cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     smem);
     if (err) return err;
-    muse_fast_fin none;
-    if (!f) memset(&none, 0, sizeof none);
-    return k_launch_cluster(fn, (unsigned)blocks, WR_THREADS, (size_t)smem, st, (unsigned)p->clu,
-                            *p, f ? *f : none);
+    return k_launch(fn, (unsigned)blocks, WR_THREADS, (size_t)smem, st, *p);
 }

@@ -148,7 +148,6 @@ template <int M> __device__ __forceinline__ void d_rs_level(double *v, int lane)
  * then d_router_sum's tree an expert. So a row's bits are k_router_vec's.
  * grid (ceil(E / RT_EXPERTS), ceil(R / RT_ROWS)), RT_THREADS threads. */
 #define RT_EXPERTS 4
-template <int ONCE>
 __global__ void __launch_bounds__(RT_THREADS)
     k_router_rows(const float *b, long H, long R, const void *router, int dtype, long E,
                   float *logits)
@@ -171,51 +170,21 @@ __global__ void __launch_bounds__(RT_THREADS)
     for (int j = 0; j < RT_CHUNKS; j++) {
         long c = t + (long)j * RT_THREADS;
         if (c >= chunks) break;
-        if constexpr (ONCE) {
-            /* each weight and each row element made a double once a chunk: the loop as it was
-             * (ONCE 0) had ptxas convert again at every fma, 1281 conversions against 1024 fma
-             * as sass.sh counts them, where a conversion to or from 64 bits issues at a quarter
-             * of the fma's rate on sm_90; here 385 (160 registers against 128). Each (r, x)
-             * still adds its products in e order. */
-            double wd[RT_EXPERTS][8];
+        float w[RT_EXPERTS][8];
 #pragma unroll
-            for (int x = 0; x < RT_EXPERTS; x++) {
-                float w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                if (x < nx) d_router_chunk(rows + (size_t)x * (size_t)H * es, dtype, c, w);
+        for (int x = 0; x < RT_EXPERTS; x++)
+            if (x < nx) d_router_chunk(rows + (size_t)x * (size_t)H * es, dtype, c, w[x]);
 #pragma unroll
-                for (int e = 0; e < 8; e++) wd[x][e] = (double)w[e];
-            }
-#pragma unroll
-            for (int r = 0; r < RT_ROWS; r++) {
-                if (r >= nr) continue;
-                const float4 *br = (const float4 *)(b + (r0 + r) * H);
-                float4 p = br[2 * c], q = br[2 * c + 1];
-                float bv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    double bd = (double)bv[e];
-#pragma unroll
-                    for (int x = 0; x < RT_EXPERTS; x++)
-                        acc[r][x] = __fma_rn(bd, wd[x][e], acc[r][x]);
-                }
-            }
-        } else {
-            float w[RT_EXPERTS][8];
+        for (int r = 0; r < RT_ROWS; r++) {
+            if (r >= nr) continue;
+            const float4 *br = (const float4 *)(b + (r0 + r) * H);
+            float4 p = br[2 * c], q = br[2 * c + 1];
+            float bv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
 #pragma unroll
             for (int x = 0; x < RT_EXPERTS; x++)
-                if (x < nx) d_router_chunk(rows + (size_t)x * (size_t)H * es, dtype, c, w[x]);
 #pragma unroll
-            for (int r = 0; r < RT_ROWS; r++) {
-                if (r >= nr) continue;
-                const float4 *br = (const float4 *)(b + (r0 + r) * H);
-                float4 p = br[2 * c], q = br[2 * c + 1];
-                float bv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-#pragma unroll
-                for (int x = 0; x < RT_EXPERTS; x++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        acc[r][x] = __fma_rn((double)bv[e], (double)w[x][e], acc[r][x]);
-            }
+                for (int e = 0; e < 8; e++)
+                    acc[r][x] = __fma_rn((double)bv[e], (double)w[x][e], acc[r][x]);
         }
     }
     /* d_router_sum's tree for each (row, expert): the lanes' by xor 16, 8, 4, 2, 1, as a
@@ -506,17 +475,6 @@ __global__ void __launch_bounds__(1024)
                   sg_sh + 128);
 }
 
-/* k_router_rows's conversions to double once a chunk (ONCE; the same bits): MUSE_FAST_ROUTER_ONCE=0
- * from the environment (tuning only, read once a process) turns it off. */
-static int f_router_once(void)
-{
-    static const int on = [] {
-        const char *v = getenv("MUSE_FAST_ROUTER_ONCE");
-        return !(v && !strcmp(v, "0"));
-    }();
-    return on;
-}
-
 /* MUSE_FAST_ROUTER=0 from the environment: the element-wise router everywhere (tuning only,
  * read once a process: its bits differ from the chunked one's, so a process keeps one). */
 static int f_router_vec(void)
@@ -537,7 +495,7 @@ MUSE_K_API int muse_k_router_fast(const muse_k_ctx *ctx, const float *b, long H,
     if (f_router_vec() && H % 8 == 0 && H <= 8L * RT_THREADS * RT_CHUNKS &&
         (uintptr_t)b % 16 == 0 && (uintptr_t)router % 16 == 0) {
         if (rows > RT_ROWS) /* many rows: the rows of b read once for RT_EXPERTS experts */
-            return k_launch(f_router_once() ? k_router_rows<1> : k_router_rows<0>,
+            return k_launch(k_router_rows,
                             dim3((unsigned)((E + RT_EXPERTS - 1) / RT_EXPERTS), grid.y), RT_THREADS,
                             0, ctx->st, b, H, rows, router, dtype, E, logits);
         return k_launch(k_router_vec, grid, RT_THREADS, 0, ctx->st, b, H, rows, router, dtype, E,

@@ -25,42 +25,24 @@
 /* 1 where kernels launch with the programmatic attribute (kernels/pdl.cu) */
 MUSE_K_API int muse_k_pdl_on(void);
 
-/* fn<<<grid, block, smem, st>>>(args...) in clusters of cx blocks along x where cx > 1 (grid.x a
- * multiple of cx), with the programmatic attribute where muse_k_pdl_on(); the CUDA error of the
- * launch (the last error cleared, as the <<<>>> launchers do) */
+/* fn<<<grid, block, smem, st>>>(args...), with the attribute where muse_k_pdl_on(); the CUDA
+ * error of the launch (the last error cleared, as the <<<>>> launchers do) */
 template <typename... P, typename... A>
-static inline int k_launch_cluster(void (*fn)(P...), dim3 grid, dim3 block, size_t smem,
-                                   cudaStream_t st, unsigned cx, A... args)
+static inline int k_launch(void (*fn)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                           A... args)
 {
-    cudaLaunchAttribute at[2];
-    unsigned n = 0;
-    if (cx > 1) {
-        at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n].val.clusterDim.x = cx;
-        at[n].val.clusterDim.y = 1;
-        at[n++].val.clusterDim.z = 1;
-    }
-    if (muse_k_pdl_on()) {
-        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = at;
-    cfg.numAttrs = n;
+    cfg.numAttrs = muse_k_pdl_on() ? 1 : 0;
     cudaError_t e = cudaLaunchKernelEx(&cfg, fn, args...), last = cudaGetLastError();
     return (int)(e != cudaSuccess ? e : last);
-}
-
-/* fn<<<grid, block, smem, st>>>(args...), with the attribute where muse_k_pdl_on() */
-template <typename... P, typename... A>
-static inline int k_launch(void (*fn)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                           A... args)
-{
-    return k_launch_cluster(fn, grid, block, smem, st, 1u, args...);
 }
 
 #endif

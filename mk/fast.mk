@@ -1,15 +1,15 @@
-# The fast EXL3 product (kernels/linear_fast.cu, its wgmma forms linear_fast_wg.cu and
-# linear_fast_ws.cu) builds without -fmad=false: its only float arithmetic is mma/wgmma and
-# explicit fp16 intrinsics (see the files' opening comments). linear_fast_wr.cu keeps the flag:
-# its clusters finish as the finish does (linear_fast_fin.cuh), which must not contract. The
-# fast attention (kernels/attention_fast.cu) builds without it too: its fp32 sums contract to
-# FMA, one code path for every row.
+# The fast EXL3 product (kernels/linear_fast.cu, its wgmma forms linear_fast_wg.cu,
+# linear_fast_ws.cu and linear_fast_wr.cu) builds without -fmad=false: its only float
+# arithmetic is mma/wgmma and explicit fp16 intrinsics (see the files' opening comments); the
+# register form's fused splits add in double as the finish does. The fast attention
+# (kernels/attention_fast.cu) too: its fp32 sums contract to FMA, one code path for every row.
 # build/t/exl3-fast-check: the standalone GPU check-and-time tool for the product
 # (t/tools/exl3_fast_check.cu), run on a GPU machine.
 ifneq ($(NVCC_BIN),)
 $(BUILD)/obj/kernels/linear_fast.o: NVCCFLAGS := $(filter-out -fmad=false,$(NVCCFLAGS))
 $(BUILD)/obj/kernels/linear_fast_wg.o: NVCCFLAGS := $(filter-out -fmad=false,$(NVCCFLAGS))
 $(BUILD)/obj/kernels/linear_fast_ws.o: NVCCFLAGS := $(filter-out -fmad=false,$(NVCCFLAGS))
+$(BUILD)/obj/kernels/linear_fast_wr.o: NVCCFLAGS := $(filter-out -fmad=false,$(NVCCFLAGS))
 $(BUILD)/obj/kernels/attention_fast.o: NVCCFLAGS := $(filter-out -fmad=false,$(NVCCFLAGS))
 
 EXL3_FAST_CHECK := $(BUILD)/t/exl3-fast-check

@@ -5,7 +5,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/linear_fast.h"
@@ -147,21 +146,6 @@ static void test_splits(void)
     is_int(muse_fast_splits(6144, 3072, MUSE_FAST_GROUP_TARGET / 8), 3,
            "an expert's 6144 x 3072 at 8 a token: 3 splits (as at the plain target of 264)");
     is_int(muse_fast_splits(6144, 202112, MUSE_FAST_SPLIT_TARGET), 1, "the head: no split");
-    /* eight: 9 and 10 down to 8 (a cluster's most), every other count as it was */
-    int moved = 0, wrong = 0;
-    for (int64_t k = 128; k <= 8192; k += 128)
-        for (int64_t n = 128; n <= 8192; n += 128) {
-            int s = muse_fast_splits(k, n, MUSE_FAST_SPLIT_TARGET);
-            int e = muse_fast_splits_at(k, n, MUSE_FAST_SPLIT_TARGET, 1);
-            wrong += muse_fast_splits_at(k, n, MUSE_FAST_SPLIT_TARGET, 0) != s;
-            wrong += s == 9 || s == 10 ? e != 8 : e != s;
-            moved += e != s;
-        }
-    ok(wrong == 0 && moved > 0, "splits at eight: 9 and 10 become 8 (%d shapes), no other", moved);
-    is_int(muse_fast_splits_at(4096, 6144, MUSE_FAST_SPLIT_TARGET, 1), 8,
-           "4096 x 6144 at eight: 8 splits, one cluster");
-    is_int(muse_fast_splits_at(6144, 4096, MUSE_FAST_SPLIT_TARGET, 1), 13,
-           "6144 x 4096 at eight: 13 still");
 }
 
 /* muse_fast_divq is n / d at the divisors' edges (1, powers of two and their neighbours, 2^31 -
@@ -252,31 +236,6 @@ static void test_block_mt(void)
     is_int(muse_fast_group_rows(256, 8, 32, 0), 64, "256 rows, 8 of 32 (64 a expert): 64");
     is_int(muse_fast_group_rows(64, 8, 96, 8), 128, "64 rows forced 8: 128");
     is_int(muse_fast_group_rows(64, 8, 0, 0), 64, "no experts: blocks for the round's rows");
-    /* the register form's groups of 192 against 128: the rows they compute, padding included */
-    double c128 = muse_fast_group_cost(2048.0 * 8 / 96, 128),
-           c192 = muse_fast_group_cost(2048.0 * 8 / 96, 192);
-    ok(fabs(c128 - 255.9) < 0.5 && fabs(c192 - 201.1) < 0.5,
-       "2048 rows, 8 of 96 (170.7 pairs an expert): groups of 128 compute 255.9 rows an expert, of "
-       "192 201.1");
-    is_int(muse_fast_group_rows_wide(2048.0 * 8 / 96), 192, "... so 192");
-    is_int(muse_fast_group_rows_wide(4096.0 * 8 / 96), 128,
-           "4096 rows (341.3 an expert): 128 (385.2 against 385.9)");
-    is_int(muse_fast_group_rows_wide(128), 128, "128 an expert: 128 (189.7 against 192)");
-    is_int(muse_fast_group_rows_wide(320.0 * 3 / 6), 192,
-           "exl3-fast-check's 320 rows, 3 of 6 (160): 192");
-    /* against the mean taken by counting: c Poisson of mean e, its pmf summed term by term */
-    bad = 0;
-    for (double e = 40; e <= 700; e += 7.5)
-        for (int g = 128; g <= 256; g += 64) {
-            double pmf = exp(-e), mean = 0, cdf = 0;
-            for (int c = 0; c < 4000 && (c < e || cdf < 1 - 1e-12); c++) {
-                mean += pmf * (double)((c + g - 1) / g * g);
-                cdf += pmf;
-                pmf *= e / (c + 1);
-            }
-            bad += fabs(muse_fast_group_cost(e, g) - mean) > 0.02 * mean;
-        }
-    ok(bad == 0, "the normal approximation within 2%% of the Poisson mean, e 40 to 700");
 }
 
 /* The weight a 3inst/mcg state stands for is its two fp16 halves' sum rounded to fp16 (the fp16
@@ -390,77 +349,6 @@ static void test_fin_groups(void)
        "13 splits: groups [0, 6) and [6, 13)");
 }
 
-/* The register form's clusters: muse_fast_cl_place puts every (linear, split, m-group, column
- * block) in one block, a cluster's blocks consecutive and of one m-group and column block, rank
- * the linear's S + the split; muse_fast_cl_blocks takes the one-GPU shape's experts and no wider
- * call; the accumulators fill a partial tile once, each store of a warp in 32 banks, and the
- * tile fits the stage buffers at every row count and bit width; the epilogue's warps take each
- * row once. */
-static void test_clusters(void)
-{
-    int bad = 0;
-    for (int per = 1; per <= 2; per++)
-        for (int S = 1; per * S <= 8; S++)
-            for (int mgroups = 1; mgroups <= 7; mgroups += 3)
-                for (int nblk = 1; nblk <= 5; nblk += 4) {
-                    long C = (long)per * S, blocks = C * mgroups * nblk;
-                    static unsigned char seen[2][8][7][5];
-                    memset(seen, 0, sizeof seen);
-                    for (long b = 0; b < blocks; b++) {
-                        int lq, sp, mg, nb, lq0, sp0, mg0, nb0;
-                        muse_fast_cl_place(b, per, S, mgroups, &lq, &sp, &mg, &nb);
-                        muse_fast_cl_place(b - b % C, per, S, mgroups, &lq0, &sp0, &mg0, &nb0);
-                        bad += lq < 0 || lq >= per || sp < 0 || sp >= S || mg < 0 ||
-                               mg >= mgroups || nb < 0 || nb >= nblk;
-                        if (bad) break;
-                        bad += seen[lq][sp][mg][nb]++ != 0;
-                        bad += mg != mg0 || nb != nb0 || lq * S + sp != b % C;
-                    }
-                }
-    ok(bad == 0, "clusters: every linear, split, m-group and column block once, a cluster's alike");
-    int s3[2] = {3, 3}, s2[1] = {2}, b2[4] = {2, 2, 2, 2}, qkv[4] = {13, 32, 32, 32}, o9[1] = {9};
-    int o8[1] = {8}, s17[2] = {17, 17}, s5[2] = {5, 5}, b23[2] = {2, 3};
-    ok(muse_fast_cl_blocks(s3, b2, 2, 1) == 6 && muse_fast_cl_blocks(s2, b2, 1, 0) == 2,
-       "clusters: the experts' gate/up (2 x 3 splits) and down (2)");
-    ok(!muse_fast_cl_blocks(qkv, b2, 4, 0) && !muse_fast_cl_blocks(o9, b2, 1, 0) &&
-           muse_fast_cl_blocks(o8, b2, 1, 0) == 8 && !muse_fast_cl_blocks(s17, b2, 2, 1) &&
-           !muse_fast_cl_blocks(s5, b2, 2, 1) && !muse_fast_cl_blocks(s3, b23, 2, 1),
-       "clusters: none past 8 blocks, for split counts or bits that differ");
-    bad = 0;
-    for (int nh = 1; nh <= 4; nh++) { /* 3: the MoE's groups of 192 rows */
-        int rows = 64 * nh, cells = rows * MUSE_FAST_WR_PS;
-        unsigned char *hit = calloc((size_t)cells, 1);
-        for (int warp = 0; warp < 8; warp++)
-            for (int e = 0; e < 32 * nh; e++) {
-                unsigned banks = 0;
-                for (int lane = 0; lane < 32; lane++) {
-                    int r = muse_fast_wr_acc_row(e, lane), c = muse_fast_wr_acc_col(e, lane, warp);
-                    int at = muse_fast_wr_tile_at(e, lane, warp);
-                    bad += r < 0 || r >= rows || c < 0 || c >= 128;
-                    if (at >= 0 && at < cells) bad += hit[at]++ != 0;
-                    banks |= 1u << (at % 32);
-                }
-                bad += banks != 0xFFFFFFFFu;
-            }
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < 128; c++) bad += hit[r * MUSE_FAST_WR_PS + c] != 1;
-        free(hit);
-        for (int bits = 1; bits <= 8; bits++)
-            bad += rows * MUSE_FAST_WR_PS * 4 > 4 * muse_fast_wr_buf(nh, bits);
-    }
-    ok(bad == 0, "clusters: the partial tile once, a warp's store in 32 banks, within 4 buffers");
-    bad = 0;
-    for (int C = 1; C <= 8; C++)
-        for (int n = 1; n <= 256; n += 17) {
-            int count[256] = {0};
-            for (int rank = 0; rank < C; rank++)
-                for (int warp = 0; warp < 8; warp++)
-                    for (int lr = rank * 8 + warp; lr < n; lr += C * 8) count[lr]++;
-            for (int r = 0; r < n; r++) bad += count[r] != 1;
-        }
-    ok(bad == 0, "clusters: the epilogue's warps take each row of a block once");
-}
-
 int main(void)
 {
     test_lane_states();
@@ -475,6 +363,5 @@ int main(void)
     test_wg_layout();
     test_wr_fragment();
     test_fin_groups();
-    test_clusters();
     return done_testing();
 }
