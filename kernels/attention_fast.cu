@@ -403,20 +403,58 @@ __device__ __forceinline__ void am_stage(const muse_k_kv &kv, int seq, long kh, 
     k_cp_commit();
 }
 
+/* The keys a warp of the block stages, 16 w .. 16 w + 15 of a tile (which starts at a multiple
+ * of AF_T): one KV group (kv_addr.h), so one table load places them all. Looked up apart from
+ * the staging (am_stage_block), so the decode's ring has the load run under the tile before. A
+ * ring shorter than a group (a test's) is placed key by key. */
+static_assert(AF_T == AM_WARPS * MUSE_KV_BLOCK, "a warp's keys of a tile are one KV group");
+typedef struct {
+    int64_t p;     /* muse_attn_group_first */
+    int32_t entry; /* muse_kv_group_entry there */
+    int live;      /* 0: no key of the warp's in [lo, hi], or a ring shorter than a group */
+} am_look;
+#define AM_LOOK_NONE (am_look{-1, -1, 0})
+
+__device__ __forceinline__ bool am_short_ring(const muse_k_kv &kv)
+{
+    return kv.cap > 0 && kv.cap < MUSE_KV_BLOCK; /* a test's: placed key by key */
+}
+
+__device__ __forceinline__ am_look am_look_up(const muse_k_kv &kv, int seq, int64_t base,
+                                              int64_t lo, int64_t hi)
+{
+    am_look r = AM_LOOK_NONE;
+    r.p = muse_attn_group_first(base + MUSE_KV_BLOCK * (int64_t)(threadIdx.x / 32), lo, hi);
+    if (r.p >= 0 && !am_short_ring(kv)) {
+        r.entry = muse_kv_group_entry(kv.tables, kv.blocks_per_seq, kv.cap, seq, r.p);
+        r.live = 1;
+    }
+    return r;
+}
+
 /* am_stage by the block's 4 warps together: warp w the keys 16 w .. 16 w + 15 of the tile
- * (lane: piece lane % 8 of keys 16 w + lane / 8 + 4 i), each lane finding its own keys */
+ * (lane: piece lane % 8 of keys 16 w + lane / 8 + 4 i), placed from the warp's look */
 __device__ __forceinline__ void am_stage_block(const muse_k_kv &kv, int seq, long kh, int64_t base,
-                                               int64_t lo, int64_t hi, __half *kbuf, __half *vbuf)
+                                               int64_t lo, int64_t hi, am_look look, __half *kbuf,
+                                               __half *vbuf)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pc = lane % 8;
+    const int64_t s0 = base + MUSE_KV_BLOCK * warp, w = kv.kv_width;
+    const muse_kv_group g =
+        look.live ? muse_kv_group_of(look.entry, kv.cap, seq, look.p, (int)(look.p - s0))
+                  : muse_kv_group{-1, MUSE_KV_BLOCK, 1};
+    const bool short_ring = am_short_ring(kv);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        int key = 16 * warp + lane / 8 + 4 * i;
-        int64_t s = base + key, at = s >= lo && s <= hi
-                                         ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap,
-                                                            seq, s, kv.kv_width)
-                                         : -1;
-        am_cp_key(kv, kh, at, key, pc, kbuf, vbuf);
+        int d = lane / 8 + 4 * i;
+        int64_t s = s0 + d, at;
+        if (short_ring)
+            at = s >= lo && s <= hi
+                     ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, w)
+                     : -1;
+        else
+            at = muse_attn_group_key(g, kv.cap, w, s0, lo, hi, d);
+        am_cp_key(kv, kh, at, MUSE_KV_BLOCK * warp + d, pc, kbuf, vbuf);
     }
     k_cp_commit();
 }
@@ -517,14 +555,15 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
     /* SHARE: the block's 4 warps stage each tile together into one of two buffers (kbuf, vbuf
      * and the 16 KB after them), the next as soon as this one has landed */
     int cur = 0;
-    auto stage = [&](int64_t b, int c) {
+    auto stage = [&](int64_t b, int c, am_look look) {
         if (SHARE)
-            am_stage_block(kv, seq, kh, b, lo_u, hi_u, kbuf + 2 * c * AM_TILE_HALVES,
+            am_stage_block(kv, seq, kh, b, lo_u, hi_u, look, kbuf + 2 * c * AM_TILE_HALVES,
                            vbuf + 2 * c * AM_TILE_HALVES);
         else
             am_stage(kv, seq, kh, b, lo_u, hi_u, kbuf, vbuf);
     };
-    stage(base, 0); /* in flight while q loads */
+    /* in flight while q loads */
+    stage(base, 0, SHARE ? am_look_up(kv, seq, base, lo_u, hi_u) : AM_LOOK_NONE);
     /* the lane's two mma rows: g (c0, c1, a0, a2) and g + 8 (c2, c3, a1, a3) */
     int head[2];
     bool live[2];
@@ -556,13 +595,15 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
 #pragma unroll
         for (int e = 0; e < 4; e++) racc[j][e] = 0.0f;
     for (;;) {
+        bool more = base + AF_T <= hi_u;
+        /* the next tile's look, its table load running under this tile's wait */
+        am_look next = SHARE && more ? am_look_up(kv, seq, base + AF_T, lo_u, hi_u) : AM_LOOK_NONE;
         k_cp_wait<0>();
         if (SHARE)
             __syncthreads(); /* every warp's part landed; every warp done with the other buffer */
         else
             __syncwarp();
-        bool more = base + AF_T <= hi_u;
-        if (SHARE && more) stage(base + AF_T, cur ^ 1);
+        if (SHARE && more) stage(base + AF_T, cur ^ 1, next);
         /* the tile's max, p and sum, per mma row (a quad's lanes hold a row's 64 keys); the mask
          * as key offsets in the tile [klo, khi] */
         int klo[2], khi[2];
@@ -576,7 +617,7 @@ __device__ __forceinline__ void am_run(const am_set &S, const muse_k_kv &kv, int
                 khi, scale_l2, mt, lt, o);
         if (!SHARE) {
             __syncwarp(); /* every lane is done with the tile before the next one lands */
-            if (more) stage(base + AF_T, 0);
+            if (more) stage(base + AF_T, 0, next);
         }
         am_merge_tile<AM_HD / 8>(m, l, acc, mt, lt, o);
         if (FLASH)
@@ -671,48 +712,58 @@ __device__ __forceinline__ int64_t am_first_written(const af_round &rd, int seq)
  * flight while the attention's inputs are made. */
 template <int NS> struct am_ring_sm {
     __half k[NS][AM_TILE_HALVES], v[NS][AM_TILE_HALVES];
-    float mx[AM_WARPS][32][2], sum[AM_WARPS][32][2];
-    uint32_t p[AM_WARPS][32][8];
+    float2 mx[AM_WARPS][32], sum[AM_WARPS][32]; /* a lane's two mma rows: one 8-byte access */
+    uint4 p[AM_WARPS][2][32]; /* high, low parts: a lane's 16 bytes side by side, no conflict */
 };
 
 template <int NS>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attn_split_ring(muse_k_kv kv, const float *qa, long hq, int group, int gp, long window,
                       float scale_l2, const int32_t *seqs, const int64_t *positions, af_ws ws,
-                      af_round rd, int early)
+                      af_round rd, int early, int heads_first)
 {
     extern __shared__ __align__(16) unsigned char am_sm[];
     am_ring_sm<NS> &sm = *(am_ring_sm<NS> *)am_sm;
     K_PDL_NEXT(); /* the rows, tables and earlier rounds' cache are read before the wait */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
-    long kh = blockIdx.y, r = blockIdx.z, h0 = kh * group;
-    int64_t x = blockIdx.x;
+    /* heads_first: grid (KV heads, splits, rows), so the blocks that run together read the same
+     * cache rows (a position's KV heads side by side); else (splits, KV heads, rows) */
+    long kh = heads_first ? blockIdx.x : blockIdx.y, r = blockIdx.z, h0 = kh * group;
+    int64_t x = heads_first ? blockIdx.y : blockIdx.x;
     int seq;
     int64_t lo, hi;
     if (!af_row_split(seqs, positions, window, ws, r, x, &seq, &lo, &hi)) return;
-    const int64_t base0 = lo / AF_T * AF_T, n = (hi - base0) / AF_T + 1;
-    /* tile t into its buffer, or an empty commit group past the split's end */
-    auto issue = [&](int64_t t) {
+    const int64_t base0 = lo / AF_T * AF_T;
+    const int n = (int)((hi - base0) / AF_T + 1); /* positions under 2^31 */
+    /* tile t (its warp's anchor look) into its buffer, or an empty commit group past the
+     * split's end */
+    auto look = [&](int t) {
+        return t < 0 ? AM_LOOK_NONE : am_look_up(kv, seq, base0 + (int64_t)t * AF_T, lo, hi);
+    };
+    auto issue = [&](int t, am_look lk) {
         if (t < 0) {
             k_cp_commit();
             return;
         }
         int b = muse_attn_ring_buf(t, NS);
-        am_stage_block(kv, seq, kh, base0 + t * AF_T, lo, hi, sm.k[b], sm.v[b]);
+        am_stage_block(kv, seq, kh, base0 + (int64_t)t * AF_T, lo, hi, lk, sm.k[b], sm.v[b]);
     };
     /* early: the prologue's tiles below the round's first write for the sequence staged before
      * the wait, while the kernels before run; the rest after it, in tile order */
-    int64_t i0 = -(NS - 1);
+    int i0 = -(NS - 1);
     if (early) {
         int64_t fw = am_first_written(rd, seq);
         for (; i0 < 0; i0++) {
-            int64_t t = muse_attn_ring_issue(i0, NS, n);
+            int t = muse_attn_ring_issue(i0, NS, n);
             if (t < 0 || !muse_attn_tile_early(base0, t, hi, fw)) break;
-            issue(t);
+            issue(t, look(t));
         }
     }
     K_PDL_WAIT(); /* q, and this round's keys */
-    for (; i0 < 0; i0++) issue(muse_attn_ring_issue(i0, NS, n));
+    for (; i0 < 0; i0++) {
+        int t = muse_attn_ring_issue(i0, NS, n);
+        issue(t, look(t));
+    }
     int head[2];
     bool live[2];
 #pragma unroll
@@ -729,56 +780,65 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t base = base0 + i * AF_T;
-        const int c = muse_attn_ring_buf(i, NS);
-        k_cp_wait<NS - 2>(); /* this thread's loads of tile i */
-        __syncwarp();        /* the warp's: its 16 keys of K */
+    for (int i = 0; i < n; i++) {
+        const int64_t base = base0 + (int64_t)i * AF_T;
+        const int c = muse_attn_ring_buf(i, NS), tn = muse_attn_ring_issue(i, NS, n);
+        const am_look lk = look(tn); /* its load runs under this tile's S */
+        k_cp_wait<NS - 2>();         /* this thread's loads of tile i */
+        __syncwarp();                /* the warp's: its 16 keys of K */
         const __half *tk = sm.k[c], *tv = sm.v[c];
         float s[2][4];
 #pragma unroll
         for (int jj = 0; jj < 2; jj++) am_s_ntile(s[jj], qh, ql, tk, 2 * warp + jj, lane);
+        /* the keys [lo, hi] as offsets in the tile, [klo, khi] */
+        const int64_t dlo = lo - base, dhi = hi - base;
+        const int klo = dlo < 0 ? 0 : (int)dlo, khi = dhi >= AF_T ? AF_T - 1 : (int)dhi;
         float mt[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int jj = 0; jj < 2; jj++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int h = e >> 1;
-                int64_t key = base + 16 * warp + 8 * jj + 2 * quad + (e & 1);
-                bool in = live[h] && key >= lo && key <= hi;
+                int h = e >> 1, key = 16 * warp + 8 * jj + 2 * quad + (e & 1);
+                bool in = live[h] && key >= klo && key <= khi;
                 s[jj][e] = in ? __fmul_rn(s[jj][e], scale_l2) : -INFINITY;
                 mt[h] = fmaxf(mt[h], s[jj][e]);
             }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
-            sm.mx[warp][lane][h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
         }
+        sm.mx[warp][lane] = make_float2(mt[0], mt[1]);
         __syncthreads(); /* the maxima, every warp's V rows; every warp past tile i - 1 */
-        issue(muse_attn_ring_issue(i, NS, n));
-#pragma unroll
-        for (int h = 0; h < 2; h++) /* a max: the same in any order */
-            mt[h] = fmaxf(fmaxf(sm.mx[0][lane][h], sm.mx[1][lane][h]),
-                          fmaxf(sm.mx[2][lane][h], sm.mx[3][lane][h]));
+        issue(tn, lk);
+        {
+            float2 m0 = sm.mx[0][lane], m1 = sm.mx[1][lane], m2 = sm.mx[2][lane],
+                   m3 = sm.mx[3][lane]; /* a max: the same in any order */
+            mt[0] = fmaxf(fmaxf(m0.x, m1.x), fmaxf(m2.x, m3.x));
+            mt[1] = fmaxf(fmaxf(m0.y, m1.y), fmaxf(m2.y, m3.y));
+        }
 #pragma unroll
         for (int jj = 0; jj < 2; jj++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[jj][e] = am_rescale(s[jj][e], mt[e >> 1]);
-#pragma unroll
-        for (int h = 0; h < 2; h++) sm.sum[warp][lane][h] = am_sum16(s[0], s[1], h);
-        uint32_t *pw = sm.p[warp][lane]; /* k-step w of p: am_run's ph, pl of kk = w */
-        am_split2(s[0][0], s[0][1], &pw[0], &pw[4]);
-        am_split2(s[0][2], s[0][3], &pw[1], &pw[5]);
-        am_split2(s[1][0], s[1][1], &pw[2], &pw[6]);
-        am_split2(s[1][2], s[1][3], &pw[3], &pw[7]);
+        sm.sum[warp][lane] = make_float2(am_sum16(s[0], s[1], 0), am_sum16(s[0], s[1], 1));
+        uint4 ph, pl; /* k-step w of p: am_run's ph, pl of kk = w */
+        am_split2(s[0][0], s[0][1], &ph.x, &pl.x);
+        am_split2(s[0][2], s[0][3], &ph.y, &pl.y);
+        am_split2(s[1][0], s[1][1], &ph.z, &pl.z);
+        am_split2(s[1][2], s[1][3], &ph.w, &pl.w);
+        sm.p[warp][0][lane] = ph;
+        sm.p[warp][1][lane] = pl;
         __syncthreads(); /* p and the sums */
         float lt[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int w = 0; w < 4; w++) lt[h] += sm.sum[w][lane][h];
-            lt[h] = am_quad_sum(lt[h]);
+        for (int w = 0; w < 4; w++) {
+            float2 sw = sm.sum[w][lane];
+            lt[0] += sw.x;
+            lt[1] += sw.y;
         }
+#pragma unroll
+        for (int h = 0; h < 2; h++) lt[h] = am_quad_sum(lt[h]);
         float o[2][4]; /* dims n-tiles 2 w, 2 w + 1, chained over the k-steps as am_run */
 #pragma unroll
         for (int j = 0; j < 2; j++)
@@ -786,7 +846,7 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
             for (int e = 0; e < 4; e++) o[j][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < AF_T / 16; kk++) {
-            uint4 h4 = *(const uint4 *)&sm.p[kk][lane][0], l4 = *(const uint4 *)&sm.p[kk][lane][4];
+            uint4 h4 = sm.p[kk][0][lane], l4 = sm.p[kk][1][lane];
             const uint32_t ph[4] = {h4.x, h4.y, h4.z, h4.w}, pl[4] = {l4.x, l4.y, l4.z, l4.w};
             uint32_t b[4];
             int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1);
@@ -1128,6 +1188,17 @@ static int am_early_on(void)
     return on;
 }
 
+/* Whether the ring's grid puts the KV heads first (MUSE_ATTN_HEADS_FIRST=1 from the environment;
+ * read once a process). Which blocks run together, never a bit. */
+static int am_heads_first(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_ATTN_HEADS_FIRST");
+        return v && v[0] == '1' && !v[1];
+    }();
+    return on;
+}
+
 /* k_attn_split_ring<NS>'s launch: its shared memory past 48 KB at NS 3 */
 template <int NS>
 static int am_ring_launch(cudaStream_t st, dim3 grid, const muse_k_kv &kv, const float *q, long hq,
@@ -1138,8 +1209,10 @@ static int am_ring_launch(cudaStream_t st, dim3 grid, const muse_k_kv &kv, const
     int err = (int)cudaFuncSetAttribute((const void *)k_attn_split_ring<NS>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err) return err;
+    int hf = am_heads_first();
+    if (hf) grid = dim3(grid.y, grid.x, grid.z);
     return k_launch(k_attn_split_ring<NS>, grid, AM_WARPS * 32, smem, st, kv, q, hq, group, gp,
-                    window, scale_l2, seqs, positions, ws, rd, am_early_on());
+                    window, scale_l2, seqs, positions, ws, rd, am_early_on(), hf);
 }
 
 /* The prompt rounds' form (MUSE_ATTN_FLASH from the environment, read once a process: 0 the

@@ -9,8 +9,9 @@
 #include <stdint.h>
 
 #include "base/host_device.h"
+#include "model/kv_addr.h"
 
-#define MUSE_ATTN_TILE       64 /* positions a block stages at once; chunks are multiples */
+#define MUSE_ATTN_TILE 64 /* positions a block stages at once; chunks are multiples */
 /* The default cap: a row's key range in at most this many chunks. On the H200 one row's kv
  * write + attention at context 131072 took 451 us at 64, 246 at 128, 270 at 256, 304 at 512
  * (docs/benchmarks.md). */
@@ -20,8 +21,8 @@
  * read once a process: other bits wherever it changes a row's chunks) */
 #define MUSE_ATTN_LEAST_CHUNK 64
 #define MUSE_ATTN_MOST_CHUNK  4096
-#define MUSE_ATTN_MAX_GROUP  16 /* query heads a block holds (a GQA group) */
-#define MUSE_ATTN_WS_ROWS    64 /* rows one launch's workspace covers (more: in row groups) */
+#define MUSE_ATTN_MAX_GROUP   16 /* query heads a block holds (a GQA group) */
+#define MUSE_ATTN_WS_ROWS     64 /* rows one launch's workspace covers (more: in row groups) */
 
 /* The first key a row at position p reads: p - window + 1 in a sliding layer, else 0. */
 MUSE_HD int64_t muse_attn_first(int64_t p, int64_t window)
@@ -161,17 +162,17 @@ MUSE_HD float muse_attn_mix(float acc, float w1, float ot, float w2)
  * (a commit group a tile, an empty one past the split's end, so a thread's wait for tile i
  * always leaves NS - 2 younger groups pending). */
 
-/* Buffer of tile t. */
-MUSE_HD int muse_attn_ring_buf(int64_t t, int ns)
+/* Buffer of tile t (a split's tiles are counted in int: positions are under 2^31). */
+MUSE_HD int muse_attn_ring_buf(int t, int ns)
 {
-    return (int)(t % ns);
+    return t % ns;
 }
 
 /* The tile iteration i issues (the prologue's, i < 0: tile NS - 1 + i for i in [-(NS-1), -1]),
  * or -1 where it is past the split's n tiles (an empty commit group). */
-MUSE_HD int64_t muse_attn_ring_issue(int64_t i, int ns, int64_t n)
+MUSE_HD int muse_attn_ring_issue(int i, int ns, int n)
 {
-    int64_t t = i + ns - 1;
+    int t = i + ns - 1;
     return t < n ? t : -1;
 }
 
@@ -184,6 +185,28 @@ MUSE_HD int muse_attn_tile_early(int64_t base0, int64_t t, int64_t hi, int64_t f
 {
     int64_t last = base0 + (t + 1) * MUSE_ATTN_TILE - 1;
     return (last < hi ? last : hi) < fw;
+}
+
+/* ---- a warp's keys of a staged tile as one KV group (am_stage_block) ----
+ * Warp w of the block stages keys s0 .. s0 + 15 of a tile, s0 = base + 16 w a multiple of
+ * MUSE_KV_BLOCK: one block of a full layer, one run of a ring, found with one table load at the
+ * first of them the row reads (muse_kv_group_at), not a load a key. */
+
+/* The first of the keys s0 .. s0 + MUSE_KV_BLOCK - 1 in [lo, hi], or -1 where none is */
+MUSE_HD int64_t muse_attn_group_first(int64_t s0, int64_t lo, int64_t hi)
+{
+    int64_t p = s0 > lo ? s0 : lo;
+    return p <= hi && p < s0 + MUSE_KV_BLOCK ? p : -1;
+}
+
+/* Key s0 + d's offset (muse_kv_offset32's) from the group g found at the first key; -1 outside
+ * [lo, hi] or where the block is not reserved: staged as zeros */
+MUSE_HD int64_t muse_attn_group_key(muse_kv_group g, int64_t cap, int64_t width, int64_t s0,
+                                    int64_t lo, int64_t hi, int d)
+{
+    int64_t s = s0 + d;
+    if (g.none || s < lo || s > hi) return -1;
+    return muse_kv_group_row(g, cap, d) * width;
 }
 
 /* ---- the combine's weights made apart from its sums (k_attn_combine) ----

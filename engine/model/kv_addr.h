@@ -52,6 +52,56 @@ MUSE_HD int64_t muse_kv_offset32(const int32_t *tables, int64_t blocks_per_seq, 
     return row * width;
 }
 
+/* A group: the MUSE_KV_BLOCK positions from a multiple of it, s0 + d for d < MUSE_KV_BLOCK: one
+ * block of a full layer, one run of a ring (of cap >= MUSE_KV_BLOCK) that wraps at most once. So
+ * one table load places them all: a kernel staging a group waits on one load, not one a
+ * position. muse_kv_group_at finds the group from position p = s0 + dp of it (the first it
+ * reads: a table's -1 gives none); position s0 + d (d >= dp) then sits at row r0 + d, less cap
+ * from d >= wd (where the ring wraps; MUSE_KV_BLOCK: never). */
+typedef struct {
+    int64_t r0; /* the row of d = 0 as if unwrapped; -1 with none: the block is not reserved */
+    int wd;     /* the first d that wraps */
+    int none;
+} muse_kv_group;
+
+/* The table entry of p's block (a ring: 0, no load), apart from muse_kv_group_of's arithmetic so
+ * that a kernel can issue the load early and use it late */
+MUSE_HD int32_t muse_kv_group_entry(const int32_t *tables, int64_t blocks_per_seq, int64_t cap,
+                                    int seq, int64_t p)
+{
+    return cap > 0 ? 0 : tables[(int64_t)seq * blocks_per_seq + (uint32_t)p / MUSE_KV_BLOCK];
+}
+
+MUSE_HD muse_kv_group muse_kv_group_of(int32_t entry, int64_t cap, int seq, int64_t p, int dp)
+{
+    muse_kv_group g = {-1, MUSE_KV_BLOCK, 1};
+    int64_t row; /* p's */
+    if (cap > 0) {
+        row = (int64_t)seq * cap + (int64_t)((uint32_t)p % (uint32_t)cap);
+        int64_t left = (int64_t)(seq + 1) * cap - row + dp; /* the d whose row is the ring's end */
+        g.wd = left < MUSE_KV_BLOCK ? (int)left : MUSE_KV_BLOCK;
+    } else {
+        if (entry < 0) return g;
+        row = (int64_t)entry * MUSE_KV_BLOCK + (uint32_t)p % MUSE_KV_BLOCK;
+    }
+    g.r0 = row - dp;
+    g.none = 0;
+    return g;
+}
+
+MUSE_HD muse_kv_group muse_kv_group_at(const int32_t *tables, int64_t blocks_per_seq, int64_t cap,
+                                       int seq, int64_t p, int dp)
+{
+    return muse_kv_group_of(muse_kv_group_entry(tables, blocks_per_seq, cap, seq, p), cap, seq, p,
+                            dp);
+}
+
+/* muse_kv_offset32's row of position s0 + d of group g (d at or after the p it was found at) */
+MUSE_HD int64_t muse_kv_group_row(muse_kv_group g, int64_t cap, int d)
+{
+    return g.r0 + d - (d >= g.wd ? cap : 0);
+}
+
 /* A sliding snapshot holds the last `window` positions before end_pos, ascending from this
  * one: position s is its row s - first. */
 MUSE_HD int64_t muse_kv_window_first(int64_t end_pos, int64_t window)

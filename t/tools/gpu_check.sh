@@ -7,8 +7,10 @@
 # the exact one, batch invariance, timings), kernel-check --kernels fast (ops.t), compare with
 # --kernels-b fast and the kernels table of both paths on the one-GPU shape cut to 4 layers;
 # the step `whole` (asked for by name): decode, stages and prompt benchmarks of that shape;
-# attnlong (by name): the fast attention at contexts 4096, 32768, 131072 under its variants;
-# ncuattn (by name): its split kernel under ncu at GPU_CHECK_NCUATTN_CTX keys (131072).
+# attnlong (by name): the fast attention at contexts 4096, 32768, 131072 under its variants (old:
+# build/gpu/old's bench);
+# ncuattn (by name): its split kernel under ncu at GPU_CHECK_NCUATTN_CTX keys (131072), with the
+# SASS page and its stall samples.
 # Needs build/gpu from
 # `make gpu-carry` (binaries built on Debian, its nginx and libcjson .debs). Writes
 # $OUT/summary.txt and $OUT/logs.tar.gz; each step has its own time limit so the whole call
@@ -19,9 +21,9 @@
 # run it as GPU_CHECK_STEPS="setup synth". Nor servedemo and servewhole (issue 21: the demo
 # pack and the whole one-GPU shape served through nginx, t/tools/serve_measure.sh), nor
 # wholevar (the whole shape's decode under each of GPU_CHECK_WHOLE_VARIANTS), promptvar (its
-# prompt under them), many (the product at many rows under each of GPU_CHECK_MANY_VARIANTS),
-# ncuprodmany (the product at 256 rows under ncu), ncusmall (a decode round's small kernels under
-# ncu), kprofprompt (each kernel of a prompt round),
+# prompt under them; old: build/gpu/old's bench), many (the product at many rows under each of
+# GPU_CHECK_MANY_VARIANTS), ncuprodmany (the product at 256 rows under ncu), ncusmall (a decode
+# round's small kernels under ncu), kprofprompt (each kernel of a prompt round),
 # oldnew (this build's fast logits against an earlier build's carried as build/gpu/old), probe
 # (wgmma against mma.sync: bits and rates),
 # attnsplits (the fast attention's kernel-check under its split cap and switches), fastquick
@@ -225,14 +227,16 @@ fi
 # at one row and context 131072 on the 4-layer cut: every k_attn_split launch of the kernels
 # table's attention ops (the sliding layer's, then the full layer's, whose grid is (128, 8, 1))
 if want ncuattn && [ "$B" = cuda ] && command -v ncu >/dev/null; then
-    step ncuattn 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
-        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-        --section ComputeWorkloadAnalysis --section SourceCounters --section SchedulerStats \
-        -k regex:k_attn_split -c "${GPU_CHECK_NCUATTN_COUNT:-40}" -o "$logs/attn" \
+    # GPU_CHECK_NCUATTN_SKIP launches left out (4: the sliding layer's), then
+    # GPU_CHECK_NCUATTN_COUNT profiled with the full set; the SASS page with its stall samples
+    step ncuattn 150 ncu --clock-control none --set full --import-source no -k regex:k_attn_split \
+        --launch-skip "${GPU_CHECK_NCUATTN_SKIP:-0}" -c "${GPU_CHECK_NCUATTN_COUNT:-40}" -o "$logs/attn" \
         build/muse-bench kernels --backend cuda --synthetic-weights 1 \
         --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --rows 1 \
         --context "${GPU_CHECK_NCUATTN_CTX:-131072}" --min-ms 0.001 --kernels fast
     ncu --import "$logs/attn.ncu-rep" >"$out/ncuattn.txt" 2>&1
+    ncu --import "$logs/attn.ncu-rep" --page source --print-source sass --csv 2>&1 |
+        gzip >"$out/attn-sass.csv.gz"
     rm -f "$logs/attn.ncu-rep"
 fi
 want ops && MUSE_OPS_BACKEND=$B step ops 150 prove -v t/ops/ops.t
@@ -590,10 +594,12 @@ fi
 # (MUSE_ATTN_SPLITS=N, the split cap), "-" the defaults
 if want attnlong && [ "$B" = cuda ]; then
     for v in ${GPU_CHECK_ATTN_VARIANTS:--}; do
-        e=()
-        [ "$v" = - ] && v=default || IFS=, read -ra e <<<"$v"
+        e=() bin=build/muse-bench
+        [ "$v" = old ] && bin=build/gpu/old/muse-bench # an earlier build's, carried
+        [ "$v" = - ] && v=default
+        [ "$v" = default ] || [ "$v" = old ] || IFS=, read -ra e <<<"$v"
         for ctx in 4096 32768 131072; do
-            step "attn-$v-$ctx" 90 env "${e[@]}" build/muse-bench kernels --backend "$B" --synthetic-weights 1 \
+            step "attn-$v-$ctx" 90 env "${e[@]}" "$bin" kernels --backend "$B" --synthetic-weights 1 \
                 --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --rows 1 \
                 --context $ctx --min-ms 20 --kernels fast --json "$logs/attn-$v-$ctx.json"
         done
@@ -656,10 +662,12 @@ if want promptvar; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
         --bits 2 --codebook mcg --kernels fast --lengths "${GPU_CHECK_WHOLE_LENGTHS:-4096}")
     for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
-        vv=()
-        [ "$v" = - ] && v=default || IFS=, read -ra vv <<<"$v"
+        vv=() bin=build/muse-bench
+        [ "$v" = old ] && bin=build/gpu/old/muse-bench # an earlier build's, carried
+        [ "$v" = - ] && v=default
+        [ "$v" = default ] || [ "$v" = old ] || IFS=, read -ra vv <<<"$v"
         for rows in ${GPU_CHECK_PROMPT_ROWS:-256}; do
-            step "prompt-$v-$rows" 120 env "${vv[@]}" build/muse-bench prompt --backend "$B" "${cut[@]}" \
+            step "prompt-$v-$rows" 120 env "${vv[@]}" "$bin" prompt --backend "$B" "${cut[@]}" \
                 --rows "$rows" --json "$logs/prompt-$v-$rows.json"
         done
     done

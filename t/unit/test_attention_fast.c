@@ -614,6 +614,52 @@ static void test_combine_weights(void)
     ok(bad_scan == 0 && M[39] == 100.0f, "the scan across two lane groups is the running max");
 }
 
+/* A tile's keys staged by the block's warps, each warp's 16 from one lookup (muse_attn_group_first,
+ * muse_kv_group_at, muse_attn_group_key): every key of every tile of a row's range [lo, hi] at
+ * the offset a lookup of its own gives (muse_kv_offset32), zeros (-1) outside the range and in
+ * unreserved blocks; full layers through a table with holes and rings of several caps, ranges
+ * that start and end inside a warp's keys. */
+static void test_stage_groups(void)
+{
+    enum { SEQS = 2, BPS = 24, WIDTH = 40 };
+    int32_t tables[SEQS * BPS];
+    for (int i = 0; i < SEQS * BPS; i++) /* a shuffled block order, some unreserved */
+        tables[i] = (i * 7 + 3) % 5 == 0 ? -1 : (i * 37 + 11) % (SEQS * BPS);
+    const int64_t caps[] = {0, 16, 23, 64, 100};
+    long bad = 0, keys = 0, lookups = 0, in = 0;
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++)
+        for (int seq = 0; seq < SEQS; seq++)
+            for (int r = 0; r < 60; r++) {
+                int64_t lo = (int64_t)((urand() + 1.0) * 150),
+                        hi = lo + (int64_t)((urand() + 1.0) * 100);
+                if (hi >= BPS * MUSE_KV_BLOCK) hi = BPS * MUSE_KV_BLOCK - 1;
+                if (lo > hi) lo = hi;
+                for (int64_t base = lo / MUSE_ATTN_TILE * MUSE_ATTN_TILE; base <= hi;
+                     base += MUSE_ATTN_TILE)
+                    for (int w = 0; w < MUSE_ATTN_TILE / MUSE_KV_BLOCK; w++) {
+                        int64_t s0 = base + MUSE_KV_BLOCK * w,
+                                p = muse_attn_group_first(s0, lo, hi);
+                        muse_kv_group g = {-1, MUSE_KV_BLOCK, 1};
+                        if (p >= 0) {
+                            g = muse_kv_group_at(tables, BPS, caps[c], seq, p, (int)(p - s0));
+                            lookups++;
+                        }
+                        for (int d = 0; d < MUSE_KV_BLOCK; d++) {
+                            int64_t s = s0 + d, want = -1;
+                            if (s >= lo && s <= hi) {
+                                want = muse_kv_offset32(tables, BPS, caps[c], seq, s, WIDTH);
+                                in += want >= 0;
+                            }
+                            bad += muse_attn_group_key(g, caps[c], WIDTH, s0, lo, hi, d) != want;
+                            keys++;
+                        }
+                    }
+            }
+    ok(bad == 0 && in > 0 && in < keys,
+       "a warp's 16 staged keys from one lookup: %ld keys (%ld read), %ld lookups", keys, in,
+       lookups);
+}
+
 int main(void)
 {
     test_splits(64, MUSE_ATTN_TILE);
@@ -633,6 +679,7 @@ int main(void)
     test_flash_walk(64, 4 * MUSE_ATTN_TILE);
     test_flash_bits();
     test_ring();
+    test_stage_groups();
     test_tile_early();
     test_combine_weights();
     test_emulation(emulate_split, 2e-5, "the CUDA-core split: chunked fp32 online softmax");

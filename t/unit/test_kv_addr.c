@@ -94,6 +94,35 @@ static void test_offset32_far(void)
            ((int64_t)100000000 * MUSE_KV_BLOCK + 3) * 512, "a block offset past 2^32 halves");
 }
 
+/* a group's positions from where each of its positions finds it, in blocks (with unreserved ones)
+ * and rings of caps that do and do not divide 16: muse_kv_offset32's offsets */
+static void test_groups(void)
+{
+    const int64_t caps[] = {0, 16, 17, 33, 4351};
+    int good = 1, checked = 0, wrapped = 0, none = 0;
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++)
+        for (int seq = 0; seq < SEQS; seq++)
+            for (int64_t s0 = 0; s0 < 3 * (caps[c] > 0 ? caps[c] : 30); s0 += MUSE_KV_BLOCK) {
+                if (caps[c] == 0 && s0 >= BPS * MUSE_KV_BLOCK) break;
+                for (int dp = 0; dp < MUSE_KV_BLOCK; dp++) {
+                    muse_kv_group g =
+                        muse_kv_group_at(&tables[0][0], BPS, caps[c], seq, s0 + dp, dp);
+                    for (int d = dp; d < MUSE_KV_BLOCK; d++) {
+                        int64_t want =
+                            muse_kv_offset32(&tables[0][0], BPS, caps[c], seq, s0 + d, WIDTH);
+                        good &=
+                            g.none ? want == -1 : muse_kv_group_row(g, caps[c], d) * WIDTH == want;
+                        wrapped += d >= g.wd;
+                        none += g.none;
+                        checked++;
+                    }
+                }
+            }
+    ok(good && wrapped > 0 && none > 0,
+       "a group's rows from one lookup: %d checks, %d past a ring's end, %d in unreserved blocks",
+       checked, wrapped, none);
+}
+
 static void test_window(void)
 {
     is_int(muse_kv_window_first(0, 8), 0, "window first: empty sequence");
@@ -143,6 +172,7 @@ int main(void)
     test_blocks();
     test_rings();
     test_offset32_far();
+    test_groups();
     test_window();
     test_ring_runs();
     return done_testing();
