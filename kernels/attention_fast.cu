@@ -735,8 +735,8 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     if (!af_row_split(seqs, positions, window, ws, r, x, &seq, &lo, &hi)) return;
     const int64_t base0 = lo / AF_T * AF_T;
     const int n = (int)((hi - base0) / AF_T + 1); /* positions under 2^31 */
-    /* tile t (its warp's anchor look) into its buffer, or an empty commit group past the
-     * split's end */
+    /* tile t's look (its warp's group, am_look_up) and its staging into its buffer, or an
+     * empty commit group past the split's end */
     auto look = [&](int t) {
         return t < 0 ? AM_LOOK_NONE : am_look_up(kv, seq, base0 + (int64_t)t * AF_T, lo, hi);
     };
