@@ -19,7 +19,7 @@ typedef struct {
     const char *model, *tokens, *out, *messages, *tokenizer, *config, *codebook, *backend, *gpus;
     const char *kernels_text;
     muse_kernels kernels;
-    long long max_tokens, chunk, threads, seed, top_k, ranks, synthetic, bits;
+    long long max_tokens, chunk, threads, seed, top_k, ranks, synthetic, bits, from;
     double temperature, top_p, min_p;
     int devices[MUSE_MAX_RANKS]; /* --gpus: each rank's GPU */
     muse_tp_flags tp;            /* --tp-*: one rank of a world of processes */
@@ -77,6 +77,10 @@ static int parse_run_flags(const char *cmd, unsigned cmds, int argc, char **argv
         {LOGITS | GENERATE,
          MUSE_FLAG_S("tokens", &f->tokens, "1,2,3", "the prompt's token ids", .required = true)},
         {LOGITS, MUSE_FLAG_S("out", &f->out, "FILE", "where the logits go", .required = true)},
+        {LOGITS, MUSE_FLAG_L("from", &f->from, 0, INT64_MAX, "P",
+                             "write the rows of positions P.. only (a long prompt's tail;\n"
+                             "every position still runs)",
+                             .def = "0")},
         {CHAT, MUSE_FLAG_S("messages", &f->messages, "FILE.json",
                            "a messages array, or an object with messages, tools and\n"
                            "reasoning_effort",
@@ -262,12 +266,21 @@ static int feed(session *s, const int32_t *ids, size_t n, int64_t start, int all
     return 0;
 }
 
+/* logits' --out: the rows of positions from.. of each chunk as it comes */
+typedef struct {
+    FILE *f;
+    size_t V;
+    long long seen, from; /* rows passed so far; the first written */
+} rows_out;
+
 static int write_rows(void *ctx, const float *logits, long rows)
 {
-    void **c = ctx;
-    FILE *f = c[0];
-    size_t V = *(size_t *)c[1];
-    return fwrite(logits, sizeof(float), (size_t)rows * V, f) == (size_t)rows * V ? 0 : -1;
+    rows_out *o = ctx;
+    long long skip = o->from > o->seen ? o->from - o->seen : 0;
+    o->seen += rows;
+    if (skip >= rows) return 0;
+    size_t n = (size_t)(rows - skip) * o->V;
+    return fwrite(logits + (size_t)skip * o->V, sizeof(float), n, o->f) == n ? 0 : -1;
 }
 
 static const char logits_about[] =
@@ -286,13 +299,19 @@ int muse_cmd_logits(int argc, char **argv)
         return rc;
     }
     if (is_follower(&f)) return follow_rank0("logits", &f, &s); /* rank 0 writes --out */
+    if ((size_t)f.from >= s.n) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "--from %lld: the prompt has %zu tokens (positions 0..%zu)",
+                 f.from, s.n, s.n - 1);
+        session_close(&s);
+        return bad("logits", msg);
+    }
     FILE *out = fopen(f.out, "wb");
     muse_err e = {{0}};
-    size_t V = (size_t)s.model.cfg.vocab_size;
-    void *ctx[2] = {out, &V};
+    rows_out ctx = {.f = out, .V = (size_t)s.model.cfg.vocab_size, .from = f.from};
     if (!out) {
         rc = bad("logits", "--out: cannot create the file");
-    } else if (feed(&s, s.ids, s.n, 0, 1, NULL, NULL, write_rows, ctx, &e)) {
+    } else if (feed(&s, s.ids, s.n, 0, 1, NULL, NULL, write_rows, &ctx, &e)) {
         fprintf(stderr, "muse-engine logits: %s\n", e.msg[0] ? e.msg : "write failed");
         rc = 1;
     } else {

@@ -45,6 +45,13 @@ for my $p (['tiny', 2], ['tiny-flip', 1]) {
     is(length($whole), 30 * $vocab * 4, "$name: logits file holds T x vocab_size fp32");
     ok($whole eq slurp($files[1]), "$name: chunks of 7 give bit-identical logits");
     ok($whole eq slurp($files[2]), "$name: token by token on one thread gives bit-identical logits");
+    # --from P: the rows of positions P.. alone, the tail of the whole file (in chunks too)
+    for my $c ('', '--chunk 7') {
+        my $f = "$tmp/$name-from.bin";
+        my ($rc, $out) = run($engine, 'logits', '--model', $dir, '--tokens', $tokens, '--out', $f, '--from', 25, $c);
+        is($rc, 0, "$name: logits --from 25 $c") or diag($out);
+        ok(slurp($f) eq substr($whole, 25 * $vocab * 4), "$name: --from 25 $c writes positions 25..29, the whole run's bits");
+    }
     my @v = unpack('f<*', substr($whole, 0, 4 * $vocab));
     my %distinct = map { $_ => 1 } @v;
     ok(keys(%distinct) > $vocab / 2 && !grep({ $_ != $_ || abs($_) > 1e30 } @v), "$name: logits are finite and varied");
@@ -79,6 +86,7 @@ my @bad = (
     [[qw(logits --model), "$tmp/tiny", qw(--tokens 1,1024 --out), "$tmp/x"], qr/token 2 \(1024\) is outside the vocabulary/, 'a token id past the vocabulary'],
     [[qw(logits --model), $tmp, qw(--tokens 1 --out), "$tmp/x"], qr/not a model pack/, 'a directory that is not a pack'],
     [[qw(logits --model /nonexistent --tokens 1 --out), "$tmp/x"], qr/not a model pack/, 'a missing directory'],
+    [[qw(logits --model), "$tmp/tiny", qw(--tokens 1,2,3 --from 3 --out), "$tmp/x"], qr/--from 3: the prompt has 3 tokens/, 'a --from past the prompt'],
     [[qw(generate --model), "$tmp/tiny", qw(--tokens 1 --temperature 3)], qr/--temperature 3: must be a number in 0 \.\. 2/, 'a temperature out of range'],
     [[qw(generate --model), "$tmp/tiny", qw(--tokens 1 --max-tokens 5000)], qr/max_position_embeddings/, 'more positions than the context'],
     [[qw(nonsense)], qr/unknown command/, 'an unknown command'],

@@ -256,8 +256,12 @@ fi
 # GPU_CHECK_OLDNEW_TOKENS: the tokens, one run of each count (48; from 65 the prompt whole takes
 # the product's wgmma form; 320 on the 4-layer cut: the MoE's groups of 192);
 # GPU_CHECK_OLDNEW_SHAPES: the shapes (tiny alone with 4000 tokens: a row a round reaches 63
-# splits a row in its full layers, the combine's batch of 64; the cut's logits would be GBs)
+# splits a row in its full layers, the combine's batch of 64; the cut's logits would be GBs);
+# GPU_CHECK_OLDNEW_FROM=P: only positions P.. written (logits --from, both builds: the cut at
+# 4160 tokens from 4096, its rows of 65 splits and more, in MBs)
 if want oldnew && [ "$B" = cuda ] && [ -x build/gpu/old/muse-engine ]; then
+    from=()
+    [ "${GPU_CHECK_OLDNEW_FROM:-0}" = 0 ] || from=(--from "$GPU_CHECK_OLDNEW_FROM")
     for ntok in ${GPU_CHECK_OLDNEW_TOKENS:-48}; do
         ids=$(awk -v n="$ntok" 'BEGIN { for (i = 1; i <= n; i++) printf "%s%d", (i > 1 ? "," : ""), 1 + (i - 1) % 1000 }')
         for shape in ${GPU_CHECK_OLDNEW_SHAPES:-muse-spark-open-1gpu-4l tiny}; do
@@ -266,12 +270,12 @@ if want oldnew && [ "$B" = cuda ] && [ -x build/gpu/old/muse-engine ]; then
                     tag=$shape-t$ntok-$chunk-$([ "$bin" = build/muse-engine ] && echo new || echo old)
                     step "oldnew-$tag" 90 "$bin" logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
                         --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
-                        --out "$logs/$tag.f32"
+                        "${from[@]}" --out "$logs/$tag.f32"
                 done
                 for v in ${GPU_CHECK_OLDNEW_VARIANTS:-}; do
                     env "$v" build/muse-engine logits --synthetic-weights 3 --config "conf/packs/$shape.json" \
                         --bits 2 --codebook mcg --backend cuda --kernels fast --tokens "$ids" --chunk "$chunk" \
-                        --out "$logs/$shape-t$ntok-$chunk-$v.f32" >/dev/null 2>&1
+                        "${from[@]}" --out "$logs/$shape-t$ntok-$chunk-$v.f32" >/dev/null 2>&1
                 done
             done
         done
@@ -641,19 +645,29 @@ fi
 # trace (by name): the whole shape's decode at each of GPU_CHECK_TRACE_STREAMS (1 4) after a
 # prompt of GPU_CHECK_TRACE_PROMPT (64) tokens under the CUPTI kernel tracer
 # (t/tools/kernel_trace.c, carried by make gpu-carry): every kernel's device start and end, then
-# t/tools/trace_round.py's timeline of a round and of GPU_CHECK_TRACE_LAYER (10); the traces
-# come back gzipped
+# t/tools/trace_round.py's timeline of a round and of GPU_CHECK_TRACE_LAYER (10), once for each
+# of GPU_CHECK_TRACE_VARIANTS (-: the defaults; old: build/gpu/old's bench; else switches
+# joined by commas), so a kernel's end increment shows against the earlier build's in one call;
+# the traces come back gzipped
 if want trace && [ -f build/t/libkernel-trace.so ]; then
     [ -f build/t/libcupti.so.13 ] || gunzip -kf build/t/libcupti.so.13.gz
-    for s in ${GPU_CHECK_TRACE_STREAMS:-1 4}; do
-        step "trace-run-$s" 120 env CUDA_INJECTION64_PATH="$PWD/build/t/libkernel-trace.so" \
-            MUSE_TRACE_OUT="$logs/trace-$s.csv" build/muse-bench decode --backend "$B" \
-            --synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}" \
-            --bits 2 --codebook mcg --kernels fast --streams "$s" --tokens 8 \
-            --prompt "${GPU_CHECK_TRACE_PROMPT:-64}"
-        step "whole-trace-$s" 60 python3 t/tools/trace_round.py "$logs/trace-$s.csv" --rounds 3 \
-            --layer "${GPU_CHECK_TRACE_LAYER:-10}"
-        gzip -c "$logs/trace-$s.csv" >"$out/trace-$s.csv.gz" && rm -f "$logs/trace-$s.csv"
+    for v in ${GPU_CHECK_TRACE_VARIANTS:--}; do
+        vv=() bin=build/muse-bench tag=
+        [ "$v" = old ] && bin=build/gpu/old/muse-bench
+        [ "$v" = - ] || tag=-$(printf '%s' "$v" | tr -c 'A-Za-z0-9=_' '_')
+        [ "$v" = - ] || [ "$v" = old ] || IFS=, read -ra vv <<<"$v"
+        for s in ${GPU_CHECK_TRACE_STREAMS:-1 4}; do
+            step "trace-run$tag-$s" 120 env "${vv[@]}" \
+                CUDA_INJECTION64_PATH="$PWD/build/t/libkernel-trace.so" \
+                MUSE_TRACE_OUT="$logs/trace$tag-$s.csv" "$bin" decode --backend "$B" \
+                --synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}" \
+                --bits 2 --codebook mcg --kernels fast --streams "$s" --tokens 8 \
+                --prompt "${GPU_CHECK_TRACE_PROMPT:-64}"
+            step "whole-trace$tag-$s" 60 python3 t/tools/trace_round.py "$logs/trace$tag-$s.csv" \
+                --rounds 3 --layer "${GPU_CHECK_TRACE_LAYER:-10}"
+            gzip -c "$logs/trace$tag-$s.csv" >"$out/trace$tag-$s.csv.gz" &&
+                rm -f "$logs/trace$tag-$s.csv"
+        done
     done
 fi
 # the whole shape's prompt under the same variants: GPU_CHECK_WHOLE_LENGTHS (4096) in rounds of
