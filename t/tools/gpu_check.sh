@@ -258,7 +258,7 @@ fi
 # GPU_CHECK_OLDNEW_SHAPES: the shapes (tiny alone with 4000 tokens: a row a round reaches 63
 # splits a row in its full layers, the combine's batch of 64; the cut's logits would be GBs);
 # GPU_CHECK_OLDNEW_FROM=P: only positions P.. written (logits --from, both builds: the cut at
-# 4160 tokens from 4096, its rows of 65 splits and more, in MBs)
+# 4112 tokens from 4096, 16 rows of 65 splits, in MBs)
 if want oldnew && [ "$B" = cuda ] && [ -x build/gpu/old/muse-engine ]; then
     from=()
     [ "${GPU_CHECK_OLDNEW_FROM:-0}" = 0 ] || from=(--from "$GPU_CHECK_OLDNEW_FROM")
