@@ -1021,14 +1021,16 @@ __global__ void __launch_bounds__(AM_WARPS * 32)
     }
 }
 
-/* Floats of a combine block's staged partials: AC_STAGE / (hd + 2) splits at once (64 at head_dim
- * 64, 32 at 128), their acc rows then m then l */
-#define AC_STAGE (64 * (64 + 2))
+/* Floats of a combine block's staged partials: AC_STAGE / (hd + 2) splits at once (128 at
+ * head_dim 64, so a row of up to MUSE_ATTN_MAX_SPLITS in one batch; 64 at 128), their acc rows
+ * then m then l. Threads: one a batch's split for its weights (AC_THREADS / 32 warps: s_top). */
+#define AC_STAGE   (128 * (64 + 2))
+#define AC_THREADS 128
 
-/* grid (hq, rows); hd threads: dimension d of (row, head) merged over the row's splits in
- * ascending order (the running merge k_attn_flash makes at a chunk's end), then 1/sum, the gate
- * and fp16 as the exact kernel rounds. The splits' partials come to shared memory a batch at a
- * time, every load of a batch in flight at once (16-byte cp.async where the workspace is
+/* grid (hq, rows); AC_THREADS threads: dimension d < hd of (row, head) merged over the row's
+ * splits in ascending order (the running merge k_attn_flash makes at a chunk's end), then 1/sum,
+ * the gate and fp16 as the exact kernel rounds. The splits' partials come to shared memory a batch
+ * at a time, every load of a batch in flight at once (16-byte cp.async where the workspace is
  * aligned). Each batch's merge weights are made first: thread s of the batch takes split s's
  * max, a scan of maxima by shuffles (then the warps' totals, then the running max:
  * muse_attn_prefix_max's order) gives each step's new max, and thread s makes step s's two
@@ -1038,21 +1040,30 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
                                const int32_t *seqs, const int64_t *positions, af_ws ws)
 {
     __shared__ __align__(16) float ac_sm[AC_STAGE];
-    __shared__ float s_w1[64], s_w2[64], s_top[4];
+    __shared__ float s_w1[AC_THREADS], s_w2[AC_THREADS], s_top[AC_THREADS / 32];
     K_PDL_NEXT();
-    K_PDL_WAIT();
     long h = blockIdx.x, r = blockIdx.y;
-    int d = threadIdx.x, nt = (int)blockDim.x, lane = d % 32, wi = d / 32;
+    int d = threadIdx.x, nt = AC_THREADS, lane = d % 32, wi = d / 32;
+    const bool dim = d < hd; /* a thread past hd makes weights and loads, no output */
     float *o = oa + (r * hq + h) * hd;
-    if (seqs[r] < 0) {
-        o[d] = 0;
+    /* the row's splits (the round's rows, which no kernel writes: 64-bit divisions) while the
+     * kernel before runs; every write after the wait */
+    const bool live = seqs[r] >= 0;
+    int64_t n = 0;
+    if (live) {
+        int64_t p = positions[r], first = muse_attn_first(p, window);
+        n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap, ws.least));
+        if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
+    }
+    /* AC_STAGE / (hd + 2) at the two head sizes (muse_k_attention_fast_fits), no division after
+     * the wait; at most AC_THREADS: a thread a split's weights */
+    const int batch = hd == 64 ? AC_STAGE / 66 : AC_STAGE / 130;
+    K_PDL_WAIT();
+    if (!live) {
+        if (dim) o[d] = 0;
         return;
     }
-    int64_t p = positions[r], first = muse_attn_first(p, window);
-    int64_t n = muse_attn_count(first, p, muse_attn_chunk(first, p, ws.cap, ws.least));
-    if (n > ws.splits) n = ws.splits; /* past max_len: the caller broke the contract */
     size_t at = ((size_t)r * hq + h) * ws.splits;
-    int batch = AC_STAGE / (int)(hd + 2); /* at most hd (and 64): a thread a split's weights */
     float *s_acc = ac_sm, *s_l = ac_sm + batch * hd;
     bool al = (uintptr_t)ws.acc % 16 == 0; /* (at + s) * hd floats: 16-byte steps */
     float run = -INFINITY, l = 0.0f, acc = 0.0f;
@@ -1062,7 +1073,7 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
         if (al) {
             for (int c = d; c < nb * (int)hd / 4; c += nt) k_cp16(s_acc + 4 * c, src + 4 * c, true);
             k_cp_commit();
-        } else {
+        } else if (dim) {
             for (int s = 0; s < nb; s++) s_acc[s * hd + d] = src[s * hd + d];
         }
         float ms = d < nb ? ws.m[at + s0 + d] : -INFINITY, M = ms;
@@ -1075,7 +1086,7 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
         if (lane == 31) s_top[wi] = M;
         __syncthreads();
         float before = -INFINITY, all = -INFINITY;
-        for (int w = 0; w * 32 < batch && w < 4; w++) {
+        for (int w = 0; w * 32 < batch && w < AC_THREADS / 32; w++) {
             if (w < wi) before = fmaxf(before, s_top[w]);
             all = fmaxf(all, s_top[w]);
         }
@@ -1089,15 +1100,17 @@ __global__ void k_attn_combine(const float *ga, float *oa, long hq, long hd, lon
         run = fmaxf(run, all);
         if (al) k_cp_wait<0>();
         __syncthreads();
+        if (dim) {
 #pragma unroll 8
-        for (int s = 0; s < nb; s++) { /* the fold, its weights made above */
-            float w1 = s_w1[s], w2 = s_w2[s];
-            l = muse_attn_mix(l, w1, s_l[s], w2);
-            acc = muse_attn_mix(acc, w1, s_acc[s * hd + d], w2);
+            for (int s = 0; s < nb; s++) { /* the fold, its weights made above */
+                float w1 = s_w1[s], w2 = s_w2[s];
+                l = muse_attn_mix(l, w1, s_l[s], w2);
+                acc = muse_attn_mix(acc, w1, s_acc[s * hd + d], w2);
+            }
         }
         __syncthreads(); /* the batch read before the next one lands */
     }
-    o[d] = am_out(acc, l, ga[(r * hq + h) * hd + d]);
+    if (dim) o[d] = am_out(acc, l, ga[(r * hq + h) * hd + d]);
 }
 
 MUSE_K_API int muse_k_attention_fast_fits(long hd, long group)
@@ -1312,7 +1325,7 @@ MUSE_K_API int muse_k_attention_fast(const muse_k_ctx *ctx, muse_k_kv kv, const 
                             : af_launch<128>(ctx->st, kv, qr, hq, (int)group, window, scale_l2,
                                              seqs, positions, n, w);
         if (!rc)
-            rc = k_launch(k_attn_combine, dim3((unsigned)hq, (unsigned)n), (unsigned)hd, 0, ctx->st,
+            rc = k_launch(k_attn_combine, dim3((unsigned)hq, (unsigned)n), AC_THREADS, 0, ctx->st,
                           g + r0 * hq * hd, o + r0 * hq * hd, hq, hd, window, seqs, positions, w);
         if (rc) return rc;
     }
