@@ -433,28 +433,44 @@ __device__ __forceinline__ am_look am_look_up(const muse_k_kv &kv, int seq, int6
 }
 
 /* am_stage by the block's 4 warps together: warp w the keys 16 w .. 16 w + 15 of the tile
- * (lane: piece lane % 8 of keys 16 w + lane / 8 + 4 i), placed from the warp's look */
+ * (lane: piece lane % 8 of keys 16 w + lane / 8 + 4 i), placed from the warp's look: each key's
+ * muse_attn_group_key as one pointer for the group, d rows on, less a ring's length past its
+ * wrap (the group's sums once, not 64-bit sums a key) */
 __device__ __forceinline__ void am_stage_block(const muse_k_kv &kv, int seq, long kh, int64_t base,
                                                int64_t lo, int64_t hi, am_look look, __half *kbuf,
                                                __half *vbuf)
 {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, pc = lane % 8;
     const int64_t s0 = base + MUSE_KV_BLOCK * warp, w = kv.kv_width;
+    if (am_short_ring(kv)) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int d = lane / 8 + 4 * i;
+            int64_t s = s0 + d,
+                    at = s >= lo && s <= hi
+                             ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, w)
+                             : -1;
+            am_cp_key(kv, kh, at, MUSE_KV_BLOCK * warp + d, pc, kbuf, vbuf);
+        }
+        k_cp_commit();
+        return;
+    }
     const muse_kv_group g =
         look.live ? muse_kv_group_of(look.entry, kv.cap, seq, look.p, (int)(look.p - s0))
                   : muse_kv_group{-1, MUSE_KV_BLOCK, 1};
-    const bool short_ring = am_short_ring(kv);
+    int klo, khi;
+    muse_attn_group_span(s0, lo, hi, &klo, &khi);
+    if (g.none) klo = MUSE_KV_BLOCK; /* nothing placed: zeros */
+    const int64_t at0 = (g.none ? 0 : g.r0 * w) + kh * AM_HD + pc * 8, wrap = kv.cap * w;
+    const uint16_t *k0 = kv.k + at0, *v0 = kv.v + at0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        int d = lane / 8 + 4 * i;
-        int64_t s = s0 + d, at;
-        if (short_ring)
-            at = s >= lo && s <= hi
-                     ? muse_kv_offset32(kv.tables, kv.blocks_per_seq, kv.cap, seq, s, w)
-                     : -1;
-        else
-            at = muse_attn_group_key(g, kv.cap, w, s0, lo, hi, d);
-        am_cp_key(kv, kh, at, MUSE_KV_BLOCK * warp + d, pc, kbuf, vbuf);
+        int d = lane / 8 + 4 * i, key = MUSE_KV_BLOCK * warp + d;
+        bool in = d >= klo && d <= khi;
+        int64_t off = (int64_t)d * w - (d >= g.wd ? wrap : 0);
+        int dst = key * AM_HD + muse_attn_swz(key, pc) * 8;
+        k_cp16(kbuf + dst, in ? k0 + off : kv.k, in);
+        k_cp16(vbuf + dst, in ? v0 + off : kv.v, in);
     }
     k_cp_commit();
 }
@@ -720,16 +736,14 @@ template <int NS>
 __global__ void __launch_bounds__(AM_WARPS * 32)
     k_attn_split_ring(muse_k_kv kv, const float *qa, long hq, int group, int gp, long window,
                       float scale_l2, const int32_t *seqs, const int64_t *positions, af_ws ws,
-                      af_round rd, int early, int heads_first)
+                      af_round rd, int early)
 {
     extern __shared__ __align__(16) unsigned char am_sm[];
     am_ring_sm<NS> &sm = *(am_ring_sm<NS> *)am_sm;
     K_PDL_NEXT(); /* the rows, tables and earlier rounds' cache are read before the wait */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, g = lane / 4;
-    /* heads_first: grid (KV heads, splits, rows), so the blocks that run together read the same
-     * cache rows (a position's KV heads side by side); else (splits, KV heads, rows) */
-    long kh = heads_first ? blockIdx.x : blockIdx.y, r = blockIdx.z, h0 = kh * group;
-    int64_t x = heads_first ? blockIdx.y : blockIdx.x;
+    long kh = blockIdx.y, r = blockIdx.z, h0 = kh * group;
+    int64_t x = blockIdx.x;
     int seq;
     int64_t lo, hi;
     if (!af_row_split(seqs, positions, window, ws, r, x, &seq, &lo, &hi)) return;
@@ -1201,17 +1215,6 @@ static int am_early_on(void)
     return on;
 }
 
-/* Whether the ring's grid puts the KV heads first (MUSE_ATTN_HEADS_FIRST=1 from the environment;
- * read once a process). Which blocks run together, never a bit. */
-static int am_heads_first(void)
-{
-    static const int on = [] {
-        const char *v = getenv("MUSE_ATTN_HEADS_FIRST");
-        return v && v[0] == '1' && !v[1];
-    }();
-    return on;
-}
-
 /* k_attn_split_ring<NS>'s launch: its shared memory past 48 KB at NS 3 */
 template <int NS>
 static int am_ring_launch(cudaStream_t st, dim3 grid, const muse_k_kv &kv, const float *q, long hq,
@@ -1222,10 +1225,8 @@ static int am_ring_launch(cudaStream_t st, dim3 grid, const muse_k_kv &kv, const
     int err = (int)cudaFuncSetAttribute((const void *)k_attn_split_ring<NS>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err) return err;
-    int hf = am_heads_first();
-    if (hf) grid = dim3(grid.y, grid.x, grid.z);
     return k_launch(k_attn_split_ring<NS>, grid, AM_WARPS * 32, smem, st, kv, q, hq, group, gp,
-                    window, scale_l2, seqs, positions, ws, rd, am_early_on(), hf);
+                    window, scale_l2, seqs, positions, ws, rd, am_early_on());
 }
 
 /* The prompt rounds' form (MUSE_ATTN_FLASH from the environment, read once a process: 0 the

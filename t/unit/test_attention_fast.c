@@ -645,8 +645,16 @@ static void test_stage_groups(void)
                             g = muse_kv_group_at(tables, BPS, caps[c], seq, p, (int)(p - s0));
                             lookups++;
                         }
+                        int klo, khi;
+                        muse_attn_group_span(s0, lo, hi, &klo, &khi);
                         for (int d = 0; d < MUSE_KV_BLOCK; d++) {
                             int64_t s = s0 + d, want = -1;
+                            bad += (d >= klo && d <= khi) != (s >= lo && s <= hi);
+                            /* the kernel's form: one pointer for the group, less the wrap */
+                            if (!g.none && d >= klo && d <= khi)
+                                bad += (g.r0 * WIDTH + (int64_t)d * WIDTH -
+                                        (d >= g.wd ? caps[c] * WIDTH : 0)) !=
+                                       muse_attn_group_key(g, caps[c], WIDTH, s0, lo, hi, d);
                             if (s >= lo && s <= hi) {
                                 want = muse_kv_offset32(tables, BPS, caps[c], seq, s, WIDTH);
                                 in += want >= 0;
