@@ -267,7 +267,10 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
                 }
             }
         };
-        if (full_st && TR) { /* two k-tiles' rows by one ldmatrix.x4 (lanes 16-31: kk + 1's) */
+        /* two k-tiles' rows by one ldmatrix.x4 (lanes 16-31: kk + 1's); mcg's stages of 16
+         * only, where ptxas keeps the block's register allocation (45 -> 47; 3inst 46 -> 52,
+         * mul1 40 -> 48 and mcg's stages of 8 36 -> 44 would cost blocks an SM) */
+        if (full_st && TR && CB == MUSE_FAST_CB_MCG && KC == 16) {
 #pragma unroll
             for (int kk = 0; kk < FB_KC; kk += 2) {
                 uint32_t x4[4];

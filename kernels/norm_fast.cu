@@ -290,10 +290,11 @@ static int nf_lean_launch(const muse_k_ctx *ctx, float *h, const float *y, long 
                           double next_eps, float *out)
 {
     unsigned T = k_fr_threads(width);
-    bool al = k_fr_aligned_host(h) && k_fr_aligned_host(y) && k_fr_aligned_host(w) &&
-              (next_mode < 0 || k_fr_aligned_host(out)) &&
-              ((next_mode != MUSE_K_NORM_PLUS1 && next_mode != MUSE_K_NORM_PLAIN) ||
-               k_fr_aligned_host(next_w));
+    bool nw = next_mode == MUSE_K_NORM_PLUS1 || next_mode == MUSE_K_NORM_PLAIN;
+    /* no NULL either: the general kernel reads a NULL vector as zeros and skips a NULL out */
+    bool al = h && y && w && k_fr_aligned_host(h) && k_fr_aligned_host(y) &&
+              k_fr_aligned_host(w) && (next_mode < 0 || (out && k_fr_aligned_host(out))) &&
+              (!nw || (next_w && k_fr_aligned_host(next_w)));
     if (!nf_lean_on() || width != 8L * T || !al) return -1;
     int wd = (int)width;
     switch (next_mode) {
@@ -344,7 +345,10 @@ MUSE_K_API int muse_k_add_norm_norm_fast(const muse_k_ctx *ctx, float *h, const 
                                          float *out)
 {
     if (ctx->rows <= 0 || width <= 0) return 0;
-    int rc = nf_lean_launch(ctx, h, y, width, w, eps, next_w, next_mode, next_eps, out);
+    /* -1 is the lean form's "no next norm" (muse_k_add_norm_fast): the modes alone here */
+    int rc = next_mode >= MUSE_K_NORM_NONE && next_mode <= MUSE_K_NORM_PLAIN
+                 ? nf_lean_launch(ctx, h, y, width, w, eps, next_w, next_mode, next_eps, out)
+                 : -1;
     if (rc >= 0) return rc;
     return k_launch(k_add_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, h, y,
                     width, w, eps, next_w, next_mode, next_eps, out);
