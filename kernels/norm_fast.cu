@@ -175,8 +175,9 @@ __global__ void k_norm_fast(const float *x, long width, const float *w, long w_s
 }
 
 /* Shape: grid rows, block k_fr_threads(width); out NULL: add_norm alone. */
-__global__ void k_add_norm_fast(float *h, const float *y, long width, const float *w, double eps,
-                                const float *next_w, int next_mode, double next_eps, float *out)
+__device__ __forceinline__ void k_add_norm_body(float *h, const float *y, long width,
+                                                const float *w, double eps, const float *next_w,
+                                                int next_mode, double next_eps, float *out)
 {
     K_PDL_NEXT();
     long r = blockIdx.x;
@@ -206,13 +207,30 @@ __global__ void k_add_norm_fast(float *h, const float *y, long width, const floa
     k_nf_out(hr, width, s2, next_w, next_mode, 1, out + r * width, vec);
 }
 
+__global__ void k_add_norm_fast(float *h, const float *y, long width, const float *w, double eps,
+                                const float *next_w, int next_mode, double next_eps, float *out)
+{
+    k_add_norm_body(h, y, width, w, eps, next_w, next_mode, next_eps, out);
+}
+
+/* The same past NF_PLAIN_MAX threads a block (widths past 6144): uncapped, ptxas gives the body
+ * 78 registers, and a block of more than 800 threads of those cannot launch; capped at 64 (a
+ * few bytes spilled) every k_fr_threads block can. */
+#define NF_PLAIN_MAX 768 /* hidden 6144's block: the uncapped kernel launched there on the H200 */
+__global__ void __launch_bounds__(1024)
+    k_add_norm_fast_wide(float *h, const float *y, long width, const float *w, double eps,
+                         const float *next_w, int next_mode, double next_eps, float *out)
+{
+    k_add_norm_body(h, y, width, w, eps, next_w, next_mode, next_eps, out);
+}
+
 /* add_norm (+ the next norm) where a row is exactly two float4 a thread (width 8 T, T threads
  * from k_fr_threads: widths a multiple of 256 up to 8192) and every pointer 16-byte aligned:
  * k_add_norm_fast's registers path with its loads unpredicated, 32-bit indices and the next
  * norm's mode fixed (NM: -1 no next norm, else MUSE_K_NORM_*), so a warp's chain is the
  * arithmetic and the sums. The same steps in the same order: the same bits. */
-template <int NM>
-__global__ void __launch_bounds__(1024)
+template <int NM, int MAXT> /* MAXT: NF_PLAIN_MAX (70 registers, no spill) or 1024 (64, spilled) */
+__global__ void __launch_bounds__(MAXT)
     k_add_norm_lean(float *h, const float *y, int width, const float *w, double eps,
                     const float *next_w, double next_eps, float *out)
 {
@@ -297,20 +315,17 @@ static int nf_lean_launch(const muse_k_ctx *ctx, float *h, const float *y, long 
               (!nw || (next_w && k_fr_aligned_host(next_w)));
     if (!nf_lean_on() || width != 8L * T || !al) return -1;
     int wd = (int)width;
+    bool wide = T > NF_PLAIN_MAX;
+#define NF_LEAN(NM)                                                                                \
+    k_launch(wide ? k_add_norm_lean<NM, 1024> : k_add_norm_lean<NM, NF_PLAIN_MAX>,                 \
+             (unsigned)ctx->rows, T, 0, ctx->st, h, y, wd, w, eps, next_w, next_eps, out)
     switch (next_mode) {
-    case -1:
-        return k_launch(k_add_norm_lean<-1>, (unsigned)ctx->rows, T, 0, ctx->st, h, y, wd, w, eps,
-                        next_w, next_eps, out);
-    case MUSE_K_NORM_NONE:
-        return k_launch(k_add_norm_lean<MUSE_K_NORM_NONE>, (unsigned)ctx->rows, T, 0, ctx->st, h, y,
-                        wd, w, eps, next_w, next_eps, out);
-    case MUSE_K_NORM_PLUS1:
-        return k_launch(k_add_norm_lean<MUSE_K_NORM_PLUS1>, (unsigned)ctx->rows, T, 0, ctx->st, h,
-                        y, wd, w, eps, next_w, next_eps, out);
-    case MUSE_K_NORM_PLAIN:
-        return k_launch(k_add_norm_lean<MUSE_K_NORM_PLAIN>, (unsigned)ctx->rows, T, 0, ctx->st, h,
-                        y, wd, w, eps, next_w, next_eps, out);
+    case -1: return NF_LEAN(-1);
+    case MUSE_K_NORM_NONE: return NF_LEAN(MUSE_K_NORM_NONE);
+    case MUSE_K_NORM_PLUS1: return NF_LEAN(MUSE_K_NORM_PLUS1);
+    case MUSE_K_NORM_PLAIN: return NF_LEAN(MUSE_K_NORM_PLAIN);
     }
+#undef NF_LEAN
     return -1;
 }
 
@@ -335,8 +350,10 @@ MUSE_K_API int muse_k_add_norm_fast(const muse_k_ctx *ctx, float *h, const float
     if (ctx->rows <= 0 || width <= 0) return 0;
     int rc = nf_lean_launch(ctx, h, y, width, w, eps, NULL, -1, 0.0, NULL);
     if (rc >= 0) return rc;
-    return k_launch(k_add_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, h, y,
-                    width, w, eps, (const float *)NULL, (int)MUSE_K_NORM_NONE, 0.0, (float *)NULL);
+    unsigned T = k_fr_threads(width);
+    return k_launch(T > NF_PLAIN_MAX ? k_add_norm_fast_wide : k_add_norm_fast, (unsigned)ctx->rows,
+                    T, 0, ctx->st, h, y, width, w, eps, (const float *)NULL,
+                    (int)MUSE_K_NORM_NONE, 0.0, (float *)NULL);
 }
 
 MUSE_K_API int muse_k_add_norm_norm_fast(const muse_k_ctx *ctx, float *h, const float *y,
@@ -350,6 +367,7 @@ MUSE_K_API int muse_k_add_norm_norm_fast(const muse_k_ctx *ctx, float *h, const 
                  ? nf_lean_launch(ctx, h, y, width, w, eps, next_w, next_mode, next_eps, out)
                  : -1;
     if (rc >= 0) return rc;
-    return k_launch(k_add_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, h, y,
-                    width, w, eps, next_w, next_mode, next_eps, out);
+    unsigned T = k_fr_threads(width);
+    return k_launch(T > NF_PLAIN_MAX ? k_add_norm_fast_wide : k_add_norm_fast, (unsigned)ctx->rows,
+                    T, 0, ctx->st, h, y, width, w, eps, next_w, next_mode, next_eps, out);
 }
