@@ -204,7 +204,7 @@ fi
 if want ncusmall && [ "$B" = cuda ] && command -v ncu >/dev/null; then
     # GPU_CHECK_NCUSMALL_ARGS: more ncu options (split on spaces)
     step ncusmall 240 ncu --clock-control none --set full --import-source no ${GPU_CHECK_NCUSMALL_ARGS:-} \
-        -k 'regex:k_(add_norm_fast|select_group_fast|moe_combine_norm_fast|router_vec|fast_finish|fast_prepare|attn_in_fast|attn_split_ring|attn_combine)' \
+        -k 'regex:k_(add_norm_fast|add_norm_lean|select_group_fast|moe_combine_norm_fast|moe_combine_norm_early|router_vec|fast_finish|fast_prepare|attn_in_fast|attn_split_ring|attn_combine)' \
         --launch-skip "${GPU_CHECK_NCUSMALL_SKIP:-130}" -c "${GPU_CHECK_NCUSMALL_COUNT:-60}" \
         -o "$logs/small" build/muse-bench decode --backend cuda --synthetic-weights 1 \
         --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --kernels fast \
