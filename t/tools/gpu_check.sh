@@ -29,7 +29,8 @@
 # attnsplits (the fast attention's kernel-check under its split cap and switches), fastquick
 # (exl3-fast-check's checks without its timings), sanitizeops (the memory checker on the fast
 # kernel-check alone), abdecode (the whole shape's decode of build/gpu/old's bench and this
-# one's, interleaved), trace (a decode round's kernels on a timeline, by CUPTI).
+# one's, interleaved), trace (a decode round's kernels on a timeline, by CUPTI), targets (every
+# target row of issues 19 and 20 in one call).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -55,7 +56,7 @@ step() {
     rc=$?
     note "== $name: rc=$rc in $((SECONDS - t0)) s (limit $limit)"
     case $name in # tables come back whole; other steps their verdict lines
-    fastcheck | shape-* | whole-* | prompt-* | many-* | demo-decode-* | oldnew-diff | serveprompt-trace-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
+    fastcheck | targets-* | shape-* | whole-* | prompt-* | many-* | demo-decode-* | oldnew-diff | serveprompt-trace-*) grep -vE "^(ok|PASS) " "$logs/$name.txt" | head -150 | tee -a "$sum" ;;
     fastcheck-*) grep -vE "^(ok|PASS|FAIL) " "$logs/$name.txt" | head -80 | tee -a "$sum" ;;
     attn-*) grep -E "attention|copy bandwidth" "$logs/$name.txt" | head -8 | tee -a "$sum" ;;
     synth-decode-*) tail -40 "$logs/$name.txt" | tee -a "$sum" ;;
@@ -353,6 +354,31 @@ if want shapebench; then
         step "shape-fast-ctx$ctx" 90 build/muse-bench kernels --backend "$B" "${cut[@]:0:8}" \
             --rows 1 --context "$ctx" --min-ms 20 --kernels fast --json "$logs/shape-fast-ctx$ctx.json"
     done
+fi
+
+# targets (by name): every target row of issues 19 and 20 measured in one call on the code as it
+# is: exl3-fast-check's timings (the product at each codebook, 2-4 bits, 1 to 4096 rows; issue
+# 19), then muse-bench kernels on the one-GPU shape cut to 2 layers with all 96 experts and its
+# vocabulary of 202048 (the MoE with the router and the shared experts, the attention, the small
+# operations, the head, the sampler and the empty round; issue 20) at rows 1, 4 and 256 and
+# context 4096, the exact path at 1 and 4 rows its baseline, then one row at 32768 and 131072
+# keys. The JSON comes back in $OUT. GPU_CHECK_TARGETS_CONFIG: another shape (conf/packs/tiny.json
+# to try the step on the CPU)
+if want targets; then
+    cut=(--synthetic-weights 1 --config "${GPU_CHECK_TARGETS_CONFIG:-conf/packs/muse-spark-open-1gpu-2l.json}"
+        --bits 2 --codebook mcg --min-ms 20)
+    [ "$B" = cuda ] && step targets-product 240 build/t/exl3-fast-check
+    base=()
+    step targets-exact 120 build/muse-bench kernels --backend "$B" "${cut[@]}" --rows 1,4 \
+        --context 4096 --kernels exact --json "$logs/targets-exact.json" &&
+        base=(--baseline "$logs/targets-exact.json")
+    step targets-fast 120 build/muse-bench kernels --backend "$B" "${cut[@]}" --rows 1,4,256 \
+        --context 4096 --kernels fast "${base[@]}" --json "$logs/targets-fast.json"
+    for ctx in 32768 131072; do
+        step "targets-ctx$ctx" 90 build/muse-bench kernels --backend "$B" "${cut[@]}" --rows 1 \
+            --context "$ctx" --kernels fast --json "$logs/targets-ctx$ctx.json"
+    done
+    for f in "$logs"/targets-*.json; do [ -s "$f" ] && cp "$f" "$out/"; done
 fi
 
 # the fast product's k split: the table again at other split targets (variants of one binary)
