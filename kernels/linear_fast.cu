@@ -40,6 +40,7 @@ template <int CB, int BITS, int MT, int NTW, int KC, int MB, int NS = FB_STAGES,
 __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 {
     static_assert(!TR || MT == 1, "the transposed form is one m-tile's");
+    static_assert(!TR || KC % 2 == 0, "the transposed form loads two k-tiles' rows at once");
     constexpr int FB_NT = FB_WARPS * NTW; /* n-tiles a block */
     constexpr int FB_KC = KC;
     constexpr int FB_AROW = KC * 16 + 8; /* halves a staged A row: padded, ldmatrix conflict-free */
@@ -232,15 +233,19 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
         const uint32_t *bs = (const uint32_t *)(base + A_HALVES * 2);
         const bool full_st = st < nfull;
         int nkt = kt_n - st * FB_KC; /* read only where !full_st */
-        /* k-tile kk of the stage: decode the warp's tiles, then every m-tile's mma in k order */
-        auto ktile = [&](int kk) {
+        /* k-tile kk of the stage: decode the warp's tiles, then every m-tile's mma in k order
+         * (TR: the rows' B fragment xt of this k-tile, or NULL: loaded here) */
+        auto ktile = [&](int kk, const uint32_t *xt) {
             uint32_t bf[NTW][4];
 #pragma unroll
             for (int nt = 0; nt < NTW; nt++)
                 f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + nt) * 8 * BITS, l_wo, l_sh, bf[nt]);
             if constexpr (TR) { /* t^T = Wq^T a^T: the tile as the A operand, 8 rows as B */
                 uint32_t xf[2];
-                k_ldsm2(xf, as + (lane % 8) * FB_AROW + kk * 16 + (lane / 8 % 2) * 8);
+                if (xt)
+                    xf[0] = xt[0], xf[1] = xt[1];
+                else
+                    k_ldsm2(xf, as + (lane % 8) * FB_AROW + kk * 16 + (lane / 8 % 2) * 8);
 #pragma unroll
                 for (int nt = 0; nt < NTW; nt++) {
                     uint32_t wa[4];
@@ -262,11 +267,22 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
                 }
             }
         };
-        if (full_st) {
+        /* two k-tiles' rows by one ldmatrix.x4 (lanes 16-31: kk + 1's); mcg's stages of 16
+         * only, where ptxas keeps the block's register allocation (45 -> 47; 3inst 46 -> 52,
+         * mul1 40 -> 48 and mcg's stages of 8 36 -> 44 would cost blocks an SM) */
+        if (full_st && TR && CB == MUSE_FAST_CB_MCG && KC == 16) {
 #pragma unroll
-            for (int kk = 0; kk < FB_KC; kk++) ktile(kk);
+            for (int kk = 0; kk < FB_KC; kk += 2) {
+                uint32_t x4[4];
+                k_ldsm4(x4, as + (lane % 8) * FB_AROW + (kk + lane / 16) * 16 + (lane / 8 % 2) * 8);
+                ktile(kk, x4);
+                ktile(kk + 1, x4 + 2);
+            }
+        } else if (full_st) {
+#pragma unroll
+            for (int kk = 0; kk < FB_KC; kk++) ktile(kk, NULL);
         } else {
-            for (int kk = 0; kk < nkt; kk++) ktile(kk);
+            for (int kk = 0; kk < nkt; kk++) ktile(kk, NULL);
         }
     }
     k_cp_wait<0>();
