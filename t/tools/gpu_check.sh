@@ -43,6 +43,17 @@ sum="$out/summary.txt"
 : >"$sum"
 note() { echo "$*" | tee -a "$sum"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
+# variant V: one of a step's variants ("-": the defaults; "old": build/gpu/old's bench, an earlier
+# build's, carried; else switches VAR=VALUE joined by commas): vv the switches, bin the bench,
+# vname its name in the logs (default, old or V)
+variant() {
+    vv=() bin=build/muse-bench vname=$1
+    case $1 in
+    -) vname=default ;;
+    old) bin=build/gpu/old/muse-bench ;;
+    *) IFS=, read -ra vv <<<"$1" ;;
+    esac
+}
 # step NAME LIMIT CMD...: runs CMD under a time limit into logs/NAME.txt, notes rc and seconds
 step() {
     local name=$1 limit=$2 t0=$SECONDS rc
@@ -624,14 +635,11 @@ fi
 # (MUSE_ATTN_SPLITS=N, the split cap), "-" the defaults
 if want attnlong && [ "$B" = cuda ]; then
     for v in ${GPU_CHECK_ATTN_VARIANTS:--}; do
-        e=() bin=build/muse-bench
-        [ "$v" = old ] && bin=build/gpu/old/muse-bench # an earlier build's, carried
-        [ "$v" = - ] && v=default
-        [ "$v" = default ] || [ "$v" = old ] || IFS=, read -ra e <<<"$v"
+        variant "$v"
         for ctx in 4096 32768 131072; do
-            step "attn-$v-$ctx" 90 env "${e[@]}" "$bin" kernels --backend "$B" --synthetic-weights 1 \
+            step "attn-$vname-$ctx" 90 env "${vv[@]}" "$bin" kernels --backend "$B" --synthetic-weights 1 \
                 --config conf/packs/muse-spark-open-1gpu-4l.json --bits 2 --codebook mcg --rows 1 \
-                --context $ctx --min-ms 20 --kernels fast --json "$logs/attn-$v-$ctx.json"
+                --context $ctx --min-ms 20 --kernels fast --json "$logs/attn-$vname-$ctx.json"
         done
     done
 fi
@@ -678,10 +686,9 @@ fi
 if want trace && [ -f build/t/libkernel-trace.so ]; then
     [ -f build/t/libcupti.so.13 ] || gunzip -kf build/t/libcupti.so.13.gz
     for v in ${GPU_CHECK_TRACE_VARIANTS:--}; do
-        vv=() bin=build/muse-bench tag=
-        [ "$v" = old ] && bin=build/gpu/old/muse-bench
-        [ "$v" = - ] || tag=-$(printf '%s' "$v" | tr -c 'A-Za-z0-9=_' '_')
-        [ "$v" = - ] || [ "$v" = old ] || IFS=, read -ra vv <<<"$v"
+        variant "$v"
+        tag=
+        [ "$vname" = default ] || tag=-$(printf '%s' "$vname" | tr -c 'A-Za-z0-9=_' '_')
         for s in ${GPU_CHECK_TRACE_STREAMS:-1 4}; do
             step "trace-run$tag-$s" 120 env "${vv[@]}" \
                 CUDA_INJECTION64_PATH="$PWD/build/t/libkernel-trace.so" \
@@ -702,13 +709,10 @@ if want promptvar; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_WHOLE_CONFIG:-conf/packs/muse-spark-open-1gpu.json}"
         --bits 2 --codebook mcg --kernels fast --lengths "${GPU_CHECK_WHOLE_LENGTHS:-4096}")
     for v in ${GPU_CHECK_WHOLE_VARIANTS:--}; do
-        vv=() bin=build/muse-bench
-        [ "$v" = old ] && bin=build/gpu/old/muse-bench # an earlier build's, carried
-        [ "$v" = - ] && v=default
-        [ "$v" = default ] || [ "$v" = old ] || IFS=, read -ra vv <<<"$v"
+        variant "$v"
         for rows in ${GPU_CHECK_PROMPT_ROWS:-256}; do
-            step "prompt-$v-$rows" 120 env "${vv[@]}" "$bin" prompt --backend "$B" "${cut[@]}" \
-                --rows "$rows" --json "$logs/prompt-$v-$rows.json"
+            step "prompt-$vname-$rows" 120 env "${vv[@]}" "$bin" prompt --backend "$B" "${cut[@]}" \
+                --rows "$rows" --json "$logs/prompt-$vname-$rows.json"
         done
     done
 fi
