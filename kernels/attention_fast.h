@@ -199,6 +199,15 @@ MUSE_HD int64_t muse_attn_group_first(int64_t s0, int64_t lo, int64_t hi)
     return p <= hi && p < s0 + MUSE_KV_BLOCK ? p : -1;
 }
 
+/* The keys of the group a row reads, as offsets d from s0: [*klo, *khi] (empty: *klo > *khi),
+ * the kernel's one-time test for what muse_attn_group_key does a key */
+MUSE_HD void muse_attn_group_span(int64_t s0, int64_t lo, int64_t hi, int *klo, int *khi)
+{
+    int64_t a = lo - s0, b = hi - s0;
+    *klo = a < 0 ? 0 : a > MUSE_KV_BLOCK ? MUSE_KV_BLOCK : (int)a;
+    *khi = b < -1 ? -1 : b >= MUSE_KV_BLOCK ? MUSE_KV_BLOCK - 1 : (int)b;
+}
+
 /* Key s0 + d's offset (muse_kv_offset32's) from the group g found at the first key; -1 outside
  * [lo, hi] or where the block is not reserved: staged as zeros */
 MUSE_HD int64_t muse_attn_group_key(muse_kv_group g, int64_t cap, int64_t width, int64_t s0,

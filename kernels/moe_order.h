@@ -36,8 +36,17 @@ MUSE_HD int muse_moe_order_leads(const int32_t *sel, int t)
     return 1;
 }
 
-/* A leading slot t's place in the walk: the leaders with a lower expert index (lead: each
- * slot's muse_moe_order_leads). */
+/* The place in the walk of a leader of expert v: the leaders with a lower expert index (lead:
+ * each slot's muse_moe_order_leads). */
+MUSE_HD int muse_moe_order_place_of(const int32_t *sel, const int32_t *lead, long K, int32_t v)
+{
+    int below = 0;
+    for (long i = 0; i < K; i++) below += lead[i] && sel[i] < v;
+    return below;
+}
+
+/* A leading slot t's place in the walk: muse_moe_order_place_of its expert (kept apart: the
+ * exact combine's machine code as it ran). */
 MUSE_HD int muse_moe_order_place(const int32_t *sel, const int32_t *lead, long K, int t)
 {
     int below = 0;

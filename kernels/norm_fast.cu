@@ -3,6 +3,8 @@
  * the exact kernel's CPU order only in the last bits of a double), then each element exactly
  * as kernels/norm.cu does it. A thread reads back only what it wrote itself. Rows up to 8192
  * wide are held in registers, every load of the row issued at once (k_nf_regs). */
+#include <stdlib.h>
+
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "norm_fast.cuh"
@@ -173,8 +175,9 @@ __global__ void k_norm_fast(const float *x, long width, const float *w, long w_s
 }
 
 /* Shape: grid rows, block k_fr_threads(width); out NULL: add_norm alone. */
-__global__ void k_add_norm_fast(float *h, const float *y, long width, const float *w, double eps,
-                                const float *next_w, int next_mode, double next_eps, float *out)
+__device__ __forceinline__ void k_add_norm_body(float *h, const float *y, long width,
+                                                const float *w, double eps, const float *next_w,
+                                                int next_mode, double next_eps, float *out)
 {
     K_PDL_NEXT();
     long r = blockIdx.x;
@@ -204,6 +207,128 @@ __global__ void k_add_norm_fast(float *h, const float *y, long width, const floa
     k_nf_out(hr, width, s2, next_w, next_mode, 1, out + r * width, vec);
 }
 
+__global__ void k_add_norm_fast(float *h, const float *y, long width, const float *w, double eps,
+                                const float *next_w, int next_mode, double next_eps, float *out)
+{
+    k_add_norm_body(h, y, width, w, eps, next_w, next_mode, next_eps, out);
+}
+
+/* The same past NF_PLAIN_MAX threads a block (widths past 6144): uncapped, ptxas gives the body
+ * 78 registers, and a block of more than 800 threads of those cannot launch; capped at 64 (a
+ * few bytes spilled) every k_fr_threads block can. */
+#define NF_PLAIN_MAX 768 /* hidden 6144's block: the uncapped kernel launched there on the H200 */
+__global__ void __launch_bounds__(1024)
+    k_add_norm_fast_wide(float *h, const float *y, long width, const float *w, double eps,
+                         const float *next_w, int next_mode, double next_eps, float *out)
+{
+    k_add_norm_body(h, y, width, w, eps, next_w, next_mode, next_eps, out);
+}
+
+/* add_norm (+ the next norm) where a row is exactly two float4 a thread (width 8 T, T threads
+ * from k_fr_threads: widths a multiple of 256 up to 8192) and every pointer 16-byte aligned:
+ * k_add_norm_fast's registers path with its loads unpredicated, 32-bit indices and the next
+ * norm's mode fixed (NM: -1 no next norm, else MUSE_K_NORM_*), so a warp's chain is the
+ * arithmetic and the sums. The same steps in the same order: the same bits. */
+template <int NM, int MAXT> /* MAXT: NF_PLAIN_MAX (70 registers, no spill) or 1024 (64, spilled) */
+__global__ void __launch_bounds__(MAXT)
+    k_add_norm_lean(float *h, const float *y, int width, const float *w, double eps,
+                    const float *next_w, double next_eps, float *out)
+{
+    K_PDL_NEXT();
+    const int t = threadIdx.x, T = (int)blockDim.x;
+    const long r = blockIdx.x;
+    const float4 *w4 = (const float4 *)w;
+    /* the weights (no kernel writes them) in flight before the wait, then y and h */
+    const float4 wa = w4[t], wb = w4[t + T];
+    float4 na = make_float4(0, 0, 0, 0), nb = na;
+    if (NM == MUSE_K_NORM_PLUS1 || NM == MUSE_K_NORM_PLAIN) {
+        na = ((const float4 *)next_w)[t];
+        nb = ((const float4 *)next_w)[t + T];
+    }
+    float4 *h4 = (float4 *)(h + r * width);
+    const float4 *y4 = (const float4 *)(y + r * width);
+    K_PDL_WAIT();
+    const float4 ya = y4[t], yb = y4[t + T];
+    float4 ha = h4[t], hb = h4[t + T];
+    double acc = 0; /* k_nf_sum_sq's order */
+    acc += k_fr_sq4(ya);
+    acc += k_fr_sq4(yb);
+    const double s = k_fr_scale(k_fr_block_sum(acc), width, eps);
+    /* k_nf_add_regs: h += (1 + w) * (y * s) */
+    ha.x = __fadd_rn(ha.x, __fmul_rn((float)((double)ya.x * s), __fadd_rn(1.0f, wa.x)));
+    ha.y = __fadd_rn(ha.y, __fmul_rn((float)((double)ya.y * s), __fadd_rn(1.0f, wa.y)));
+    ha.z = __fadd_rn(ha.z, __fmul_rn((float)((double)ya.z * s), __fadd_rn(1.0f, wa.z)));
+    ha.w = __fadd_rn(ha.w, __fmul_rn((float)((double)ya.w * s), __fadd_rn(1.0f, wa.w)));
+    hb.x = __fadd_rn(hb.x, __fmul_rn((float)((double)yb.x * s), __fadd_rn(1.0f, wb.x)));
+    hb.y = __fadd_rn(hb.y, __fmul_rn((float)((double)yb.y * s), __fadd_rn(1.0f, wb.y)));
+    hb.z = __fadd_rn(hb.z, __fmul_rn((float)((double)yb.z * s), __fadd_rn(1.0f, wb.z)));
+    hb.w = __fadd_rn(hb.w, __fmul_rn((float)((double)yb.w * s), __fadd_rn(1.0f, wb.w)));
+    h4[t] = ha;
+    h4[t + T] = hb;
+    if (NM < 0) return;
+    double acc2 = 0;
+    acc2 += k_fr_sq4(ha);
+    acc2 += k_fr_sq4(hb);
+    const double s2 = k_fr_scale(k_fr_block_sum(acc2), width, next_eps);
+    /* k_nf_out_regs, fp16-rounded */
+    float4 *o4 = (float4 *)(out + r * width);
+    float4 oa, ob;
+    oa.x = k_nf_weigh_v((float)((double)ha.x * s2), na.x, NM, 1);
+    oa.y = k_nf_weigh_v((float)((double)ha.y * s2), na.y, NM, 1);
+    oa.z = k_nf_weigh_v((float)((double)ha.z * s2), na.z, NM, 1);
+    oa.w = k_nf_weigh_v((float)((double)ha.w * s2), na.w, NM, 1);
+    ob.x = k_nf_weigh_v((float)((double)hb.x * s2), nb.x, NM, 1);
+    ob.y = k_nf_weigh_v((float)((double)hb.y * s2), nb.y, NM, 1);
+    ob.z = k_nf_weigh_v((float)((double)hb.z * s2), nb.z, NM, 1);
+    ob.w = k_nf_weigh_v((float)((double)hb.w * s2), nb.w, NM, 1);
+    o4[t] = oa;
+    o4[t + T] = ob;
+}
+
+/* Whether add_norm takes k_add_norm_lean where it fits (MUSE_FAST_NORM_LEAN=0 from the
+ * environment: k_add_norm_fast everywhere; read once a process). Never a bit. */
+static int nf_lean_on(void)
+{
+    static const int on = [] {
+        const char *v = getenv("MUSE_FAST_NORM_LEAN");
+        return !(v && v[0] == '0' && !v[1]);
+    }();
+    return on;
+}
+
+static bool k_fr_aligned_host(const void *p)
+{
+    return ((uintptr_t)p & 15) == 0;
+}
+
+/* k_add_norm_lean's launch where the row and pointers fit it (next_mode -1: no next norm);
+ * -1 where they do not */
+static int nf_lean_launch(const muse_k_ctx *ctx, float *h, const float *y, long width,
+                          const float *w, double eps, const float *next_w, int next_mode,
+                          double next_eps, float *out)
+{
+    unsigned T = k_fr_threads(width);
+    bool nw = next_mode == MUSE_K_NORM_PLUS1 || next_mode == MUSE_K_NORM_PLAIN;
+    /* no NULL either: the general kernel reads a NULL vector as zeros and skips a NULL out */
+    bool al = h && y && w && k_fr_aligned_host(h) && k_fr_aligned_host(y) &&
+              k_fr_aligned_host(w) && (next_mode < 0 || (out && k_fr_aligned_host(out))) &&
+              (!nw || (next_w && k_fr_aligned_host(next_w)));
+    if (!nf_lean_on() || width != 8L * T || !al) return -1;
+    int wd = (int)width;
+    bool wide = T > NF_PLAIN_MAX;
+#define NF_LEAN(NM)                                                                                \
+    k_launch(wide ? k_add_norm_lean<NM, 1024> : k_add_norm_lean<NM, NF_PLAIN_MAX>,                 \
+             (unsigned)ctx->rows, T, 0, ctx->st, h, y, wd, w, eps, next_w, next_eps, out)
+    switch (next_mode) {
+    case -1: return NF_LEAN(-1);
+    case MUSE_K_NORM_NONE: return NF_LEAN(MUSE_K_NORM_NONE);
+    case MUSE_K_NORM_PLUS1: return NF_LEAN(MUSE_K_NORM_PLUS1);
+    case MUSE_K_NORM_PLAIN: return NF_LEAN(MUSE_K_NORM_PLAIN);
+    }
+#undef NF_LEAN
+    return -1;
+}
+
 MUSE_K_API int muse_k_norm_fast(const muse_k_ctx *ctx, const float *x, long width, const float *w,
                                 int mode, double eps, int round16, float *out)
 {
@@ -223,9 +348,12 @@ MUSE_K_API int muse_k_add_norm_fast(const muse_k_ctx *ctx, float *h, const float
                                     const float *w, double eps)
 {
     if (ctx->rows <= 0 || width <= 0) return 0;
-    return k_launch(k_add_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, h, y,
-                    width, w, eps, (const float *)NULL, (int)MUSE_K_NORM_NONE, 0.0,
-                    (float *)NULL);
+    int rc = nf_lean_launch(ctx, h, y, width, w, eps, NULL, -1, 0.0, NULL);
+    if (rc >= 0) return rc;
+    unsigned T = k_fr_threads(width);
+    return k_launch(T > NF_PLAIN_MAX ? k_add_norm_fast_wide : k_add_norm_fast, (unsigned)ctx->rows,
+                    T, 0, ctx->st, h, y, width, w, eps, (const float *)NULL,
+                    (int)MUSE_K_NORM_NONE, 0.0, (float *)NULL);
 }
 
 MUSE_K_API int muse_k_add_norm_norm_fast(const muse_k_ctx *ctx, float *h, const float *y,
@@ -234,6 +362,12 @@ MUSE_K_API int muse_k_add_norm_norm_fast(const muse_k_ctx *ctx, float *h, const 
                                          float *out)
 {
     if (ctx->rows <= 0 || width <= 0) return 0;
-    return k_launch(k_add_norm_fast, (unsigned)ctx->rows, k_fr_threads(width), 0, ctx->st, h, y,
-                    width, w, eps, next_w, next_mode, next_eps, out);
+    /* -1 is the lean form's "no next norm" (muse_k_add_norm_fast): the modes alone here */
+    int rc = next_mode >= MUSE_K_NORM_NONE && next_mode <= MUSE_K_NORM_PLAIN
+                 ? nf_lean_launch(ctx, h, y, width, w, eps, next_w, next_mode, next_eps, out)
+                 : -1;
+    if (rc >= 0) return rc;
+    unsigned T = k_fr_threads(width);
+    return k_launch(T > NF_PLAIN_MAX ? k_add_norm_fast_wide : k_add_norm_fast, (unsigned)ctx->rows,
+                    T, 0, ctx->st, h, y, width, w, eps, next_w, next_mode, next_eps, out);
 }

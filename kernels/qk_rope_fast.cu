@@ -106,22 +106,42 @@ __global__ void k_attn_in_fast(float *q, long hq, float *k, long hk, const float
     double cs[QK_ROT], sn[QK_ROT];
     if (EARLY) qk_rot(hd, p, theta, lane, cs, sn);
     const double *rcs = EARLY ? cs : NULL, *rsn = EARLY ? sn : NULL;
+    /* a k head's cache slot: with EARLY, looked up before the wait too (the round's rows and
+     * tables, which no kernel writes: the split reads them so), off the chain it ends */
+    const bool of_k = blockIdx.x >= qb && hh < hk;
+    const long c0 = hh * hd - off; /* the head's first column in the cache row */
+    int64_t at = -1;
+    auto slot = [&] {
+        int seq = seqs[r];
+        if (seq >= 0 && c0 >= 0 && c0 < kv.kv_width)
+            at = muse_kv_offset(kv.tables, kv.blocks_per_seq, kv.cap, seq, positions[r], 0,
+                                kv.kv_width);
+    };
+    if (EARLY && of_k) slot();
     if (EARLY) K_PDL_WAIT();
     if (blockIdx.x < qb) {
         if (hh < hq) qk_head(q + (r * hq + hh) * hd, hd, p, theta, eps, lane, NULL, rcs, rsn);
         return;
     }
-    if (hh >= hk) return; /* a whole warp: the shuffles see only full warps */
-    long c0 = hh * hd - off; /* the head's first column in the cache row */
-    int seq = seqs[r];
-    int64_t at = -1;
-    if (seq >= 0 && c0 >= 0 && c0 < kv.kv_width)
-        at = muse_kv_offset(kv.tables, kv.blocks_per_seq, kv.cap, seq, positions[r], 0,
-                            kv.kv_width);
+    if (!of_k) return; /* a whole warp: the shuffles see only full warps */
+    if (!EARLY) slot();
+    const float *vr = v + r * hk * hd + hh * hd;
+    if (EARLY) { /* v's columns loaded with the head's, not after its chain (hd <= 128) */
+        float vv[2 * QK_ROT];
+#pragma unroll
+        for (int i = 0; i < 2 * QK_ROT; i++)
+            vv[i] = at >= 0 && lane + 32 * i < hd ? vr[lane + 32 * i] : 0.0f;
+        qk_head(k + (r * hk + hh) * hd, hd, p, theta, eps, lane, at >= 0 ? kv.k + at + c0 : NULL,
+                rcs, rsn);
+        if (at < 0) return;
+#pragma unroll
+        for (int i = 0; i < 2 * QK_ROT; i++)
+            if (lane + 32 * i < hd) kv.v[at + c0 + lane + 32 * i] = k_f32_to_f16_hw(vv[i]);
+        return;
+    }
     qk_head(k + (r * hk + hh) * hd, hd, p, theta, eps, lane, at >= 0 ? kv.k + at + c0 : NULL, rcs,
             rsn);
     if (at < 0) return;
-    const float *vr = v + r * hk * hd + hh * hd;
     for (long d = lane; d < hd; d += 32) kv.v[at + c0 + d] = k_f32_to_f16_hw(vr[d]);
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # muse-engine kernel-check (engine/check/ops_check.c, the registry in engine/check/registry.c) on
 # every tiny pack shape: fp16 (tiny), bf16 with a tied head and other widths (tiny-flip), and
-# EXL3 at 2 and 4 bits with two codebooks, and tiny-mha (as many KV heads as query heads and
-# the vocabulary as wide as the hidden size: a case's activations of two widths of one size).
+# EXL3 at 2 and 4 bits with two codebooks, tiny-mha (as many KV heads as query heads and
+# the vocabulary as wide as the hidden size: a case's activations of two widths of one size),
+# and tiny-wide (hidden 8192: the row kernels' blocks of 1024 threads, past hidden 6144's 768).
 # Each run checks every kernel of the backend seam against the CPU reference and its planted
 # controls; its failing TAP lines and SUMMARY are passed through under a prefix, one ok line a
 # run here. MUSE_OPS_BACKEND=cuda checks the CUDA backend the same way (a skip line where there
@@ -16,10 +17,11 @@ if [ ! -x "$engine" ] || [ ! -x "$pack" ]; then
 fi
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 runs=("tiny.json fp16" "tiny-flip.json bf16-tied" "tiny.json exl3-2-mcg --exl3-random 2 --codebook mcg"
-      "tiny.json exl3-4-3inst --exl3-random 4 --codebook 3inst" "tiny-mha.json mha")
+      "tiny.json exl3-4-3inst --exl3-random 4 --codebook 3inst" "tiny-mha.json mha"
+      "tiny-wide.json wide")
 # the fast path (against the exact path of the same backend, rows up to 256) on packs made
 # above: kernel-check flags after the tag
-fast_runs=("exl3-2-mcg" "exl3-4-3inst" "fp16")
+fast_runs=("exl3-2-mcg" "exl3-4-3inst" "fp16" "wide")
 echo "1..$((${#runs[@]} + ${#fast_runs[@]} + 3))"
 n=0
 for r in "${runs[@]}"; do

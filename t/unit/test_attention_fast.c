@@ -560,14 +560,15 @@ static void test_tile_early(void)
     ok(bad_decode == 0, "a decode row stages every tile but its last before the wait");
 }
 
-/* The combine with its weights made first against the sequential fold, in
- * batches of 64 (head_dim 64) and 32 (128) carrying the running max: l and acc the same bits,
- * with empty splits (-inf), ties, signed zeros and peaked maxima among the splits. */
+/* The combine with its weights made first against the sequential fold, in batches of 128
+ * (head_dim 64: a row's every split at once), 64 (128) and 32 carrying the running max: l and
+ * acc the same bits, with empty splits (-inf), ties, signed zeros and peaked maxima among the
+ * splits. */
 static void test_combine_weights(void)
 {
     long bad = 0, rows = 0;
     for (int trial = 0; trial < 4000; trial++) {
-        int n = 1 + (int)((urand() + 1) * 100), batch = trial % 2 ? 32 : 64;
+        int n = 1 + (int)((urand() + 1) * 100), batch = 32 << trial % 3;
         float m[200], ls[200], as[200];
         for (int s = 0; s < n; s++) {
             double u = urand();
@@ -586,7 +587,7 @@ static void test_combine_weights(void)
             l1 = muse_attn_mix(l1, w1, ls[s], w2);
             a1 = muse_attn_mix(a1, w1, as[s], w2);
         }
-        float run = -INFINITY, l2 = 0.0f, a2 = 0.0f, w1[64], w2[64], M[64];
+        float run = -INFINITY, l2 = 0.0f, a2 = 0.0f, w1[128], w2[128], M[128];
         for (int s0 = 0; s0 < n; s0 += batch) {
             int nb = n - s0 < batch ? n - s0 : batch;
             muse_attn_prefix_max(m + s0, nb, run, 32, M);
@@ -644,8 +645,16 @@ static void test_stage_groups(void)
                             g = muse_kv_group_at(tables, BPS, caps[c], seq, p, (int)(p - s0));
                             lookups++;
                         }
+                        int klo, khi;
+                        muse_attn_group_span(s0, lo, hi, &klo, &khi);
                         for (int d = 0; d < MUSE_KV_BLOCK; d++) {
                             int64_t s = s0 + d, want = -1;
+                            bad += (d >= klo && d <= khi) != (s >= lo && s <= hi);
+                            /* the kernel's form: one pointer for the group, less the wrap */
+                            if (!g.none && d >= klo && d <= khi)
+                                bad += (g.r0 * WIDTH + (int64_t)d * WIDTH -
+                                        (d >= g.wd ? caps[c] * WIDTH : 0)) !=
+                                       muse_attn_group_key(g, caps[c], WIDTH, s0, lo, hi, d);
                             if (s >= lo && s <= hi) {
                                 want = muse_kv_offset32(tables, BPS, caps[c], seq, s, WIDTH);
                                 in += want >= 0;
