@@ -41,9 +41,6 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
 {
     static_assert(!TR || MT == 1, "the transposed form is one m-tile's");
     static_assert(!TR || KC % 2 == 0, "the transposed form loads two k-tiles' rows at once");
-    /* TR 2: the transposed form with each weight's two fp16 halves as two k of the mma (3inst
-     * and mcg; mul1's weight is one fp16), the weight not rounded: other bits (a prototype) */
-    constexpr bool HV = TR == 2 && CB != MUSE_FAST_CB_MUL1;
     constexpr int FB_NT = FB_WARPS * NTW; /* n-tiles a block */
     constexpr int FB_KC = KC;
     constexpr int FB_AROW = KC * 16 + 8; /* halves a staged A row: padded, ldmatrix conflict-free */
@@ -239,62 +236,33 @@ __global__ void __launch_bounds__(128, MB) k_fast_product(fast_prod p)
         /* k-tile kk of the stage: decode the warp's tiles, then every m-tile's mma in k order
          * (TR: the rows' B fragment xt of this k-tile, or NULL: loaded here) */
         auto ktile = [&](int kk, const uint32_t *xt) {
-            if constexpr (HV) { /* a prototype: each weight's two halves as two k (f_hv_on) */
+            uint32_t bf[NTW][4];
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++)
+                f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + nt) * 8 * BITS, l_wo, l_sh, bf[nt]);
+            if constexpr (TR) { /* t^T = Wq^T a^T: the tile as the A operand, 8 rows as B */
                 uint32_t xf[2];
                 if (xt)
                     xf[0] = xt[0], xf[1] = xt[1];
                 else
                     k_ldsm2(xf, as + (lane % 8) * FB_AROW + kk * 16 + (lane / 8 % 2) * 8);
-                /* B of mma h: the rows' k 8h + 2t and 8h + 2t + 1, each in both halves */
-                const uint32_t xb[4] = {
-                    __byte_perm(xf[0], 0, 0x1010), __byte_perm(xf[0], 0, 0x3232),
-                    __byte_perm(xf[1], 0, 0x1010), __byte_perm(xf[1], 0, 0x3232)};
 #pragma unroll
                 for (int nt = 0; nt < NTW; nt++) {
-                    uint32_t st[8], x[8];
-                    muse_fast_lane_states_at(bs + (kk * FB_NT + nt) * 8 * BITS, l_wo, l_sh, BITS,
-                                             muse_fast_nwords(BITS), muse_fast_nwin(BITS), st);
+                    uint32_t wa[4];
 #pragma unroll
-                    for (int j = 0; j < 8; j++) x[j] = muse_fast_int_stage(CB, st[j]);
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        uint32_t w[4];
-#pragma unroll
-                        for (int q = 0; q < 4; q++) w[q] = x[muse_fast_hv_state(h, q)];
-                        k_mma16816(acc[0][nt][0], w, xb[2 * h], xb[2 * h + 1]);
-                    }
+                    for (int q = 0; q < 4; q++) wa[q] = bf[nt][muse_fast_wr_breg(q)];
+                    k_mma16816(acc[0][nt][0], wa, xf[0], xf[1]);
                 }
             } else {
-                uint32_t bf[NTW][4];
 #pragma unroll
-                for (int nt = 0; nt < NTW; nt++)
-                    f_tile_frag_at<CB, BITS>(bs + (kk * FB_NT + nt) * 8 * BITS, l_wo, l_sh,
-                                             bf[nt]);
-                if constexpr (TR) { /* t^T = Wq^T a^T: the tile as the A operand, 8 rows as B */
-                    uint32_t xf[2];
-                    if (xt)
-                        xf[0] = xt[0], xf[1] = xt[1];
-                    else
-                        k_ldsm2(xf, as + (lane % 8) * FB_AROW + kk * 16 + (lane / 8 % 2) * 8);
+                for (int mt = 0; mt < MT; mt++) {
+                    if (MT > 1 && mt >= mt_live) break; /* one m-tile: always live (m0 < rend) */
+                    uint32_t af[4];
+                    k_ldsm4(af, as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
 #pragma unroll
                     for (int nt = 0; nt < NTW; nt++) {
-                        uint32_t wa[4];
-#pragma unroll
-                        for (int q = 0; q < 4; q++) wa[q] = bf[nt][muse_fast_wr_breg(q)];
-                        k_mma16816(acc[0][nt][0], wa, xf[0], xf[1]);
-                    }
-                } else {
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        if (MT > 1 && mt >= mt_live) break; /* one m-tile: always live */
-                        uint32_t af[4];
-                        k_ldsm4(af,
-                                as + (mt * 16 + lane % 16) * FB_AROW + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-                        for (int nt = 0; nt < NTW; nt++) {
-                            k_mma16816(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
-                            k_mma16816(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
-                        }
+                        k_mma16816(acc[mt][nt][0], af, bf[nt][0], bf[nt][1]);
+                        k_mma16816(acc[mt][nt][1], af, bf[nt][2], bf[nt][3]);
                     }
                 }
             }
@@ -438,10 +406,9 @@ typedef struct {
     prod_fn fn;
     int (*smem)(void);
 } f_dec_form;
-/* [transposed: 0 no, 1 yes, 2 the halves' prototype][stage form - 1][codebook][64 columns] */
-static const f_dec_form f_dec_forms[3][2][3][2] = {{F_DEC_CB(16, 2, 0), F_DEC_CB(8, 2, 0)},
-                                                   {F_DEC_CB(16, 2, 1), F_DEC_CB(8, 2, 1)},
-                                                   {F_DEC_CB(16, 2, 2), F_DEC_CB(8, 2, 2)}};
+/* [transposed][stage form - 1][codebook][64 columns] */
+static const f_dec_form f_dec_forms[2][2][3][2] = {{F_DEC_CB(16, 2, 0), F_DEC_CB(8, 2, 0)},
+                                                   {F_DEC_CB(16, 2, 1), F_DEC_CB(8, 2, 1)}};
 /* Launches of at most 8 rows (grouped: 8 pairs, so every group's rows too; one token of 8
  * experts) compute t^T = Wq^T a^T: the decoded tile as mma's A operand (muse_fast_wr_breg's
  * registers), the rows as its 8-column B, one mma a tile where t = a Wq takes two, half the
@@ -484,25 +451,12 @@ static int f_dec_tr(int bits, long rows)
     return f_dec_env() && bits == 2 && rows <= 8 && f_tr_on();
 }
 
-/* MUSE_FAST_HALVES=1 from the environment (a prototype, read once a process; timings only): the
- * transposed form takes each weight's two fp16 halves as two k of the mma, unrounded (3inst,
- * mcg). Other bits: a decode row no longer equals the same row in a prompt, so kernel-check's
- * batch invariance fails under it; exl3-fast-check and muse-bench time it. */
-static int f_hv_on(void)
-{
-    static const int env = [] {
-        const char *v = getenv("MUSE_FAST_HALVES");
-        return v && *v ? atoi(v) == 1 : 0;
-    }();
-    return env;
-}
-
 /* the form for a launch's blocks (tr: f_dec_tr's), or NULL for the table's */
 static const f_dec_form *f_dec_variant(int shape, int cb, int bits, int tr)
 {
     int env = f_dec_env();
     if (!env || bits != 2 || (shape != 0 && shape != 2)) return NULL;
-    return &f_dec_forms[tr ? 1 + f_hv_on() : 0][env - 1][cb][shape == 2];
+    return &f_dec_forms[tr][env - 1][cb][shape == 2];
 }
 
 MUSE_K_API int muse_k_linear_fast_split_target(void)

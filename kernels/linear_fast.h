@@ -230,16 +230,6 @@ MUSE_HD void muse_fast_lane_element(int lane, int j, int *r, int *c)
     *c = lane / 4 + 8 * (j >> 2);
 }
 
-/* The halves prototype (MUSE_FAST_HALVES, the transposed form): a tile takes two mma, h 0 and 1,
- * each state's word (its two fp16 halves, unsummed) an A register: register q of mma h is the
- * lane's state muse_fast_hv_state(h, q), so mma h covers the lane's k 8h + 2t and 8h + 2t + 1
- * (t = lane % 4) as its virtual pairs 2t and 2t + 8; its B register b is the rows' element
- * k 8h + 2t + b in both halves. */
-MUSE_HD int muse_fast_hv_state(int h, int q)
-{
-    return 2 * h + (q >> 1) + 4 * (q & 1);
-}
-
 /* The wgmma form's shared memory (linear_fast_wg.cu): a stage's A rows and decoded B columns
  * (4 k-tiles, 64 k) as K-major rows of 128 bytes in the 128-byte swizzle, the 16-byte chunk c
  * (k 8c .. 8c + 7) of row r at r * 128 + (c ^ r % 8) * 16, so the 8 rows a tensor core reads at

@@ -324,61 +324,6 @@ static void test_wr_fragment(void)
     ok(bad == 0, "register form: A registers 0..3 are the B registers 0, 2, 1, 3, transposed");
 }
 
-/* The halves prototype's fragments: a warp's two m16n8k16 mma (PTX ISA layouts: A register q at
- * row lane/4 + 8 (q & 1), k 2 (lane%4) + 8 (q >> 1) + half; B register b at k 2 (lane%4) + 8b +
- * half, column lane/4), A from muse_fast_hv_state's states (their words' two halves unsummed),
- * B the rows' elements muse_fast_hv_state names, give every output the tile's sum over k of
- * (lo + hi) x: each weight's both halves once, against the right row element. Small integers,
- * so every sum is exact in any order. */
-static void test_hv_fragment(void)
-{
-    static int lo[16][16], hi[16][16], x[8][16];
-    for (int k = 0; k < 16; k++)
-        for (int n = 0; n < 16; n++) lo[k][n] = (int)(rng32() % 17) - 8, hi[k][n] = (int)(rng32() % 9) - 4;
-    for (int m = 0; m < 8; m++)
-        for (int k = 0; k < 16; k++) x[m][k] = (int)(rng32() % 13) - 6;
-    long d[16][8];
-    memset(d, 0, sizeof d);
-    int bad = 0;
-    for (int h = 0; h < 2; h++) {
-        long A[16][16], B[16][8]; /* mma h's operands as the lanes' registers place them */
-        int setA[16][16], setB[16][8];
-        memset(setA, 0, sizeof setA);
-        memset(setB, 0, sizeof setB);
-        for (int lane = 0; lane < 32; lane++) {
-            int t = lane % 4, g = lane / 4;
-            for (int q = 0; q < 4; q++) {
-                int r, c;
-                muse_fast_lane_element(lane, muse_fast_hv_state(h, q), &r, &c);
-                for (int half = 0; half < 2; half++) {
-                    int row = g + 8 * (q & 1), vk = 2 * t + 8 * (q >> 1) + half;
-                    bad += c != row; /* a state of the output column the register's row is */
-                    A[row][vk] = half ? hi[r][c] : lo[r][c];
-                    setA[row][vk]++;
-                }
-            }
-            for (int b = 0; b < 2; b++)
-                for (int half = 0; half < 2; half++) {
-                    int vk = 2 * t + 8 * b + half;
-                    B[vk][g] = x[g][8 * h + 2 * t + b];
-                    setB[vk][g]++;
-                }
-        }
-        for (int i = 0; i < 16; i++)
-            for (int j = 0; j < 16; j++) bad += setA[i][j] != 1 || (j < 8 && setB[i][j] != 1);
-        for (int n = 0; n < 16; n++)
-            for (int m = 0; m < 8; m++)
-                for (int vk = 0; vk < 16; vk++) d[n][m] += A[n][vk] * B[vk][m];
-    }
-    for (int n = 0; n < 16; n++)
-        for (int m = 0; m < 8; m++) {
-            long want = 0;
-            for (int k = 0; k < 16; k++) want += (long)(lo[k][n] + hi[k][n]) * x[m][k];
-            bad += d[n][m] != want;
-        }
-    ok(bad == 0, "halves prototype: two mma a tile sum every weight's two halves times its row element");
-}
-
 /* The finish's groups and the fused splits' walk over them: every split in one group, groups in
  * order, each group's first and last split where the finish starts and ends its sum */
 static void test_fin_groups(void)
@@ -417,7 +362,6 @@ int main(void)
     test_unrounded_sum();
     test_wg_layout();
     test_wr_fragment();
-    test_hv_fragment();
     test_fin_groups();
     return done_testing();
 }
