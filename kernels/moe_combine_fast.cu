@@ -131,17 +131,6 @@ __global__ void __launch_bounds__(MC_EARLY_K * 32)
     y[r * H + d] = acc;
 }
 
-/* Whether a decode round takes k_moe_combine_norm_early (MUSE_FAST_MC_EARLY=0 from the
- * environment: the form before; read once a process). Never a bit. */
-static int mc_early_on(void)
-{
-    static const int on = [] {
-        const char *v = getenv("MUSE_FAST_MC_EARLY");
-        return !(v && v[0] == '0' && !v[1]);
-    }();
-    return on;
-}
-
 /* The 128-column blocks a launch's block takes: 8 from MC_WIDE_ROWS rows (the round's rows:
  * a decode round keeps a block each, its parallelism); a column's arithmetic is the same at any */
 #define MC_WIDE_ROWS 64
@@ -158,7 +147,7 @@ MUSE_K_API int muse_k_moe_combine_norm_fast(const muse_k_ctx *ctx, const int32_t
         return k_launch(k_moe_combine_norm_fast<8>,
                         dim3((unsigned)((H / 128 + 7) / 8), (unsigned)rows), 128, 0, ctx->st, sel,
                         w, z, sq, enorm, eps, shared, K, H, y);
-    if (K <= MC_EARLY_K && H / 128 <= 64 && mc_early_on())
+    if (K <= MC_EARLY_K && H / 128 <= 64)
         return k_launch(k_moe_combine_norm_early, dim3((unsigned)(H / 128), (unsigned)rows),
                         MC_EARLY_K * 32, 0, ctx->st, sel, w, z, sq, enorm, eps, shared, K, H, y);
     return k_launch(k_moe_combine_norm_fast<1>, dim3((unsigned)(H / 128), (unsigned)rows), 128, 0,

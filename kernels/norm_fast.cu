@@ -285,17 +285,6 @@ __global__ void __launch_bounds__(MAXT)
     o4[t + T] = ob;
 }
 
-/* Whether add_norm takes k_add_norm_lean where it fits (MUSE_FAST_NORM_LEAN=0 from the
- * environment: k_add_norm_fast everywhere; read once a process). Never a bit. */
-static int nf_lean_on(void)
-{
-    static const int on = [] {
-        const char *v = getenv("MUSE_FAST_NORM_LEAN");
-        return !(v && v[0] == '0' && !v[1]);
-    }();
-    return on;
-}
-
 static bool k_fr_aligned_host(const void *p)
 {
     return ((uintptr_t)p & 15) == 0;
@@ -313,7 +302,7 @@ static int nf_lean_launch(const muse_k_ctx *ctx, float *h, const float *y, long 
     bool al = h && y && w && k_fr_aligned_host(h) && k_fr_aligned_host(y) &&
               k_fr_aligned_host(w) && (next_mode < 0 || (out && k_fr_aligned_host(out))) &&
               (!nw || (next_w && k_fr_aligned_host(next_w)));
-    if (!nf_lean_on() || width != 8L * T || !al) return -1;
+    if (width != 8L * T || !al) return -1;
     int wd = (int)width;
     bool wide = T > NF_PLAIN_MAX;
 #define NF_LEAN(NM)                                                                                \
