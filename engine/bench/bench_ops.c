@@ -299,7 +299,7 @@ static void shape_of(const muse_model *m, const muse_op_case *k, int64_t ctx, ch
                  (long long)c->moe_intermediate_size);
         break;
     case MUSE_K_SAMPLE:
-        snprintf(out, len, "V %ld, T 0.7 top-p 0.9", k->in_width);
+        snprintf(out, len, "V %ld, T 0.7 top-k 40 top-p 0.9", k->in_width);
         break;
     default:
         snprintf(out, len, "width %ld", k->in_width);
@@ -341,7 +341,8 @@ static muse_backend *kernels_backend(const kernels_flags *f, const muse_model *m
     return muse_backend_create(f->backend, m, &o, e);
 }
 
-/* The round's batch: rows at ctx .. ctx+R-1 of sequence 0, each drawing with T 0.7, top-p 0.9. */
+/* The round's batch: rows at ctx .. ctx+R-1 of sequence 0, each drawing with T 0.7, top-k 40,
+ * top-p 0.9 (issue 20's sampler target: top-k and top-p on). */
 static void round_rows(bench_run *b, long R)
 {
     b->R = R;
@@ -350,7 +351,8 @@ static void round_rows(bench_run *b, long R)
         b->pos[r] = b->ctx + r;
         b->seqs[r] = 0;
         b->draw[r] = b->ctx + r + 1;
-        b->sp[r] = (muse_sampling){.temperature = 0.7f, .top_p = 0.9f, .seed = (uint64_t)r + 1};
+        b->sp[r] = (muse_sampling){
+            .temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .seed = (uint64_t)r + 1};
     }
 }
 
