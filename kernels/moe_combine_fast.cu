@@ -4,8 +4,6 @@
  * so the norm's own launch and its pass over z go; each element is then the norm's
  * fp32 steps (kernels/norm_fast.cu, mode 1 + w) and the combine's, in the combine's slot order
  * (moe_order.cuh). */
-#include <stdlib.h>
-
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "moe_combine_fast.cuh"

@@ -3,8 +3,6 @@
  * the exact kernel's CPU order only in the last bits of a double), then each element exactly
  * as kernels/norm.cu does it. A thread reads back only what it wrote itself. Rows up to 8192
  * wide are held in registers, every load of the row issued at once (k_nf_regs). */
-#include <stdlib.h>
-
 #include "common.cuh"
 #include "fast_rows.cuh"
 #include "norm_fast.cuh"
