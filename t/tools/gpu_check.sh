@@ -30,7 +30,7 @@
 # (exl3-fast-check's checks without its timings), sanitizeops (the memory checker on the fast
 # kernel-check alone), abdecode (the whole shape's decode of build/gpu/old's bench and this
 # one's, interleaved), trace (a decode round's kernels on a timeline, by CUPTI), targets (every
-# target row of issues 19 and 20 in one call).
+# target row of issues 19 and 20 in one call), ncusample (the sampler's kernels under ncu).
 cd "$(dirname "$0")/../.." || exit 2
 export NCCL_NVLS_ENABLE=0
 B=${GPU_CHECK_BACKEND:-cuda}
@@ -226,6 +226,18 @@ if want ncusmall && [ "$B" = cuda ] && command -v ncu >/dev/null; then
         gzip >"$out/small-sass.csv.gz"
     rm -f "$logs/small.ncu-rep"
 fi
+# ncusample (by name): the fast sampler's kernels (kernels/sample_fast.cu) under ncu's full set,
+# one row at vocab 202048 drawing with T 0.7, top-k 40, top-p 0.9 (muse-bench kernels' sample op
+# on the 2-layer cut; issue 20's 20 us target): each launch's duration, warp states and
+# instruction mix ($OUT/ncusample.txt)
+if want ncusample && [ "$B" = cuda ] && command -v ncu >/dev/null; then
+    step ncusample 180 ncu --clock-control none --set full --import-source no -k 'regex:k_sf_' \
+        -c "${GPU_CHECK_NCUSAMPLE_COUNT:-8}" -o "$logs/sample" build/muse-bench kernels --backend cuda \
+        --synthetic-weights 1 --config conf/packs/muse-spark-open-1gpu-2l.json --bits 2 \
+        --codebook mcg --rows 1 --context 4096 --min-ms 1 --kernels fast
+    ncu --import "$logs/sample.ncu-rep" >"$out/ncusample.txt" 2>&1
+    rm -f "$logs/sample.ncu-rep"
+fi
 # the product at many rows under each block shape (GPU_CHECK_MANY_VARIANTS: VAR=VALUE,...; "-"
 # the defaults)
 if want many && [ "$B" = cuda ]; then
@@ -373,7 +385,7 @@ fi
 # vocabulary of 202048 (the MoE with the router and the shared experts, the attention, the small
 # operations, the head, the sampler and the empty round; issue 20) at rows 1, 4 and 256 and
 # context 4096, the exact path at 1 and 4 rows its baseline, then one row at 32768 and 131072
-# keys. The JSON comes back in $OUT. GPU_CHECK_TARGETS_CONFIG: another shape (conf/packs/tiny.json
+# keys, and the empty round through a graph (targets-graphs). The JSON comes back in $OUT. GPU_CHECK_TARGETS_CONFIG: another shape (conf/packs/tiny.json
 # to try the step on the CPU)
 if want targets; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_TARGETS_CONFIG:-conf/packs/muse-spark-open-1gpu-2l.json}"
@@ -389,6 +401,11 @@ if want targets; then
         step "targets-ctx$ctx" 90 build/muse-bench kernels --backend "$B" "${cut[@]}" --rows 1 \
             --context "$ctx" --kernels fast --json "$logs/targets-ctx$ctx.json"
     done
+    # the empty round as the engine runs a round, through a graph (its capture, launch and sync;
+    # a forward's replay skips the capture): the table's head line; its ops' times are the host's
+    [ "$B" = cuda ] && step targets-graphs 90 env MUSE_CUDA_GRAPHS=1 build/muse-bench kernels \
+        --backend "$B" "${cut[@]}" --rows 1 --context 4096 --kernels fast \
+        --json "$logs/targets-graphs.json"
     for f in "$logs"/targets-*.json; do [ -s "$f" ] && cp "$f" "$out/"; done
 fi
 
