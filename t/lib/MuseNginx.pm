@@ -714,6 +714,24 @@ sub wait_until {
     return $v;
 }
 
+# 1 once every thread of pid is stopped (SIGSTOP taken: state T in /proc), polled up to timeout
+# seconds: kill returns before a busy thread has stopped, and one still running can answer
+sub wait_stopped {
+    my ($pid, $timeout) = @_;
+    my $t0 = time;
+    while (time - $t0 < $timeout) {
+        my @st;
+        for my $f (glob("/proc/$pid/task/*/stat")) {
+            open(my $fh, '<', $f) or next;
+            my $line = <$fh> // '';
+            push @st, $line =~ /\)\s+(\S)/ ? $1 : '?';
+        }
+        return 1 if @st && !grep { $_ ne 'T' && $_ ne 't' } @st;
+        sleep 0.005;
+    }
+    return 0;
+}
+
 # ---- helpers the end-to-end tests share ----
 
 # token_sha of token ids: SHA-256 of them as int32 little-endian (API.md's muse block).

@@ -90,6 +90,8 @@ is($n->chat($MSG)->{status}, 200, '1: served before the stop');
 my @load = map { $n->open_post('/v1/chat/completions', $HANG) } 1 .. 3;
 sleep 0.2;
 kill 'STOP', $n->engine_pid;
+# the chat after the stop: a thread still running could send its hello (then the queue timeout)
+ok(MuseNginx::wait_stopped($n->engine_pid, 2), '1: every engine thread stopped');
 my $t_stop = time;
 my $r = $n->chat($MSG, timeout => 8);
 my $chat_s = time - $t_stop;
