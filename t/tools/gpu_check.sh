@@ -385,8 +385,8 @@ fi
 # vocabulary of 202048 (the MoE with the router and the shared experts, the attention, the small
 # operations, the head, the sampler and the empty round; issue 20) at rows 1, 4 and 256 and
 # context 4096, the exact path at 1 and 4 rows its baseline, then one row at 32768 and 131072
-# keys, and the empty round through a graph (targets-graphs). The JSON comes back in $OUT. GPU_CHECK_TARGETS_CONFIG: another shape (conf/packs/tiny.json
-# to try the step on the CPU)
+# keys, and the empty round through a graph (targets-graphs). The JSON comes back in $OUT.
+# GPU_CHECK_TARGETS_CONFIG: another shape (conf/packs/tiny.json to try the step on the CPU)
 if want targets; then
     cut=(--synthetic-weights 1 --config "${GPU_CHECK_TARGETS_CONFIG:-conf/packs/muse-spark-open-1gpu-2l.json}"
         --bits 2 --codebook mcg --min-ms 20)
