@@ -17,7 +17,7 @@ static inline unsigned k_fr_threads(long n)
 }
 
 /* Whether p (and so every float4 of a row whose width is a multiple of 4) is 16-byte aligned. */
-__device__ __forceinline__ bool k_fr_aligned(const void *p)
+__host__ __device__ __forceinline__ bool k_fr_aligned(const void *p)
 {
     return ((uintptr_t)p & 15) == 0;
 }

@@ -283,11 +283,6 @@ __global__ void __launch_bounds__(MAXT)
     o4[t + T] = ob;
 }
 
-static bool k_fr_aligned_host(const void *p)
-{
-    return ((uintptr_t)p & 15) == 0;
-}
-
 /* k_add_norm_lean's launch where the row and pointers fit it (next_mode -1: no next norm);
  * -1 where they do not */
 static int nf_lean_launch(const muse_k_ctx *ctx, float *h, const float *y, long width,
@@ -297,9 +292,9 @@ static int nf_lean_launch(const muse_k_ctx *ctx, float *h, const float *y, long 
     unsigned T = k_fr_threads(width);
     bool nw = next_mode == MUSE_K_NORM_PLUS1 || next_mode == MUSE_K_NORM_PLAIN;
     /* no NULL either: the general kernel reads a NULL vector as zeros and skips a NULL out */
-    bool al = h && y && w && k_fr_aligned_host(h) && k_fr_aligned_host(y) &&
-              k_fr_aligned_host(w) && (next_mode < 0 || (out && k_fr_aligned_host(out))) &&
-              (!nw || (next_w && k_fr_aligned_host(next_w)));
+    bool al = h && y && w && k_fr_aligned(h) && k_fr_aligned(y) &&
+              k_fr_aligned(w) && (next_mode < 0 || (out && k_fr_aligned(out))) &&
+              (!nw || (next_w && k_fr_aligned(next_w)));
     if (width != 8L * T || !al) return -1;
     int wd = (int)width;
     bool wide = T > NF_PLAIN_MAX;
