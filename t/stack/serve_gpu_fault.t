@@ -70,7 +70,7 @@ ok(defined $t_exit && defined $t_last_token && $t_exit - $t_last_token < 1.0,
            ($t_exit // 0) - ($t_last_token // 0), ($t_exit // 0) - $t0));
 is(defined $status ? $status >> 8 : -1, 3, 'exit status 3 (MUSE_EXIT_DEVICE_FATAL)');
 like($n->engine_log,
-     qr/sticky device error: device error on rank 0 \(cuda, GPU \d+\): \S*cuda_round\.c:\d+: (?:cudaStreamSynchronize|muse_k_fault_illegal_address)\(.*?\): an illegal memory access was encountered.*FATAL/,
+     qr/sticky device error: device error on rank 0 \(cuda, GPU \d+\): \S*cuda_round\.c:\d+: (?:cudaStreamSynchronize|cudaMemcpyAsync|muse_k_fault_illegal_address)\(.*?\): an illegal memory access was encountered.*FATAL/,
      'the engine names the real CUDA error with file:line')
     or diag($n->engine_log);
 my $hr = $n->health;

@@ -163,18 +163,10 @@ static int allocate_rank(cuda_backend *c, int r)
         CHECK(c, cudaMemcpy(rk->pair_src, src, P * sizeof *src, cudaMemcpyHostToDevice));
         free(src);
     }
-    size_t tables = (size_t)o->max_seqs * (size_t)be->kv.blocks_per_seq;
-    rk->d_tokens = dalloc(c, R * 4, &mem->staging);
-    rk->d_seqs = dalloc(c, R * 4, &mem->staging);
-    rk->d_want = dalloc(c, R * 4, &mem->staging);
     rk->d_drawn = dalloc(c, R * 4, &mem->staging);
-    rk->d_positions = dalloc(c, R * 8, &mem->staging);
-    rk->d_draw_pos = dalloc(c, R * 8, &mem->staging);
-    rk->d_sampling = dalloc(c, R * sizeof *rk->d_sampling, &mem->staging);
-    rk->d_tables = dalloc(c, tables * 4, &mem->staging);
+    rk->d_pack = dalloc(c, c->pack_cap, &mem->staging); /* its arrays placed by begin_round */
     if (c->failed) return -1;
-    if (!c->sizing)
-        CHECK(c, cudaMemcpy(rk->d_tables, c->stage.tables, tables * 4, cudaMemcpyHostToDevice));
+    if (rk->d_pack) cuda_place_pack(c, r, R, R); /* (sizing: nothing to place) */
     /* KV: sliding layers a ring per sequence, full layers the paged pool's blocks */
     rk->k_cache = MUSE_CALLOC(L, sizeof *rk->k_cache);
     rk->v_cache = MUSE_CALLOC(L, sizeof *rk->v_cache);
@@ -195,13 +187,17 @@ static int allocate_rank(cuda_backend *c, int r)
     return c->failed ? -1 : 0;
 }
 
-/* The sliding layers' ring lengths and a token mask's bytes: what the buffers are sized by. */
+/* The sliding layers' ring lengths, a token mask's bytes and the staging pack's: what the
+ * buffers are sized by. */
 static void size_rings(cuda_backend *c)
 {
     const muse_backend_opts *o = &c->base.opts;
     const muse_config *cfg = &c->base.model->cfg;
     size_t L = (size_t)cfg->num_layers;
     c->mask_bytes = ((size_t)cfg->vocab_size + 7) / 8;
+    size_t R = (size_t)o->max_rows,
+           tables = (size_t)o->max_seqs * (size_t)c->base.kv.blocks_per_seq;
+    c->pack_cap = muse_stage_pack_layout(R, R, sizeof(muse_k_sampling), tables).bytes;
     c->kv_cap = MUSE_CALLOC(L ? L : 1, sizeof *c->kv_cap);
     for (size_t i = 0; i < L; i++)
         if (cfg->attn_kind[i] == MUSE_ATTN_SLIDING) {
@@ -221,6 +217,7 @@ static int allocate(cuda_backend *c)
     on(c, 0);
     size_rings(c);
     void *stage = halloc(c, muse_round_stage_bytes(be)); /* every table entry -1 once placed */
+    c->h_pack = halloc(c, c->pack_cap);
     c->h_drawn = halloc(c, R * 4);
     c->h_sampling = halloc(c, R * sizeof *c->h_sampling);
     size_t W = (size_t)be->opts.max_wanted;
@@ -519,17 +516,12 @@ static void free_rank(cuda_backend *c, int r)
         return;
     }
     cudaSetDevice(rk->device);
-    void *dev[] = {rk->ws_fast,     rk->lin_dev,    rk->experts,
-                   rk->ws_a,        rk->ws_t,       rk->router_logits,
-                   rk->sel_w,       rk->eg,         rk->eu,
-                   rk->ea,          rk->zg,         rk->zs,
-                   rk->xsel,        rk->raw,        rk->weights,
-                   rk->sel,         rk->pair_src,   rk->red,
-                   rk->gather,      rk->d_tokens,   rk->d_seqs,
-                   rk->d_want,      rk->d_tables,   rk->d_drawn,
-                   rk->d_positions, rk->d_draw_pos, rk->d_sampling,
-                   rk->snapshots,   rk->moe_plan,   rk->ws_attn,
-                   rk->d_masks,     rk->ws_side,    rk->zsq};
+    void *dev[] = {
+        rk->ws_fast, rk->lin_dev, rk->experts, rk->ws_a,      rk->ws_t,     rk->router_logits,
+        rk->sel_w,   rk->eg,      rk->eu,      rk->ea,        rk->zg,       rk->zs,
+        rk->xsel,    rk->raw,     rk->weights, rk->sel,       rk->pair_src, rk->red,
+        rk->gather,  rk->d_pack,  rk->d_drawn, rk->snapshots, rk->moe_plan, rk->ws_attn,
+        rk->d_masks, rk->ws_side, rk->zsq};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) cudaFree(dev[i]);
     for (int i = 0; i < c->n_acts; i++) cudaFree(c->acts[i][r]);
     if (rk->k_cache)
@@ -574,7 +566,7 @@ void cuda_destroy(muse_backend *be)
         cudaEventDestroy(c->ev0);
         cudaEventDestroy(c->ev1);
     }
-    void *host[] = {c->stage.block, c->h_drawn, c->h_sampling, c->h_logits, c->h_masks};
+    void *host[] = {c->stage.block, c->h_drawn, c->h_sampling, c->h_logits, c->h_masks, c->h_pack};
     for (size_t i = 0; i < sizeof host / sizeof *host && !c->sizing; i++) cudaFreeHost(host[i]);
     for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
         if (c->execs[i]) cudaGraphExecDestroy(c->execs[i]);

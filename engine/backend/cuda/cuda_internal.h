@@ -27,6 +27,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
+#include "backend/stage_pack.h"
 #include "backend/cuda/nccl_dl.h"
 #include "kernels/launch.h"
 #include "kernels/sample.cuh"
@@ -89,7 +90,9 @@ typedef struct {
     muse_k_lin *lin;     /* [n_linears] host copies of the descriptors */
     muse_k_lin *lin_dev; /* [n_linears] on the device */
     muse_k_lin *experts; /* [layers][3][E] on the device: gate, up, down */
-    /* round staging on its GPU */
+    /* round staging on its GPU: one pack (backend/stage_pack.h) the arrays point into, laid out
+     * again each round for its rows; the drawn tokens apart */
+    unsigned char *d_pack;
     int32_t *d_tokens, *d_seqs, *d_want, *d_tables, *d_drawn;
     int64_t *d_positions, *d_draw_pos;
     muse_k_sampling *d_sampling;
@@ -157,8 +160,10 @@ typedef struct {
     muse_round_stage stage; /* backend.h: the batch as both backends stage it, in pinned memory */
     long rows, real_rows, wanted, real_wanted; /* stage's, copied at begin_round */
     muse_k_sampling *h_sampling;               /* [max_rows] stage's sampling as the kernel's */
-    uint8_t *h_masks;  /* [max_rows][mask_bytes] pinned: the masked rows' bitmaps this round */
-    size_t mask_bytes; /* (vocab_size + 7) / 8, a row's token mask */
+    unsigned char *h_pack; /* pinned: the round's pack, copied to every rank's d_pack at once */
+    size_t pack_cap;       /* the pack's bytes at max_rows rows and wanted rows */
+    uint8_t *h_masks;      /* [max_rows][mask_bytes] pinned: the masked rows' bitmaps this round */
+    size_t mask_bytes;     /* (vocab_size + 7) / 8, a row's token mask */
     int32_t *h_drawn;
     float *h_logits;
     int do_sample, return_logits, in_round;
@@ -198,6 +203,9 @@ int cuda_ok(cuda_backend *c, int rc, const char *what, const char *file, int lin
 int device_error(cuda_backend *c, muse_err *e);
 cuda_rank *on(cuda_backend *c, int r);
 void *dalloc(cuda_backend *c, size_t bytes, uint64_t *account);
+/* Rank r's staging arrays placed in its d_pack for rows rows and wanted wanted rows, as the
+ * host's pack is laid out (cuda_round.c); the layout. */
+muse_stage_pack cuda_place_pack(cuda_backend *c, int r, size_t rows, size_t wanted);
 void cuda_destroy(muse_backend *be);
 int cuda_device_memory(muse_backend *be, int rank, uint64_t *free_bytes, uint64_t *total_bytes);
 

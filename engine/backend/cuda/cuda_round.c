@@ -119,41 +119,47 @@ void cuda_read(muse_backend *be, muse_act a, float *dst, long rows)
         for (size_t i = 0; i < bytes / sizeof(float); i++) dst[i] = NAN;
 }
 
-/* The staged batch to rank r's GPU, on its stream. */
-static void stage_rank(cuda_backend *c, int r)
+muse_stage_pack cuda_place_pack(cuda_backend *c, int r, size_t rows, size_t wanted)
 {
-    cuda_rank *rk = on(c, r);
-    muse_backend *be = &c->base;
-    size_t R = (size_t)c->rows, tables = (size_t)be->opts.max_seqs * (size_t)be->kv.blocks_per_seq;
-    cudaStream_t st = rk->st;
-    CHECK(c, cudaMemcpyAsync(rk->d_tokens, c->stage.tokens, R * 4, cudaMemcpyHostToDevice, st));
-    CHECK(c,
-          cudaMemcpyAsync(rk->d_positions, c->stage.positions, R * 8, cudaMemcpyHostToDevice, st));
-    CHECK(c, cudaMemcpyAsync(rk->d_seqs, c->stage.seqs, R * 4, cudaMemcpyHostToDevice, st));
-    if (c->wanted) {
-        size_t w = (size_t)c->wanted, mb = c->mask_bytes;
-        /* the masked rows' bitmaps to rank 0 (it draws), a copy a run of consecutive ones; a
-         * free row or a round without masks copies nothing */
-        for (size_t i = 0, n = (size_t)c->real_wanted; r == 0 && i < n;) {
-            size_t j = i;
-            while (j < n && c->h_sampling[j].masked) j++;
-            if (j > i)
-                CHECK(c, cudaMemcpyAsync(rk->d_masks + i * mb, c->h_masks + i * mb, (j - i) * mb,
-                                         cudaMemcpyHostToDevice, st));
-            i = j + 1; /* row j is free (or the end) */
-        }
-        CHECK(c, cudaMemcpyAsync(rk->d_want, c->stage.want, w * 4, cudaMemcpyHostToDevice, st));
-        CHECK(c, cudaMemcpyAsync(rk->d_sampling, c->h_sampling, w * sizeof *c->h_sampling,
-                                 cudaMemcpyHostToDevice, st));
-        CHECK(c, cudaMemcpyAsync(rk->d_draw_pos, c->stage.draw_pos, w * 8, cudaMemcpyHostToDevice,
-                                 st));
-    }
-    CHECK(c,
-          cudaMemcpyAsync(rk->d_tables, c->stage.tables, tables * 4, cudaMemcpyHostToDevice, st));
+    const muse_backend *be = &c->base;
+    size_t tables = (size_t)be->opts.max_seqs * (size_t)be->kv.blocks_per_seq;
+    muse_stage_pack p = muse_stage_pack_layout(rows, wanted, sizeof *c->h_sampling, tables);
+    cuda_rank *rk = &c->rank[r];
+    MUSE_CHECK(p.bytes <= c->pack_cap);
+    rk->d_positions = (int64_t *)(rk->d_pack + p.positions);
+    rk->d_draw_pos = (int64_t *)(rk->d_pack + p.draw_pos);
+    rk->d_sampling = (muse_k_sampling *)(rk->d_pack + p.sampling);
+    rk->d_tokens = (int32_t *)(rk->d_pack + p.tokens);
+    rk->d_seqs = (int32_t *)(rk->d_pack + p.seqs);
+    rk->d_want = (int32_t *)(rk->d_pack + p.want);
+    rk->d_tables = (int32_t *)(rk->d_pack + p.tables);
+    return p;
 }
 
-/* Rank 0's stream waits for every other rank's staging copies (eager, outside the graph), so
- * a graph launched on it runs after them; rank 0's GPU current again. */
+/* The staged batch to rank r's GPU, on its stream: the pack (filled by begin_round) in one
+ * copy of `copy` bytes, then rank 0's masks. */
+static void stage_rank(cuda_backend *c, int r, size_t copy)
+{
+    cuda_rank *rk = on(c, r);
+    cudaStream_t st = rk->st;
+    (void)cuda_place_pack(c, r, (size_t)c->rows, (size_t)c->wanted);
+    CHECK(c, cudaMemcpyAsync(rk->d_pack, c->h_pack, copy, cudaMemcpyHostToDevice, st));
+    /* the masked rows' bitmaps to rank 0 (it draws), a copy a run of consecutive ones; a free
+     * row or a round without masks copies nothing */
+    size_t mb = c->mask_bytes;
+    for (size_t i = 0, n = (size_t)c->real_wanted; r == 0 && i < n;) {
+        size_t j = i;
+        while (j < n && c->h_sampling[j].masked) j++;
+        if (j > i)
+            CHECK(c, cudaMemcpyAsync(rk->d_masks + i * mb, c->h_masks + i * mb, (j - i) * mb,
+                                     cudaMemcpyHostToDevice, st));
+        i = j + 1; /* row j is free (or the end) */
+    }
+}
+
+/* Rank 0's stream waits for every other rank's work so far (eager, outside the graph): their
+ * staging copies before a graph launched on it, their round before the copies back; rank 0's
+ * GPU current again. */
 static void wait_staging(cuda_backend *c)
 {
     for (int r = 1; r < c->n_ranks; r++) {
@@ -223,7 +229,13 @@ int cuda_begin_round(muse_backend *be, const muse_round *r, muse_err *e)
         /* into pinned staging: the copy to the GPU is asynchronous */
         if (mask) memcpy(c->h_masks + (size_t)i * c->mask_bytes, mask, c->mask_bytes);
     }
-    for (int k = 0; k < c->n_ranks; k++) stage_rank(c, k);
+    /* the pack, copied through the highest sequence's table row (stage_pack.h) */
+    muse_stage_pack p = cuda_place_pack(c, 0, (size_t)c->rows, (size_t)c->wanted);
+    size_t copy =
+        muse_stage_pack_copy(&p, muse_stage_pack_max_seq(&c->stage), (size_t)be->kv.blocks_per_seq);
+    MUSE_CHECK(copy <= p.bytes); /* the stage's sequences are below max_seqs */
+    muse_stage_pack_fill(&p, c->h_pack, &c->stage, c->h_sampling, sizeof *c->h_sampling, copy);
+    for (int k = 0; k < c->n_ranks; k++) stage_rank(c, k, copy);
     c->do_sample = r->sampling != NULL;
     c->return_logits = r->return_logits;
     c->logits = -1;
@@ -287,17 +299,21 @@ int cuda_end_round(muse_backend *be, muse_round_out *out, muse_err *e)
         muse_k_ctx kc = kctx(on(c, 0), c->rows);
         CHECK(c, muse_k_fault_illegal_address(&kc));
     }
-    for (int r = 0; r < c->n_ranks; r++) CHECK(c, cudaStreamSynchronize(on(c, r)->st));
-    on(c, 0);
+    /* the drawn tokens and the logits back into pinned memory on rank 0's stream, behind every
+     * rank's work, then each stream synchronised once: one wait a round where a blocking copy
+     * after the waits made two */
+    wait_staging(c); /* rank 0's stream behind every other rank's */
     long V = (long)be->model->cfg.vocab_size;
     cuda_rank *r0 = &c->rank[0];
     if (!c->failed && c->do_sample && c->real_wanted)
-        CHECK(c, cudaMemcpy(c->h_drawn, r0->d_drawn, (size_t)c->real_wanted * 4,
-                            cudaMemcpyDeviceToHost));
+        CHECK(c, cudaMemcpyAsync(c->h_drawn, r0->d_drawn, (size_t)c->real_wanted * 4,
+                                 cudaMemcpyDeviceToHost, r0->st));
     if (!c->failed && c->return_logits && c->logits >= 0 && c->real_wanted)
-        CHECK(c, cudaMemcpy(c->h_logits, act_r(c, c->logits, 0),
-                            (size_t)c->real_wanted * (size_t)V * sizeof(float),
-                            cudaMemcpyDeviceToHost));
+        CHECK(c, cudaMemcpyAsync(c->h_logits, act_r(c, c->logits, 0),
+                                 (size_t)c->real_wanted * (size_t)V * sizeof(float),
+                                 cudaMemcpyDeviceToHost, r0->st));
+    for (int r = 0; r < c->n_ranks; r++) CHECK(c, cudaStreamSynchronize(on(c, r)->st));
+    on(c, 0);
     if (c->failed) return device_error(c, e);
     prof_host(c, PROF_END, t0);
     out->wanted = c->real_wanted;
