@@ -74,6 +74,26 @@ __device__ static uint64_t k_sf_above(uint64_t v)
     return above;
 }
 
+/* k_sf_above of two values at once (a count and a weight): one exchange, two barriers. */
+__device__ static void k_sf_above2(uint64_t a, uint64_t b, uint64_t *above_a, uint64_t *above_b)
+{
+    __shared__ uint64_t tot_a[32], tot_b[32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    uint64_t ia = a, ib = b;
+    for (int o = 1; o < 32; o <<= 1) {
+        uint64_t ya = __shfl_down_sync(0xffffffffu, ia, o);
+        uint64_t yb = __shfl_down_sync(0xffffffffu, ib, o);
+        if (lane + o < 32) ia += ya, ib += yb;
+    }
+    if (lane == 0) tot_a[w] = ia, tot_b[w] = ib;
+    __syncthreads();
+    uint64_t ra = ia - a, rb = ib - b;
+    for (int j = w + 1; j < nw; j++) ra += tot_a[j], rb += tot_b[j];
+    __syncthreads();
+    *above_a = ra;
+    *above_b = rb;
+}
+
 __device__ static uint64_t k_sf_sum(uint64_t v)
 {
     __shared__ uint64_t total;
@@ -86,16 +106,28 @@ __device__ static uint64_t k_sf_sum(uint64_t v)
 }
 
 /* The row's maximum (NaN never; -inf when nothing is above) and the lowest id holding it, from
- * the chunks' (thread 0; the same whatever the order, as the host's). */
+ * the chunks'; called by warp 0 alone, whose lanes read the chunks in parallel (a maximum and a
+ * minimum: the same whatever the order, as the host's). */
 __device__ static void k_sf_combine(const sf_row *w, long V, float *mx, long *best)
 {
+    int lane = threadIdx.x & 31;
     long nb = sf_chunks(V), f = V;
     float m = -INFINITY;
-    for (long b = 0; b < nb; b++) m = w->part_max[b] > m ? w->part_max[b] : m;
-    for (long b = 0; b < nb; b++)
+    for (long b = lane; b < nb; b += 32) m = w->part_max[b] > m ? w->part_max[b] : m;
+    for (int o = 16; o > 0; o >>= 1) {
+        float y = __shfl_xor_sync(0xffffffffu, m, o);
+        m = y > m ? y : m;
+    }
+    for (long b = lane; b < nb; b += 32)
         if (w->part_max[b] == m && w->part_first[b] < f) f = w->part_first[b];
-    *mx = m;
-    *best = f;
+    for (int o = 16; o > 0; o >>= 1) {
+        long y = __shfl_xor_sync(0xffffffffu, f, o);
+        f = y < f ? y : f;
+    }
+    if (lane == 0) {
+        *mx = m;
+        *best = f;
+    }
 }
 
 /* The row's mask (launch.h), NULL for a free row. */
@@ -185,7 +217,7 @@ __global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *pa
     sf_row w = k_sf_row(ws, V, row);
     float temperature = params[row].temperature;
     for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) cnt[j] = 0, wt[j] = 0;
-    if (t == 0) {
+    if (t < 32) {
         long best;
         k_sf_combine(&w, V, &s_mx, &best);
     }
@@ -225,7 +257,7 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
     sf_row w = k_sf_row(ws, V, row);
     float temperature = params[row].temperature;
     for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) loc[j] = 0;
-    if (t == 0) {
+    if (t < 32) {
         long best;
         k_sf_combine(&w, V, &s_mx, &best);
     }
@@ -237,13 +269,18 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
         float q = muse_ss_weight(k_sf_logit(lg, mk, i), mx, inv_t, wb);
         if (q > 0) atomicAdd(&loc[muse_ss_bin(muse_sx_float_bits(q))], 1u);
     }
+    uint32_t cnt[per], got[per];
     uint64_t mine = 0; /* the thread's bins per * t .. per * t + per - 1 */
-    for (int j = 0; j < per; j++) mine += w.bin_count[per * t + j];
+    for (int j = 0; j < per; j++) mine += cnt[j] = w.bin_count[per * t + j];
     uint64_t start = k_sf_above(mine); /* keys of the bins above the thread's (syncs) */
+#pragma unroll
+    for (int j = 0; j < per; j++) /* every claim issued before any is used: one round trip */
+        got[j] = loc[per * t + j] ? atomicAdd(&w.cursor[per * t + j], loc[per * t + j]) : 0;
+#pragma unroll
     for (int j = per - 1; j >= 0; j--) {
         int b = per * t + j;
-        if (loc[b]) base[b] = (uint32_t)start + atomicAdd(&w.cursor[b], loc[b]);
-        start += w.bin_count[b];
+        if (loc[b]) base[b] = (uint32_t)start + got[j];
+        start += cnt[j];
         loc[b] = 0;
     }
     __syncthreads();
@@ -263,8 +300,26 @@ typedef struct {
     sf_u64 dwt[MUSE_SS_DIGITS];
     int slot;
     uint32_t slot_count;
-    uint64_t cb, wb, key;
+    uint64_t cb, wb, key, total, candidates;
 } sf_sel;
+
+/* A thread's bins 2t and 2t + 1 (counts c, weights w) and the count and weight of every bin
+ * above them (ac, aw): read and scanned once a row, for every crossing. */
+typedef struct {
+    uint64_t c0, c1, w0, w1, ac, aw;
+} sf_bins;
+
+__device__ static sf_bins k_sf_bins(const sf_row *w)
+{
+    int t = threadIdx.x;
+    sf_bins b;
+    b.c0 = w->bin_count[2 * t];
+    b.c1 = w->bin_count[2 * t + 1];
+    b.w0 = w->bin_weight[2 * t];
+    b.w1 = w->bin_weight[2 * t + 1];
+    k_sf_above2(b.c0 + b.c1, b.w0 + b.w1, &b.ac, &b.aw); /* syncs */
+    return b;
+}
 
 /* Whether slot (its share, the shares above it) is where before + share first passes target;
  * the one thread whose slot is records it. */
@@ -280,17 +335,16 @@ __device__ static void k_sf_mark(sf_sel *s, int slot, uint64_t count, uint64_t w
     }
 }
 
-/* muse_ss_crossing_seq in parallel: thread t the bins 2t, 2t + 1, then digit t of each pass. */
-__device__ static muse_ss_crossing k_sf_crossing(sf_sel *s, const sf_row *w, uint64_t target,
-                                                 int by_count)
+/* muse_ss_crossing_seq in parallel: thread t the bins 2t, 2t + 1 (bn), then digit t of each
+ * pass. */
+__device__ static muse_ss_crossing k_sf_crossing(sf_sel *s, const sf_row *w, const sf_bins *bn,
+                                                 uint64_t target, int by_count)
 {
     int t = threadIdx.x;
     if (t == 0) s->slot = -1;
-    uint64_t c0 = w->bin_count[2 * t], c1 = w->bin_count[2 * t + 1];
-    uint64_t w0 = w->bin_weight[2 * t], w1 = w->bin_weight[2 * t + 1];
-    uint64_t ac = k_sf_above(c0 + c1), aw = k_sf_above(w0 + w1); /* syncs */
-    k_sf_mark(s, 2 * t + 1, c1, w1, ac, aw, target, by_count);
-    k_sf_mark(s, 2 * t, c0, w0, ac + c1, aw + w1, target, by_count);
+    __syncthreads();
+    k_sf_mark(s, 2 * t + 1, bn->c1, bn->w1, bn->ac, bn->aw, target, by_count);
+    k_sf_mark(s, 2 * t, bn->c0, bn->w0, bn->ac + bn->c1, bn->aw + bn->w1, target, by_count);
     __syncthreads();
     muse_ss_crossing c = {0, s->cb, s->wb};
     int b = s->slot;
@@ -320,8 +374,8 @@ __device__ static muse_ss_crossing k_sf_crossing(sf_sel *s, const sf_row *w, uin
             atomicAdd(&s->dwt[d], (sf_u64)muse_ss_key_weight(k));
         }
         __syncthreads();
-        uint64_t mc = s->dcnt[t], mw = s->dwt[t];
-        uint64_t dc = k_sf_above(mc), dw = k_sf_above(mw); /* syncs */
+        uint64_t mc = s->dcnt[t], mw = s->dwt[t], dc, dw;
+        k_sf_above2(mc, mw, &dc, &dw); /* syncs */
         k_sf_mark(s, t, mc, mw, c.count_before + dc, c.weight_before + dw, target, by_count);
         __syncthreads();
         int d = s->slot;
@@ -344,20 +398,24 @@ __device__ static muse_ss_crossing k_sf_crossing(sf_sel *s, const sf_row *w, uin
     return c;
 }
 
-/* muse_ss_weight_from_seq in parallel: the bins above cut's, then its keys >= cut. */
-__device__ static uint64_t k_sf_weight_from(const sf_row *w, uint64_t cut)
+/* muse_ss_weight_from_seq in parallel: the bins above cut's (bn: the weight above each of its
+ * owner's bins; total, every bin's), then its keys >= cut. */
+__device__ static uint64_t k_sf_weight_from(sf_sel *s, const sf_row *w, const sf_bins *bn,
+                                            uint64_t total, uint64_t cut)
 {
     int t = threadIdx.x, cb = muse_ss_key_bin(cut);
-    uint64_t wt = 0, ct = 0;
-    for (int b = 2 * t; b < 2 * t + 2; b++)
-        if (b > cb) wt += w->bin_weight[b], ct += w->bin_count[b];
-    uint64_t total = k_sf_sum(wt), start = k_sf_sum(ct), mine = 0;
-    uint64_t n = cb >= 0 && cb < MUSE_SS_BINS ? w->bin_count[cb] : 0;
+    if (cb < 0) return total; /* every bin above cut's, none of its keys */
+    if (cb >= MUSE_SS_BINS) return 0;
+    if (cb == 2 * t + 1) s->wb = bn->aw, s->cb = bn->ac, s->slot_count = (uint32_t)bn->c1;
+    if (cb == 2 * t)
+        s->wb = bn->aw + bn->w1, s->cb = bn->ac + bn->c1, s->slot_count = (uint32_t)bn->c0;
+    __syncthreads();
+    uint64_t above = s->wb, start = s->cb, n = s->slot_count, mine = 0;
     for (uint64_t i = t; i < n; i += SF_SEL_THREADS) {
         uint64_t k = w->keys[start + i];
         if (k >= cut) mine += muse_ss_key_weight(k);
     }
-    return total + k_sf_sum(mine);
+    return above + k_sf_sum(mine); /* (syncs) */
 }
 
 /* Launch 4. Shape: grid rows, block SF_SEL_THREADS. */
@@ -375,7 +433,7 @@ __global__ void __launch_bounds__(SF_SEL_THREADS)
     int t = threadIdx.x;
     sf_row w = k_sf_row(ws, V, row);
     muse_k_sampling p = params[row];
-    if (t == 0) k_sf_combine(&w, V, &s_mx, &s_best);
+    if (t < 32) k_sf_combine(&w, V, &s_mx, &s_best);
     __syncthreads();
     if (k_sf_forced(s_mx, p.temperature)) {
         long tok = s_best < V ? s_best : 0;
@@ -396,11 +454,15 @@ __global__ void __launch_bounds__(SF_SEL_THREADS)
         if (t == 0) tokens[row] = (int32_t)tok;
         return;
     }
-    uint64_t total = k_sf_sum(w.bin_weight[2 * t] + w.bin_weight[2 * t + 1]);
-    uint64_t candidates = k_sf_sum((uint64_t)w.bin_count[2 * t] + w.bin_count[2 * t + 1]);
-    uint64_t cut = 0, kept = total;
+    sf_bins bn = k_sf_bins(&w);
+    if (t == 0) { /* thread 0 holds the lowest bins: above them is every other */
+        s.total = bn.aw + bn.w0 + bn.w1;
+        s.candidates = bn.ac + bn.c0 + bn.c1;
+    }
+    __syncthreads();
+    uint64_t total = s.total, candidates = s.candidates, cut = 0, kept = total;
     if (p.top_k > 0 && (uint64_t)p.top_k < candidates) {
-        muse_ss_crossing c = k_sf_crossing(&s, &w, (uint64_t)p.top_k - 1, 1);
+        muse_ss_crossing c = k_sf_crossing(&s, &w, &bn, (uint64_t)p.top_k - 1, 1);
         cut = c.key;
         kept = c.weight_before + muse_ss_key_weight(c.key);
     }
@@ -408,7 +470,7 @@ __global__ void __launch_bounds__(SF_SEL_THREADS)
         uint64_t need = p.top_p > 0 ? muse_sx_ceil_float_times(p.top_p, kept) : 1;
         if (need == 0) need = 1;
         if (need < kept) {
-            muse_ss_crossing c = k_sf_crossing(&s, &w, need - 1, 0);
+            muse_ss_crossing c = k_sf_crossing(&s, &w, &bn, need - 1, 0);
             if (c.key > cut) {
                 cut = c.key;
                 kept = c.weight_before + muse_ss_key_weight(c.key);
@@ -419,12 +481,12 @@ __global__ void __launch_bounds__(SF_SEL_THREADS)
         uint64_t min_cut = muse_sx_min_p_cut(p.min_p, wb);
         if (min_cut > cut) {
             cut = min_cut;
-            kept = k_sf_weight_from(&w, cut);
+            kept = k_sf_weight_from(&s, &w, &bn, total, cut);
         }
     }
     uint64_t u53 = muse_sx_rand_bits(p.seed, (uint64_t)draw_pos[row], 0) >> 11;
     uint64_t target = muse_sx_mul_shift(u53, kept, 53, 0);
-    muse_ss_crossing c = k_sf_crossing(&s, &w, target, 0);
+    muse_ss_crossing c = k_sf_crossing(&s, &w, &bn, target, 0);
     if (t == 0) tokens[row] = (int32_t)muse_sx_key_id(c.key);
 }
 
