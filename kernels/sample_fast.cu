@@ -1,27 +1,33 @@
 /* sample (fast path): the host sampler's token (engine/text/sampler.c) by integer selection,
- * in four launches. 1: a block a chunk of SF_CHUNK logits finds its maximum and the lowest id
- * holding it, and zeroes the row's histograms. 2: the same blocks weigh their logits
- * (muse_ss_weight: the host's float sequence) and add per-bin counts and weight sums into the
+ * in four launches. 1: a block a chunk of logits (SF_CHUNK; MUSE_SF_CHUNK) finds its maximum and
+ * the lowest id holding it, and zeroes the row's histograms. 2: the same blocks weigh their
+ * logits (muse_ss_weight: the host's float sequence), count them by bin and add up their low
+ * bits in 32 bits, then add each bin's count and weight (muse_ss_bin_weight, exact) into the
  * row's histograms. 3: they weigh again and scatter each candidate's key into its bin's
  * segment (bins highest first, a bin's keys in any order). 4: a block a row runs the plan of
  * kernels/sample.cu (top_k, top_p, min_p, the draw), each crossing a suffix scan over the bins
- * and at most five 10-bit digit passes over one bin's keys (base/sampler_select.h, prototyped
- * and held to the host on the CPU in t/unit/test_sampler_select.c). Every sum is an integer
- * and every choice a key comparison, so neither the atomics' order nor the row's place in the
- * batch can change a bit: the token is the host's. A masked row (muse_sample_masked) reads a
- * token whose bit is clear as -inf in launches 1-3, and launch 4 draws the lowest allowed id
- * when nothing allowed is above -inf; a free row reads its logits as before. */
+ * (read and scanned once) and at most five 10-bit digit passes over one bin's keys
+ * (base/sampler_select.h, prototyped and held to the host on the CPU in
+ * t/unit/test_sampler_select.c). Every sum is an integer and every choice a key comparison, so
+ * neither the atomics' order, the chunk nor the row's place in the batch can change a bit: the
+ * token is the host's. A masked row (muse_sample_masked) reads a token whose bit is clear as
+ * -inf in launches 1-3, and launch 4 draws the lowest allowed id when nothing allowed is above
+ * -inf; a free row reads its logits as before. */
 #include <float.h>
+#include <stdlib.h>
 
 #include "common.cuh"
 #include "sample_fast.cuh"
 #include "pdl.cuh"
 #include "base/sampler_select.h"
 
-#define SF_CHUNK       4096 /* logits a block in launches 1-3 */
+#define SF_CHUNK       4096 /* logits a block in launches 1-3 (MUSE_SF_CHUNK) */
+#define SF_CHUNK_LEAST 256  /* the workspace holds the chunk maxima of chunks this small */
+#define SF_CHUNK_MOST  4096 /* a chunk's 32-bit sums of low bits cannot overflow (2^12 * 2^18) */
 #define SF_THREADS     256
-#define SF_SEL_THREADS 1024 /* = MUSE_SS_DIGITS, = MUSE_SS_BINS / 2 */
-#define SF_SEG_CAP     4096 /* a bin's keys copied to shared memory up to this many */
+#define SF_SEL_THREADS 1024       /* = MUSE_SS_DIGITS, = MUSE_SS_BINS / 2 */
+#define SF_SEG_CAP     4096       /* a bin's keys copied to shared memory up to this many */
+#define SF_HALVES_MOST (1u << 23) /* keys whose 9-bit halves' 32-bit sums cannot overflow */
 
 typedef unsigned long long sf_u64; /* atomicAdd's type */
 
@@ -33,14 +39,14 @@ typedef struct {
     int32_t *part_first;
 } sf_row;
 
-__host__ __device__ static inline long sf_chunks(long V)
+__host__ __device__ static inline long sf_chunks(long V, int chunk)
 {
-    return (V + SF_CHUNK - 1) / SF_CHUNK;
+    return (V + chunk - 1) / chunk;
 }
 
 __host__ __device__ static inline size_t sf_row_bytes(long V)
 {
-    return (size_t)V * 8 + (size_t)MUSE_SS_BINS * 16 + (size_t)sf_chunks(V) * 8;
+    return (size_t)V * 8 + (size_t)MUSE_SS_BINS * 16 + (size_t)sf_chunks(V, SF_CHUNK_LEAST) * 8;
 }
 
 __device__ static sf_row k_sf_row(void *ws, long V, long row)
@@ -52,8 +58,21 @@ __device__ static sf_row k_sf_row(void *ws, long V, long row)
     w.bin_count = (uint32_t *)(w.bin_weight + MUSE_SS_BINS);
     w.cursor = w.bin_count + MUSE_SS_BINS;
     w.part_max = (float *)(w.cursor + MUSE_SS_BINS);
-    w.part_first = (int32_t *)(w.part_max + sf_chunks(V));
+    w.part_first = (int32_t *)(w.part_max + sf_chunks(V, SF_CHUNK_LEAST));
     return w;
+}
+
+/* The sum of tot[j] over the warps j above warp w (of nw), every lane of the warp by a scan of
+ * the totals across its lanes: five shuffles where a loop over the warps read up to 31. */
+__device__ static uint64_t k_sf_warps_above(const uint64_t *tot, int nw, int w, int lane)
+{
+    uint64_t v = lane < nw ? tot[lane] : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+        uint64_t y = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o < 32) v += y;
+    }
+    uint64_t a = __shfl_sync(0xffffffffu, v, (w + 1) & 31); /* v at lane L: warps L and above */
+    return w + 1 < 32 ? a : 0;
 }
 
 /* The sum over the threads above this one (higher index) of v; integers, so any order. */
@@ -68,8 +87,7 @@ __device__ static uint64_t k_sf_above(uint64_t v)
     }
     if (lane == 0) warp_tot[w] = inc;
     __syncthreads();
-    uint64_t above = inc - v;
-    for (int j = w + 1; j < nw; j++) above += warp_tot[j];
+    uint64_t above = inc - v + k_sf_warps_above(warp_tot, nw, w, lane);
     __syncthreads();
     return above;
 }
@@ -87,8 +105,8 @@ __device__ static void k_sf_above2(uint64_t a, uint64_t b, uint64_t *above_a, ui
     }
     if (lane == 0) tot_a[w] = ia, tot_b[w] = ib;
     __syncthreads();
-    uint64_t ra = ia - a, rb = ib - b;
-    for (int j = w + 1; j < nw; j++) ra += tot_a[j], rb += tot_b[j];
+    uint64_t ra = ia - a + k_sf_warps_above(tot_a, nw, w, lane);
+    uint64_t rb = ib - b + k_sf_warps_above(tot_b, nw, w, lane);
     __syncthreads();
     *above_a = ra;
     *above_b = rb;
@@ -108,10 +126,10 @@ __device__ static uint64_t k_sf_sum(uint64_t v)
 /* The row's maximum (NaN never; -inf when nothing is above) and the lowest id holding it, from
  * the chunks'; called by warp 0 alone, whose lanes read the chunks in parallel (a maximum and a
  * minimum: the same whatever the order, as the host's). */
-__device__ static void k_sf_combine(const sf_row *w, long V, float *mx, long *best)
+__device__ static void k_sf_combine(const sf_row *w, long V, int chunk, float *mx, long *best)
 {
     int lane = threadIdx.x & 31;
-    long nb = sf_chunks(V), f = V;
+    long nb = sf_chunks(V, chunk), f = V;
     float m = -INFINITY;
     for (long b = lane; b < nb; b += 32) m = w->part_max[b] > m ? w->part_max[b] : m;
     for (int o = 16; o > 0; o >>= 1) {
@@ -155,14 +173,14 @@ __device__ static float k_sf_inv_t(float temperature)
 }
 
 /* Launch 1. Shape: grid (chunks, rows), block SF_THREADS. */
-__global__ void k_sf_max(const float *logits, long V, const muse_k_sampling *params,
+__global__ void k_sf_max(const float *logits, long V, int chunk, const muse_k_sampling *params,
                          const uint8_t *masks, void *ws)
 {
     K_PDL_NEXT();
     K_PDL_WAIT();
     __shared__ float wm[SF_THREADS / 32];
     __shared__ long wf[SF_THREADS / 32];
-    long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
+    long row = blockIdx.y, c0 = (long)blockIdx.x * chunk, c1 = min(V, c0 + chunk);
     int t = threadIdx.x, lane = t & 31;
     const float *lg = logits + row * V;
     const uint8_t *mk = k_sf_mask(masks, params, V, row);
@@ -202,24 +220,23 @@ __global__ void k_sf_max(const float *logits, long V, const muse_k_sampling *par
 }
 
 /* Launch 2. Shape: grid (chunks, rows), block SF_THREADS. */
-__global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *params,
+__global__ void k_sf_hist(const float *logits, long V, int chunk, const muse_k_sampling *params,
                           const uint8_t *masks, int wb, void *ws)
 {
     K_PDL_NEXT();
     K_PDL_WAIT();
-    __shared__ uint32_t cnt[MUSE_SS_BINS];
-    __shared__ sf_u64 wt[MUSE_SS_BINS];
+    __shared__ uint32_t cnt[MUSE_SS_BINS], low[MUSE_SS_BINS]; /* low: muse_ss_bin_weight's */
     __shared__ float s_mx;
-    long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
+    long row = blockIdx.y, c0 = (long)blockIdx.x * chunk, c1 = min(V, c0 + chunk);
     int t = threadIdx.x;
     const float *lg = logits + row * V;
     const uint8_t *mk = k_sf_mask(masks, params, V, row);
     sf_row w = k_sf_row(ws, V, row);
     float temperature = params[row].temperature;
-    for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) cnt[j] = 0, wt[j] = 0;
+    for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) cnt[j] = 0, low[j] = 0;
     if (t < 32) {
         long best;
-        k_sf_combine(&w, V, &s_mx, &best);
+        k_sf_combine(&w, V, chunk, &s_mx, &best);
     }
     __syncthreads();
     float mx = s_mx;
@@ -228,21 +245,21 @@ __global__ void k_sf_hist(const float *logits, long V, const muse_k_sampling *pa
     for (long i = c0 + t; i < c1; i += SF_THREADS) {
         float q = muse_ss_weight(k_sf_logit(lg, mk, i), mx, inv_t, wb);
         if (q <= 0) continue;
-        int b = muse_ss_bin(muse_sx_float_bits(q));
-        atomicAdd(&cnt[b], 1u);
-        atomicAdd(&wt[b], (sf_u64)q);
+        uint32_t bits = muse_sx_float_bits(q);
+        atomicAdd(&cnt[muse_ss_bin(bits)], 1u);
+        atomicAdd(&low[muse_ss_bin(bits)], muse_ss_low(bits));
     }
     __syncthreads();
     for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS)
         if (cnt[j]) {
             atomicAdd(&w.bin_count[j], cnt[j]);
-            atomicAdd((sf_u64 *)&w.bin_weight[j], wt[j]);
+            atomicAdd((sf_u64 *)&w.bin_weight[j], (sf_u64)muse_ss_bin_weight(j, cnt[j], low[j]));
         }
 }
 
 /* Launch 3. Shape: grid (chunks, rows), block SF_THREADS (MUSE_SS_BINS / SF_THREADS bins a
  * thread for the segment starts). */
-__global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling *params,
+__global__ void k_sf_scatter(const float *logits, long V, int chunk, const muse_k_sampling *params,
                              const uint8_t *masks, int wb, void *ws)
 {
     K_PDL_NEXT();
@@ -250,7 +267,7 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
     __shared__ uint32_t loc[MUSE_SS_BINS], base[MUSE_SS_BINS];
     __shared__ float s_mx;
     const int per = MUSE_SS_BINS / SF_THREADS;
-    long row = blockIdx.y, c0 = (long)blockIdx.x * SF_CHUNK, c1 = min(V, c0 + SF_CHUNK);
+    long row = blockIdx.y, c0 = (long)blockIdx.x * chunk, c1 = min(V, c0 + chunk);
     int t = threadIdx.x;
     const float *lg = logits + row * V;
     const uint8_t *mk = k_sf_mask(masks, params, V, row);
@@ -259,7 +276,7 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
     for (int j = t; j < MUSE_SS_BINS; j += SF_THREADS) loc[j] = 0;
     if (t < 32) {
         long best;
-        k_sf_combine(&w, V, &s_mx, &best);
+        k_sf_combine(&w, V, chunk, &s_mx, &best);
     }
     __syncthreads();
     float mx = s_mx;
@@ -296,8 +313,16 @@ __global__ void k_sf_scatter(const float *logits, long V, const muse_k_sampling 
 /* The select kernel's shared state. */
 typedef struct {
     uint64_t seg[SF_SEG_CAP];
+    /* a digit's keys, and their weight: below SF_HALVES_MOST keys the sums of their low weight
+     * bits' two 9-bit halves, its weight by muse_ss_bin_weight (the keys all of one bin; 32-bit
+     * adds where a 64-bit add in shared memory is a compare-and-swap loop), else the weights */
     uint32_t dcnt[MUSE_SS_DIGITS];
-    sf_u64 dwt[MUSE_SS_DIGITS];
+    union {
+        struct {
+            uint32_t lo[MUSE_SS_DIGITS], hi[MUSE_SS_DIGITS];
+        } h;
+        sf_u64 w[MUSE_SS_DIGITS];
+    } dw;
     int slot;
     uint32_t slot_count;
     uint64_t cb, wb, key, total, candidates;
@@ -361,20 +386,33 @@ __device__ static muse_ss_crossing k_sf_crossing(sf_sel *s, const sf_row *w, con
         seg = s->seg;
     }
     uint64_t prefix = (uint64_t)(b + MUSE_SS_BIN_BASE) << MUSE_SS_FREE_BITS;
+    bool halves = n < SF_HALVES_MOST;
     for (int pass = 0; pass < MUSE_SS_PASSES; pass++) {
         s->dcnt[t] = 0;
-        s->dwt[t] = 0;
+        if (halves)
+            s->dw.h.lo[t] = 0, s->dw.h.hi[t] = 0;
+        else
+            s->dw.w[t] = 0;
         __syncthreads();
         if (t == 0) s->slot = -1;
         for (uint64_t i = t; i < n; i += SF_SEL_THREADS) {
             uint64_t k = seg[i];
             if (!muse_ss_in_prefix(k, prefix, pass)) continue;
             int d = muse_ss_digit(k, pass);
+            uint32_t lo = muse_ss_low((uint32_t)(k >> 32));
             atomicAdd(&s->dcnt[d], 1u);
-            atomicAdd(&s->dwt[d], (sf_u64)muse_ss_key_weight(k));
+            if (halves) {
+                atomicAdd(&s->dw.h.lo[d], lo & 511u);
+                atomicAdd(&s->dw.h.hi[d], lo >> 9);
+            } else {
+                atomicAdd(&s->dw.w[d], (sf_u64)muse_ss_key_weight(k));
+            }
         }
         __syncthreads();
-        uint64_t mc = s->dcnt[t], mw = s->dwt[t], dc, dw;
+        uint64_t mc = s->dcnt[t], dc, dw;
+        uint64_t mw =
+            halves ? muse_ss_bin_weight(b, mc, ((uint64_t)s->dw.h.hi[t] << 9) + s->dw.h.lo[t])
+                   : s->dw.w[t];
         k_sf_above2(mc, mw, &dc, &dw); /* syncs */
         k_sf_mark(s, t, mc, mw, c.count_before + dc, c.weight_before + dw, target, by_count);
         __syncthreads();
@@ -420,7 +458,7 @@ __device__ static uint64_t k_sf_weight_from(sf_sel *s, const sf_row *w, const sf
 
 /* Launch 4. Shape: grid rows, block SF_SEL_THREADS. */
 __global__ void __launch_bounds__(SF_SEL_THREADS)
-    k_sf_select(long V, const muse_k_sampling *params, const int64_t *draw_pos,
+    k_sf_select(long V, int chunk, const muse_k_sampling *params, const int64_t *draw_pos,
                 const uint8_t *masks, int wb, void *ws, int32_t *tokens)
 {
     K_PDL_NEXT();
@@ -433,7 +471,7 @@ __global__ void __launch_bounds__(SF_SEL_THREADS)
     int t = threadIdx.x;
     sf_row w = k_sf_row(ws, V, row);
     muse_k_sampling p = params[row];
-    if (t < 32) k_sf_combine(&w, V, &s_mx, &s_best);
+    if (t < 32) k_sf_combine(&w, V, chunk, &s_mx, &s_best);
     __syncthreads();
     if (k_sf_forced(s_mx, p.temperature)) {
         long tok = s_best < V ? s_best : 0;
@@ -495,22 +533,39 @@ MUSE_K_API size_t muse_k_sample_fast_bytes(long rows, long V)
     return rows > 0 && V > 0 ? (size_t)rows * sf_row_bytes(V) : 0;
 }
 
+/* Logits a block in launches 1-3: SF_CHUNK, or MUSE_SF_CHUNK from the environment (a power of
+ * two from SF_CHUNK_LEAST to SF_CHUNK_MOST; read once a process) for tuning. Any chunk draws
+ * the same token: maxima, minima and integer sums. The largest is the fastest (2026-12-05, one
+ * row at vocab 202048: 42-44 us at 4096, 53 at 1024, 84 at 256): each block zeroes and adds
+ * out all the bins, whatever its logits. */
+static int sf_chunk(void)
+{
+    static const int chunk = [] {
+        const char *v = getenv("MUSE_SF_CHUNK");
+        int n = v && *v ? atoi(v) : 0;
+        return n >= SF_CHUNK_LEAST && n <= SF_CHUNK_MOST && !(n & (n - 1)) ? n : SF_CHUNK;
+    }();
+    return chunk;
+}
+
 MUSE_K_API int muse_k_sample_fast(const muse_k_ctx *ctx, const float *logits, long V,
                                   int weight_bits, void *ws, int32_t *tokens)
 {
     long n = ctx->rows;
     cudaStream_t st = ctx->st;
+    int chunk = sf_chunk();
     if (n <= 0 || V <= 0) return 0;
-    dim3 grid((unsigned)sf_chunks(V), (unsigned)n);
-    int err = k_launch(k_sf_max, grid, SF_THREADS, 0, st, logits, V, ctx->sampling, ctx->masks, ws);
+    dim3 grid((unsigned)sf_chunks(V, chunk), (unsigned)n);
+    int err = k_launch(k_sf_max, grid, SF_THREADS, 0, st, logits, V, chunk, ctx->sampling,
+                       ctx->masks, ws);
     if (!err)
-        err = k_launch(k_sf_hist, grid, SF_THREADS, 0, st, logits, V, ctx->sampling, ctx->masks,
-                       weight_bits, ws);
+        err = k_launch(k_sf_hist, grid, SF_THREADS, 0, st, logits, V, chunk, ctx->sampling,
+                       ctx->masks, weight_bits, ws);
     if (!err)
-        err = k_launch(k_sf_scatter, grid, SF_THREADS, 0, st, logits, V, ctx->sampling, ctx->masks,
-                       weight_bits, ws);
+        err = k_launch(k_sf_scatter, grid, SF_THREADS, 0, st, logits, V, chunk, ctx->sampling,
+                       ctx->masks, weight_bits, ws);
     if (!err)
-        err = k_launch(k_sf_select, (unsigned)n, SF_SEL_THREADS, 0, st, V, ctx->sampling,
+        err = k_launch(k_sf_select, (unsigned)n, SF_SEL_THREADS, 0, st, V, chunk, ctx->sampling,
                        ctx->draw_pos, ctx->masks, weight_bits, ws, tokens);
     return err;
 }

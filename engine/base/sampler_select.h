@@ -84,6 +84,27 @@ MUSE_HD uint64_t muse_ss_key_weight(uint64_t key)
     return (uint64_t)muse_sx_bits_float((uint32_t)(key >> 32));
 }
 
+/* The bits of a weight's float below its bin (a key's weight's). */
+MUSE_HD uint32_t muse_ss_low(uint32_t bits)
+{
+    return bits & ((1u << MUSE_SS_BIN_SHIFT) - 1);
+}
+
+/* The total weight of n weights of bin b whose muse_ss_low bits add up to low: each is (the
+ * bin's leading significand bits, then its own low bits) times the bin's power of two, so the
+ * sum is (n * lead + low) times it, exactly (below 2^23 every weight, an integer, has that many
+ * low bits clear). Lets a kernel add 32-bit parts where a 64-bit add in shared memory is a
+ * compare-and-swap loop. No overflow where the sum itself fits: n * lead + low <= 2^42. */
+MUSE_HD uint64_t muse_ss_bin_weight(int bin, uint64_t n, uint64_t low)
+{
+    const int m = 23 - MUSE_SS_BIN_SHIFT;           /* significand bits in a bin's number */
+    uint32_t hi = (uint32_t)bin + MUSE_SS_BIN_BASE; /* the exponent, then those m bits */
+    int scale = (int)(hi >> m) - 150;               /* the bin's power of two: 2^(e - 127 - 23) */
+    uint64_t lead = (uint64_t)((hi & ((1u << m) - 1)) | (1u << m)) << MUSE_SS_BIN_SHIFT;
+    uint64_t s = n * lead + low;
+    return scale >= 0 ? s << scale : s >> -scale;
+}
+
 /* Where the running total in key-descending order first passes a target: the key, and the
  * count and weight of the keys above it. */
 typedef struct {

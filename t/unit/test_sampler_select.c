@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #define ROWS     12000
-#define CHUNK    4096 /* the kernel's elements a block */
+#define CHUNK    4096 /* the kernel's elements a block (SF_CHUNK) */
 #define MAX_V    202048
 #define BIG_ROWS 24 /* rows at the largest vocabulary */
 
@@ -60,15 +60,25 @@ static int64_t proto_sample(proto *s, const float *lg, int64_t V, const muse_sam
     if (mx == -INFINITY || !(p->temperature > 0) || mx == INFINITY) return best < V ? best : 0;
     float inv_t = 1.0f / p->temperature;
     if (inv_t > FLT_MAX) inv_t = FLT_MAX;
-    /* histograms (k_sf_hist) */
+    /* histograms (k_sf_hist): a chunk's counts and 32-bit sums of low bits, its weights from
+     * them (muse_ss_bin_weight), added to the row's */
     memset(s->bin_count, 0, sizeof s->bin_count);
     memset(s->bin_weight, 0, sizeof s->bin_weight);
-    for (int64_t i = 0; i < V; i++) {
-        float q = muse_ss_weight(lg[i], mx, inv_t, wb);
-        if (q <= 0) continue;
-        int b = muse_ss_bin(muse_sx_float_bits(q));
-        s->bin_count[b]++;
-        s->bin_weight[b] += (uint64_t)q;
+    for (int64_t c0 = 0; c0 < V; c0 += CHUNK) {
+        static uint32_t cnt[MUSE_SS_BINS], low[MUSE_SS_BINS];
+        memset(cnt, 0, sizeof cnt);
+        memset(low, 0, sizeof low);
+        for (int64_t i = c0; i < V && i < c0 + CHUNK; i++) {
+            float q = muse_ss_weight(lg[i], mx, inv_t, wb);
+            if (q <= 0) continue;
+            uint32_t bits = muse_sx_float_bits(q);
+            cnt[muse_ss_bin(bits)]++;
+            low[muse_ss_bin(bits)] += muse_ss_low(bits);
+        }
+        for (int b = 0; b < MUSE_SS_BINS; b++) {
+            s->bin_count[b] += cnt[b];
+            s->bin_weight[b] += muse_ss_bin_weight(b, cnt[b], low[b]);
+        }
     }
     /* keys by bin, highest first, each bin filled in a scrambled visiting order (k_sf_scatter) */
     uint64_t start[MUSE_SS_BINS], above = 0;
@@ -126,6 +136,40 @@ static int64_t proto_sample(proto *s, const float *lg, int64_t V, const muse_sam
                               s->digit_weight, &c))
         return -1;
     return muse_sx_key_id(c.key);
+}
+
+/* muse_ss_bin_weight against the weights added one by one: random bins from q = 1 to the top
+ * of 2^44 (below 2^23 each weight an integer: its lowest bits clear), n up to 2^18 weights,
+ * their low bits summed as two 9-bit halves (the select kernel's digit sums). */
+static void test_bin_weight(void)
+{
+    int good = 1;
+    for (int r = 0; r < 2000; r++) {
+        /* the bin of a random integer weight up to 2^44 (no other bin holds a weight) */
+        uint64_t q0 = next_u64() >> (19 + next_u64() % 45);
+        int b = muse_ss_bin(muse_sx_float_bits((float)(q0 ? q0 : 1)));
+        uint32_t hi = ((uint32_t)b + MUSE_SS_BIN_BASE) << MUSE_SS_BIN_SHIFT;
+        int e = (int)(hi >> 23) - 127, clear = e < 23 ? 23 - e : 0;
+        uint64_t n = r % 10 ? 1 + next_u64() % 300 : 1 + next_u64() % (1u << 18), want = 0;
+        uint64_t lo9 = 0, hi9 = 0, cnt = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t low = (uint32_t)next_u64() & ((1u << MUSE_SS_BIN_SHIFT) - 1);
+            low = r % 7 == 0 ? (1u << MUSE_SS_BIN_SHIFT) - 1 : low; /* every low bit set */
+            low &= ~((1u << clear) - 1);
+            uint32_t bits = hi | low;
+            want += (uint64_t)muse_sx_bits_float(bits);
+            good &= muse_ss_bin(bits) == b && muse_ss_low(bits) == low;
+            lo9 += low & 511;
+            hi9 += low >> 9;
+            cnt++;
+        }
+        good &= muse_ss_bin_weight(b, cnt, (hi9 << 9) + lo9) == want;
+        if (!good) {
+            diag("bin %d (2^%d), %llu weights", b, e, (unsigned long long)n);
+            break;
+        }
+    }
+    ok(good, "a bin's weight from its count and low bits equals the weights added (2000 bins)");
 }
 
 /* A row of one of several kinds: spreads, heavy ties, specials. */
@@ -222,6 +266,7 @@ int main(void)
            muse_ss_weight(row[1], 0.0f, 1.0f, 44) > 0.36f * (float)((uint64_t)1 << 44) &&
            muse_ss_weight(row[1], 0.0f, 1.0f, 44) < 0.37f * (float)((uint64_t)1 << 44),
        "weights: the top weighs 2^S, NaN 0, exp(-1) within its float");
+    test_bin_weight();
     free(x);
     free(s->keys);
     free(s);
