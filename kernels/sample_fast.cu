@@ -535,9 +535,9 @@ MUSE_K_API size_t muse_k_sample_fast_bytes(long rows, long V)
 
 /* Logits a block in launches 1-3: SF_CHUNK, or MUSE_SF_CHUNK from the environment (a power of
  * two from SF_CHUNK_LEAST to SF_CHUNK_MOST; read once a process) for tuning. Any chunk draws
- * the same token: maxima, minima and integer sums. The largest is the fastest (2026-12-05, one
- * row at vocab 202048: 42-44 us at 4096, 53 at 1024, 84 at 256): each block zeroes and adds
- * out all the bins, whatever its logits. */
+ * the same token: maxima, minima and integer sums. The largest is the fastest (2026-12-05, an
+ * H100, one row at vocab 202048: 42-44 us at 4096, 53 at 1024, 84 at 256): each block zeroes
+ * and adds out all the bins, whatever its logits. */
 static int sf_chunk(void)
 {
     static const int chunk = [] {

@@ -94,7 +94,8 @@ MUSE_HD uint32_t muse_ss_low(uint32_t bits)
  * bin's leading significand bits, then its own low bits) times the bin's power of two, so the
  * sum is (n * lead + low) times it, exactly (below 2^23 every weight, an integer, has that many
  * low bits clear). Lets a kernel add 32-bit parts where a 64-bit add in shared memory is a
- * compare-and-swap loop. No overflow where the sum itself fits: n * lead + low <= 2^42. */
+ * compare-and-swap loop. No overflow wherever the sum fits 64 bits, as any part of a row's
+ * total does (vocab * 2^S <= 2^62): s is the sum over the bin's power of two. */
 MUSE_HD uint64_t muse_ss_bin_weight(int bin, uint64_t n, uint64_t low)
 {
     const int m = 23 - MUSE_SS_BIN_SHIFT;           /* significand bits in a bin's number */
